@@ -1,0 +1,21 @@
+"""The application's SQLAlchemy engine (psycopg 3)."""
+
+from __future__ import annotations
+
+from sqlalchemy import create_engine
+from sqlalchemy.engine import Engine, make_url
+
+from .config import validate_database_url
+
+
+def make_engine(url: str, *, pool_size: int = 5, application_name: str = "reminder-pipeline") -> Engine:
+    """An engine for ``url``; psycopg2 URLs are moved to psycopg 3, the app's driver."""
+    validate_database_url(url)
+    parsed = make_url(url).set(drivername="postgresql+psycopg")
+    return create_engine(
+        parsed,
+        pool_size=pool_size,
+        max_overflow=5,
+        pool_pre_ping=True,
+        connect_args={"application_name": application_name, "connect_timeout": 10},
+    )

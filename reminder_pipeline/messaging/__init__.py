@@ -1,0 +1,1 @@
+"""The Kafka side: the producer, the topic, and the outbox relay."""

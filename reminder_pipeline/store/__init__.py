@@ -1,0 +1,1 @@
+"""The only code that runs SQL: table metadata, named statements, repository functions, migrations."""

@@ -1,0 +1,48 @@
+"""Applying the Alembic migrations programmatically (``reminder-pipeline db upgrade``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy.engine import Connection, Engine
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+def alembic_config(connection: Connection) -> Config:
+    """An Alembic config bound to ``connection`` (no alembic.ini needed)."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    config.attributes["connection"] = connection
+    return config
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Migrate the database forward to ``revision``; a no-op when already there."""
+    with engine.begin() as connection:
+        # Serialise concurrent upgrades (several processes starting at once).
+        connection.exec_driver_sql("SELECT pg_advisory_xact_lock(7263001)")
+        command.upgrade(alembic_config(connection), revision)
+
+
+def downgrade(engine: Engine, revision: str) -> None:
+    """Migrate the database back to ``revision``."""
+    with engine.begin() as connection:
+        command.downgrade(alembic_config(connection), revision)
+
+
+def current_revision(engine: Engine) -> str | None:
+    """The revision the database is at, or None for an empty database."""
+    with engine.connect() as connection:
+        return MigrationContext.configure(connection).get_current_revision()
+
+
+def head_revision() -> str | None:
+    """The newest revision shipped in the package."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    return ScriptDirectory.from_config(config).get_current_head()

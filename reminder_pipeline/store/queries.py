@@ -1,0 +1,210 @@
+"""Every SQL statement of the dispatcher, named. Bind parameters only; no string formatting of values.
+
+The hot statements are written for the plans measured in ``shared/POSTGRES-NOTES.md``: the due
+query walks the partial index ``ix_event_reminders_status_due_at`` in ``due_at`` order and stops
+after ``LIMIT`` locked rows; batches of ids are passed as arrays (``= ANY``/``unnest``) so the
+planner keeps primary-key index scans instead of hash joins.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import text
+
+# Columns of a due row plus the payload fields of its event. Title, description and location
+# are deliberately absent: the dispatcher never reads PII. Out-of-range timestamps (far
+# past/future values that Python's datetime cannot hold) come back NULL, so one odd row
+# becomes a poison row instead of failing the whole batch on fetch.
+_DUE_COLUMNS = """
+    r.id                AS reminder_id,
+    r.calendar_event_id AS event_id,
+    e.tenant_id,
+    e.owner_user_id,
+    e.client_user_id,
+    e.appointment_id,
+    e.kind,
+    e.status            AS event_status,
+    CASE WHEN e.start_at >= TIMESTAMPTZ '0001-01-02 00:00Z'
+          AND e.start_at <  TIMESTAMPTZ '9999-12-30 00:00Z' THEN e.start_at END AS start_at,
+    e.time_zone,
+    r.offset_minutes,
+    GREATEST(r.due_at, TIMESTAMPTZ '0001-01-02 00:00Z') AS due_at,
+    r.attempts
+"""
+
+# Step 1 of the seed: Pending, DueAt < AsOf, not backing off after a failure, oldest first,
+# at most :batch_size rows, each locked FOR UPDATE; rows locked by another instance (or by an
+# event's cancel/reschedule cascade in flight) are skipped without waiting.
+SELECT_DUE_FOR_UPDATE_SKIP_LOCKED = text(
+    f"""
+    SELECT {_DUE_COLUMNS}
+      FROM event_reminders r
+      JOIN calendar_events e ON e.id = r.calendar_event_id
+     WHERE r.status = 'Pending'
+       AND r.due_at < :as_of
+       AND (r.next_attempt_at IS NULL OR r.next_attempt_at <= :as_of)
+     ORDER BY r.due_at
+     LIMIT :batch_size
+       FOR UPDATE OF r SKIP LOCKED
+    """
+)
+
+# The writing step's re-read: the candidates again, locked in *this* transaction, still
+# Pending and still due. Its result, not the selection's, decides send or skip, so a cancel
+# that committed after the selection wins (the seed's "conflict resolved by re-reading").
+LOCK_CANDIDATES_SKIP_LOCKED = text(
+    f"""
+    SELECT {_DUE_COLUMNS}
+      FROM event_reminders r
+      JOIN calendar_events e ON e.id = r.calendar_event_id
+     WHERE r.id = ANY(CAST(:ids AS uuid[]))
+       AND r.status = 'Pending'
+       AND r.due_at < :as_of
+     ORDER BY r.due_at
+       FOR UPDATE OF r SKIP LOCKED
+    """
+)
+
+# Of the given ids, those still Pending that we could not lock: another instance holds them.
+COUNT_STILL_PENDING = text(
+    """
+    SELECT count(*) FROM event_reminders
+     WHERE id = ANY(CAST(:ids AS uuid[])) AND status = 'Pending'
+    """
+)
+
+# Due rows in the selected range that are not ours: held by another instance right now.
+COUNT_DUE_NOT_OURS = text(
+    """
+    SELECT count(*) FROM event_reminders
+     WHERE status = 'Pending'
+       AND due_at < :as_of
+       AND due_at <= :upper
+       AND (next_attempt_at IS NULL OR next_attempt_at <= :as_of)
+       AND NOT (id = ANY(CAST(:ours AS uuid[])))
+    """
+)
+
+# Step 4 of the seed in one statement: every decided row moves Pending -> Sent/Skipped, and
+# each row that became Sent gets exactly one outbox row. The outbox insert is fed from the
+# UPDATE's RETURNING, so a row that was no longer Pending produces no message, and the unique
+# index on outbox.reminder_id makes a second message for a reminder impossible (INV-REM-2).
+APPLY_TRANSITIONS = text(
+    """
+    WITH decided AS (
+        SELECT * FROM unnest(
+            CAST(:ids AS uuid[]), CAST(:statuses AS text[]), CAST(:message_keys AS text[]),
+            CAST(:payloads AS text[]), CAST(:headers AS text[])
+        ) AS d(id, status, message_key, payload, headers)
+    ),
+    moved AS (
+        UPDATE event_reminders r
+           SET status = d.status,
+               sent_at = CASE WHEN d.status = 'Sent' THEN CAST(:sent_at AS timestamptz) END,
+               updated_at = now(),
+               last_error = NULL,
+               next_attempt_at = NULL
+          FROM decided d
+         WHERE r.id = d.id AND r.status = 'Pending'
+        RETURNING r.id, r.status, r.sent_at, r.due_at
+    ),
+    published AS (
+        INSERT INTO outbox (topic, message_key, payload, headers, reminder_id)
+        SELECT :topic, d.message_key, CAST(d.payload AS jsonb), CAST(d.headers AS jsonb), m.id
+          FROM moved m JOIN decided d ON d.id = m.id
+         WHERE m.status = 'Sent'
+         ORDER BY m.due_at
+        RETURNING reminder_id
+    )
+    SELECT m.id, m.status,
+           EXTRACT(EPOCH FROM (m.sent_at - m.due_at)) AS lateness_seconds,
+           (SELECT count(*) FROM published) AS outbox_rows
+      FROM moved m
+    """
+)
+
+# A poison row stays Pending (the seed) but backs off exponentially, so a head of poison rows
+# can never starve the healthy rows behind it: 30 s, 60 s, 120 s, ... capped at :cap_seconds.
+RECORD_POISON = text(
+    """
+    UPDATE event_reminders r
+       SET attempts = r.attempts + 1,
+           last_error = p.error,
+           next_attempt_at = CAST(:now AS timestamptz)
+               + make_interval(secs => LEAST(:cap_seconds, :base_seconds * power(2, LEAST(r.attempts, 20)))),
+           updated_at = now()
+      FROM unnest(CAST(:ids AS uuid[]), CAST(:errors AS text[])) AS p(id, error)
+     WHERE r.id = p.id AND r.status = 'Pending'
+    """
+)
+
+# Backlog: due Pending rows not yet processed, and the age of the oldest one.
+BACKLOG = text(
+    """
+    SELECT count(*) AS backlog,
+           EXTRACT(EPOCH FROM (:as_of - min(due_at))) AS oldest_due_age_seconds
+      FROM event_reminders
+     WHERE status = 'Pending' AND due_at < :as_of
+    """
+)
+
+# Poison rows an operator looks at: still Pending after at least one failed attempt.
+LIST_POISON = text(
+    """
+    SELECT id, calendar_event_id, attempts, last_error, next_attempt_at, due_at
+      FROM event_reminders
+     WHERE status = 'Pending' AND attempts > 0
+     ORDER BY due_at
+     LIMIT :limit
+    """
+)
+
+RETRY_POISON_NOW = text(
+    """
+    UPDATE event_reminders SET next_attempt_at = NULL, updated_at = now()
+     WHERE id = :id AND status = 'Pending'
+    RETURNING id
+    """
+)
+
+SKIP_POISON = text(
+    """
+    UPDATE event_reminders SET status = 'Skipped', updated_at = now()
+     WHERE id = :id AND status = 'Pending'
+    RETURNING id
+    """
+)
+
+# The relay, run by one publisher at a time per database (session advisory lock): per-key
+# order on the topic needs a single writer, and the lock is held on a connection with no open
+# transaction, so a slow broker never keeps a snapshot open (which would stall vacuum).
+RELAY_LOCK_KEY = 7263002
+TRY_RELAY_LOCK = text("SELECT pg_try_advisory_lock(:key)")
+RELAY_LOCK = text("SELECT pg_advisory_lock(:key)")
+RELAY_UNLOCK = text("SELECT pg_advisory_unlock(:key)")
+
+# Claim the oldest unpublished rows, counting each hand-over to the producer.
+CLAIM_UNPUBLISHED = text(
+    """
+    UPDATE outbox o
+       SET publish_attempts = o.publish_attempts + 1
+      FROM (SELECT id FROM outbox WHERE published_at IS NULL ORDER BY id LIMIT :limit) AS c
+     WHERE o.id = c.id
+    RETURNING o.id, o.topic, o.message_key, CAST(o.payload AS text) AS payload, o.headers
+    """
+)
+
+MARK_PUBLISHED = text(
+    """
+    UPDATE outbox SET published_at = now()
+     WHERE id = ANY(CAST(:ids AS bigint[])) AND published_at IS NULL
+    """
+)
+
+OUTBOX_LAG = text(
+    """
+    SELECT count(*) AS unpublished,
+           EXTRACT(EPOCH FROM (now() - min(created_at))) AS oldest_unpublished_age_seconds
+      FROM outbox
+     WHERE published_at IS NULL
+    """
+)

@@ -1,0 +1,376 @@
+"""Repository functions: each takes a Connection (the caller owns the transaction) and maps rows to domain records."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from ..domain.model import DueReminder, EventStatus, PoisonRow, ReminderStatus
+from . import queries
+from .tables import calendar_events, event_reminders, outbox
+
+POISON_BACKOFF_BASE_SECONDS = 30
+POISON_BACKOFF_CAP_SECONDS = 3600
+
+
+def _due(row: sa.Row[Any]) -> DueReminder:
+    m = row._mapping
+    return DueReminder(
+        reminder_id=m["reminder_id"],
+        event_id=m["event_id"],
+        tenant_id=m["tenant_id"],
+        owner_user_id=m["owner_user_id"],
+        client_user_id=m["client_user_id"],
+        appointment_id=m["appointment_id"],
+        kind=m["kind"],
+        event_status=m["event_status"],
+        start_at=m["start_at"],
+        time_zone=m["time_zone"],
+        offset_minutes=m["offset_minutes"],
+        due_at=m["due_at"],
+        attempts=m["attempts"],
+    )
+
+
+def select_due_for_update_skip_locked(
+    conn: Connection, as_of: datetime, batch_size: int
+) -> list[DueReminder]:
+    """Lock up to ``batch_size`` due Pending rows, oldest first, skipping rows locked elsewhere."""
+    rows = conn.execute(
+        queries.SELECT_DUE_FOR_UPDATE_SKIP_LOCKED, {"as_of": as_of, "batch_size": batch_size}
+    )
+    return [_due(r) for r in rows]
+
+
+def count_due_not_ours(
+    conn: Connection, as_of: datetime, upper: datetime, ours: Sequence[uuid.UUID]
+) -> int:
+    """Due Pending rows up to ``upper`` that we do not hold: locked by another instance."""
+    return int(
+        conn.execute(
+            queries.COUNT_DUE_NOT_OURS,
+            {"as_of": as_of, "upper": upper, "ours": list(ours)},
+        ).scalar_one()
+    )
+
+
+def lock_candidates(
+    conn: Connection, ids: Sequence[uuid.UUID], as_of: datetime
+) -> list[DueReminder]:
+    """Re-read and lock the given candidates that are still Pending and due."""
+    if not ids:
+        return []
+    rows = conn.execute(queries.LOCK_CANDIDATES_SKIP_LOCKED, {"ids": list(ids), "as_of": as_of})
+    return [_due(r) for r in rows]
+
+
+def count_still_pending(conn: Connection, ids: Iterable[uuid.UUID]) -> int:
+    """How many of ``ids`` are still Pending (committed state, no lock taken)."""
+    ids = list(ids)
+    if not ids:
+        return 0
+    return int(conn.execute(queries.COUNT_STILL_PENDING, {"ids": ids}).scalar_one())
+
+
+@dataclass(frozen=True)
+class OutboxMessage:
+    """What goes into the outbox for one Sent row."""
+
+    message_key: str
+    payload: dict[str, Any]
+    headers: dict[str, str]
+
+
+@dataclass(frozen=True)
+class AppliedTransition:
+    """One row that actually moved out of Pending."""
+
+    reminder_id: uuid.UUID
+    status: ReminderStatus
+    lateness_seconds: float | None
+
+
+def apply_transitions(
+    conn: Connection,
+    transitions: Sequence[tuple[uuid.UUID, ReminderStatus, OutboxMessage | None]],
+    *,
+    topic: str,
+    sent_at: datetime,
+) -> tuple[list[AppliedTransition], int]:
+    """Move rows Pending -> Sent/Skipped and write one outbox row per Sent row, in one statement.
+
+    Returns the rows that moved and the number of outbox rows written.
+    """
+    if not transitions:
+        return [], 0
+    ids, statuses, keys, payloads, headers = [], [], [], [], []
+    for reminder_id, status, message in transitions:
+        ids.append(reminder_id)
+        statuses.append(str(status))
+        keys.append(message.message_key if message else None)
+        payloads.append(json.dumps(message.payload, separators=(",", ":")) if message else None)
+        headers.append(json.dumps(message.headers, separators=(",", ":")) if message else None)
+    rows = conn.execute(
+        queries.APPLY_TRANSITIONS,
+        {
+            "ids": ids,
+            "statuses": statuses,
+            "message_keys": keys,
+            "payloads": payloads,
+            "headers": headers,
+            "sent_at": sent_at,
+            "topic": topic,
+        },
+    ).all()
+    applied = [
+        AppliedTransition(
+            reminder_id=r.id,
+            status=ReminderStatus(r.status),
+            lateness_seconds=None if r.lateness_seconds is None else float(r.lateness_seconds),
+        )
+        for r in rows
+    ]
+    outbox_rows = int(rows[0].outbox_rows) if rows else 0
+    return applied, outbox_rows
+
+
+def record_poison(conn: Connection, poison: Sequence[PoisonRow], now: datetime) -> None:
+    """Count a failed attempt on each poison row and schedule its back-off; it stays Pending."""
+    if not poison:
+        return
+    conn.execute(
+        queries.RECORD_POISON,
+        {
+            "ids": [p.reminder_id for p in poison],
+            "errors": [p.error[:500] for p in poison],
+            "now": now,
+            "base_seconds": POISON_BACKOFF_BASE_SECONDS,
+            "cap_seconds": POISON_BACKOFF_CAP_SECONDS,
+        },
+    )
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """Due Pending rows left, and how old the oldest one is."""
+
+    count: int
+    oldest_due_age_seconds: float | None
+
+
+def backlog(conn: Connection, as_of: datetime) -> Backlog:
+    """Due Pending rows not yet processed at ``as_of``."""
+    row = conn.execute(queries.BACKLOG, {"as_of": as_of}).one()
+    age = row.oldest_due_age_seconds
+    return Backlog(count=int(row.backlog), oldest_due_age_seconds=None if age is None else float(age))
+
+
+@dataclass(frozen=True)
+class OutboxLag:
+    """Unpublished outbox rows and the age of the oldest one."""
+
+    unpublished: int
+    oldest_unpublished_age_seconds: float | None
+
+
+def outbox_lag(conn: Connection) -> OutboxLag:
+    """The relay's lag, for metrics and checks."""
+    row = conn.execute(queries.OUTBOX_LAG).one()
+    age = row.oldest_unpublished_age_seconds
+    return OutboxLag(int(row.unpublished), None if age is None else float(age))
+
+
+# --- relay -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClaimedMessage:
+    """An unpublished outbox row handed to the producer."""
+
+    id: int
+    topic: str
+    message_key: str
+    payload: str
+    headers: dict[str, str]
+
+
+def claim_unpublished(conn: Connection, limit: int) -> list[ClaimedMessage]:
+    """The oldest unpublished outbox rows in id order, their hand-over counted."""
+    rows = conn.execute(queries.CLAIM_UNPUBLISHED, {"limit": limit}).all()
+    messages = [
+        ClaimedMessage(r.id, r.topic, r.message_key, r.payload, dict(r.headers or {})) for r in rows
+    ]
+    messages.sort(key=lambda m: m.id)
+    return messages
+
+
+def mark_published(conn: Connection, ids: Sequence[int]) -> int:
+    """Mark outbox rows published; returns how many changed."""
+    if not ids:
+        return 0
+    return conn.execute(queries.MARK_PUBLISHED, {"ids": list(ids)}).rowcount
+
+
+def try_relay_lock(conn: Connection) -> bool:
+    """Take the relay's session advisory lock without waiting."""
+    return bool(conn.execute(queries.TRY_RELAY_LOCK, {"key": queries.RELAY_LOCK_KEY}).scalar_one())
+
+
+def wait_relay_lock(conn: Connection, timeout_seconds: float) -> bool:
+    """Wait up to ``timeout_seconds`` for the relay lock; False when it stayed busy."""
+    conn.exec_driver_sql(f"SET lock_timeout = '{int(max(timeout_seconds, 0.001) * 1000)}ms'")
+    try:
+        conn.execute(queries.RELAY_LOCK, {"key": queries.RELAY_LOCK_KEY})
+        return True
+    except sa.exc.OperationalError as exc:
+        if getattr(exc.orig, "sqlstate", None) == "55P03":  # lock_not_available
+            return False
+        raise
+    finally:
+        conn.exec_driver_sql("SET lock_timeout = 0")
+
+
+def release_relay_lock(conn: Connection) -> None:
+    """Release the relay's session advisory lock."""
+    conn.execute(queries.RELAY_UNLOCK, {"key": queries.RELAY_LOCK_KEY})
+
+
+# --- poison rows (operators) -------------------------------------------------------------
+
+
+def list_poison(conn: Connection, limit: int = 100) -> list[dict[str, Any]]:
+    """Pending rows with failed attempts, oldest first, with their last error."""
+    return [dict(r._mapping) for r in conn.execute(queries.LIST_POISON, {"limit": limit})]
+
+
+def retry_poison_now(conn: Connection, reminder_id: uuid.UUID) -> bool:
+    """Clear a poison row's back-off so the next cycle tries it; False if it is not Pending."""
+    return conn.execute(queries.RETRY_POISON_NOW, {"id": reminder_id}).first() is not None
+
+
+def skip_poison(conn: Connection, reminder_id: uuid.UUID) -> bool:
+    """Move a Pending row to Skipped (never published); False if it is not Pending."""
+    return conn.execute(queries.SKIP_POISON, {"id": reminder_id}).first() is not None
+
+
+# --- calendar side -----------------------------------------------------------------------
+
+
+def insert_event(conn: Connection, values: dict[str, Any]) -> None:
+    """Insert one calendar event row."""
+    conn.execute(sa.insert(calendar_events).values(**values))
+
+
+def insert_reminders(conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
+    """Insert reminder rows."""
+    if rows:
+        conn.execute(sa.insert(event_reminders), list(rows))
+
+
+def lock_event(conn: Connection, event_id: uuid.UUID) -> sa.Row[Any] | None:
+    """Lock an event row (FOR UPDATE) and return its start, zone and status."""
+    return conn.execute(
+        sa.select(
+            calendar_events.c.id,
+            calendar_events.c.status,
+            calendar_events.c.start_at,
+        )
+        .where(calendar_events.c.id == event_id)
+        .with_for_update()
+    ).first()
+
+
+def lock_pending_reminders(conn: Connection, event_id: uuid.UUID) -> list[uuid.UUID]:
+    """Lock the event's Pending reminder rows (waiting for a dispatcher holding them)."""
+    return list(
+        conn.execute(
+            sa.select(event_reminders.c.id)
+            .where(
+                event_reminders.c.calendar_event_id == event_id,
+                event_reminders.c.status == ReminderStatus.PENDING.value,
+            )
+            .order_by(event_reminders.c.id)
+            .with_for_update()
+        ).scalars()
+    )
+
+
+def set_event_status(conn: Connection, event_id: uuid.UUID, status: EventStatus) -> None:
+    """Change an event's status."""
+    conn.execute(
+        sa.update(calendar_events)
+        .where(calendar_events.c.id == event_id)
+        .values(status=status.value, updated_at=sa.func.now())
+    )
+
+
+def skip_pending_reminders(conn: Connection, event_id: uuid.UUID) -> int:
+    """The cancel/complete cascade: the event's Pending rows go Skipped."""
+    return conn.execute(
+        sa.update(event_reminders)
+        .where(
+            event_reminders.c.calendar_event_id == event_id,
+            event_reminders.c.status == ReminderStatus.PENDING.value,
+        )
+        .values(status=ReminderStatus.SKIPPED.value, updated_at=sa.func.now())
+    ).rowcount
+
+
+def delete_pending_reminders(conn: Connection, event_id: uuid.UUID) -> list[int]:
+    """Delete the event's Pending rows; returns their offsets."""
+    return list(
+        conn.execute(
+            sa.delete(event_reminders)
+            .where(
+                event_reminders.c.calendar_event_id == event_id,
+                event_reminders.c.status == ReminderStatus.PENDING.value,
+            )
+            .returning(event_reminders.c.offset_minutes)
+        ).scalars()
+    )
+
+
+def reminder_offsets(conn: Connection, event_id: uuid.UUID) -> list[int]:
+    """Distinct offsets of all the event's reminder rows."""
+    return sorted(
+        set(
+            conn.execute(
+                sa.select(event_reminders.c.offset_minutes).where(
+                    event_reminders.c.calendar_event_id == event_id
+                )
+            ).scalars()
+        )
+    )
+
+
+def move_event(conn: Connection, event_id: uuid.UUID, start_at: datetime) -> None:
+    """Set an event's new start."""
+    conn.execute(
+        sa.update(calendar_events)
+        .where(calendar_events.c.id == event_id)
+        .values(start_at=start_at, updated_at=sa.func.now())
+    )
+
+
+def reminders_of_event(conn: Connection, event_id: uuid.UUID) -> list[dict[str, Any]]:
+    """All reminder rows of an event (for tests and the CLI)."""
+    return [
+        dict(r._mapping)
+        for r in conn.execute(
+            sa.select(event_reminders)
+            .where(event_reminders.c.calendar_event_id == event_id)
+            .order_by(event_reminders.c.due_at)
+        )
+    ]
+
+
+def outbox_rows(conn: Connection) -> list[dict[str, Any]]:
+    """All outbox rows in id order (for tests and the CLI)."""
+    return [dict(r._mapping) for r in conn.execute(sa.select(outbox).order_by(outbox.c.id))]

@@ -1,0 +1,122 @@
+"""Real servers for the whole test session: one PostgreSQL and one broker, a template database per test.
+
+``DATABASE_URL`` / ``KAFKA_BOOTSTRAP_SERVERS`` point the suite at existing servers (the URL's
+role needs CREATEDB); otherwise embedded ones are started in a temporary directory on free
+ports, so a developer's running system is never touched.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from sqlalchemy.engine import Engine, make_url
+
+from reminder_pipeline.config import KafkaSettings
+from reminder_pipeline.db import make_engine
+from reminder_pipeline.messaging.kafka import KafkaPublisher, ensure_topic
+from reminder_pipeline.services import EmbeddedBroker, EmbeddedPostgres, free_port
+from reminder_pipeline.store import migrate
+
+from .support import KafkaReader
+
+TEMPLATE_DB = "rp_test_template"
+
+
+@pytest.fixture(scope="session")
+def pg_admin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A URL of a database on the test server from which databases can be created."""
+    url = os.environ.get("DATABASE_URL")
+    if url:
+        yield url
+        return
+    server = EmbeddedPostgres(data_dir=tmp_path_factory.mktemp("pg") / "data", port=free_port())
+    server.start()
+    try:
+        yield server.url("postgres")
+    finally:
+        server.stop()
+
+
+def _psycopg_dsn(url: str, database: str | None = None) -> str:
+    parsed = make_url(url)
+    if database:
+        parsed = parsed.set(database=database)
+    return parsed.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+@pytest.fixture(scope="session")
+def template_db(pg_admin_url: str) -> str:
+    """A database migrated to head, copied for every test (CREATE DATABASE ... TEMPLATE)."""
+    with psycopg.connect(_psycopg_dsn(pg_admin_url), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{TEMPLATE_DB}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{TEMPLATE_DB}"')
+    url = make_url(pg_admin_url).set(database=TEMPLATE_DB).render_as_string(hide_password=False)
+    engine = make_engine(url)
+    migrate.upgrade(engine)
+    engine.dispose()
+    return url
+
+
+@pytest.fixture
+def database_url(pg_admin_url: str, template_db: str) -> Iterator[str]:
+    """A fresh migrated database for one test."""
+    name = f"rp_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(_psycopg_dsn(pg_admin_url), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{TEMPLATE_DB}"')
+    yield make_url(pg_admin_url).set(database=name).render_as_string(hide_password=False)
+    with psycopg.connect(_psycopg_dsn(pg_admin_url), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def engine(database_url: str) -> Iterator[Engine]:
+    """An engine on the test's own database."""
+    engine = make_engine(database_url, pool_size=10)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def kafka_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaSettings]:
+    """Settings of the test broker, with the contract's topic created."""
+    servers = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    broker = None
+    if not servers:
+        broker = EmbeddedBroker(state_dir=tmp_path_factory.mktemp("broker"), port=free_port())
+        servers = broker.start()
+    settings = KafkaSettings.from_env(os.environ, servers)
+    ensure_topic(settings)
+    try:
+        yield settings
+    finally:
+        if broker is not None:
+            broker.stop()
+
+
+@pytest.fixture
+def publisher(kafka_settings: KafkaSettings) -> Iterator[KafkaPublisher]:
+    """An idempotent producer on the test broker."""
+    publisher = KafkaPublisher(kafka_settings)
+    yield publisher
+    publisher.close()
+
+
+@pytest.fixture
+def kafka_reader(kafka_settings: KafkaSettings) -> Iterator[KafkaReader]:
+    """Reads the contract topic back (all partitions, from the beginning)."""
+    reader = KafkaReader(kafka_settings)
+    yield reader
+    reader.close()
+
+
+@pytest.fixture
+def artifacts_dir() -> Path:
+    """Where tests leave files for people (screenshots)."""
+    path = Path(os.environ.get("TEST_ARTIFACTS_DIR", "test-artifacts")).resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -1,0 +1,159 @@
+"""Test helpers shared by the suites: building events, reading the topic back, counting rows."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from sqlalchemy.engine import Engine
+
+from reminder_pipeline.calendar import NewEvent, create_event
+from reminder_pipeline.config import KafkaSettings
+from reminder_pipeline.domain import contract
+from reminder_pipeline.store.tables import calendar_events, event_reminders, outbox
+
+PII_TITLE = "Secret deal with Ivanov"
+PII_DESCRIPTION = "Call +7 900 000-00-00 about the flat on Tverskaya"
+PII_LOCATION = "Tverskaya 1, apt 42"
+
+
+def utcnow() -> datetime:
+    """The clock, UTC."""
+    return datetime.now(UTC)
+
+
+def make_event(
+    engine: Engine,
+    *,
+    start_at: datetime,
+    offsets: Iterable[int] = (60,),
+    now: datetime | None = None,
+    **overrides: Any,
+) -> uuid.UUID:
+    """Create an event with PII-looking text fields and the given reminder offsets."""
+    fields = dict(
+        tenant_id=uuid.uuid4(),
+        owner_user_id=uuid.uuid4(),
+        kind="Meeting",
+        start_at=start_at,
+        time_zone="Europe/Moscow",
+        title=PII_TITLE,
+        description=PII_DESCRIPTION,
+        location=PII_LOCATION,
+    )
+    fields.update(overrides)
+    return create_event(engine, NewEvent(**fields), offsets, now=now)
+
+
+def make_due_event(engine: Engine, *, minutes_overdue: float = 1, offsets=(60,), **kw: Any) -> uuid.UUID:
+    """An event whose single reminder became due ``minutes_overdue`` ago (created before that)."""
+    now = utcnow()
+    offset = max(offsets)
+    start_at = now - timedelta(minutes=minutes_overdue) + timedelta(minutes=offset)
+    created = now - timedelta(days=2)
+    return make_event(engine, start_at=start_at, offsets=offsets, now=created, **kw)
+
+
+def reminders(engine: Engine, event_id: uuid.UUID | None = None) -> list[dict[str, Any]]:
+    """Reminder rows (of one event, or all), oldest due first."""
+    query = sa.select(event_reminders).order_by(event_reminders.c.due_at)
+    if event_id is not None:
+        query = query.where(event_reminders.c.calendar_event_id == event_id)
+    with engine.connect() as conn:
+        return [dict(r._mapping) for r in conn.execute(query)]
+
+
+def outbox_rows(engine: Engine) -> list[dict[str, Any]]:
+    """All outbox rows, in id order."""
+    with engine.connect() as conn:
+        return [dict(r._mapping) for r in conn.execute(sa.select(outbox).order_by(outbox.c.id))]
+
+
+def event_row(engine: Engine, event_id: uuid.UUID) -> dict[str, Any]:
+    """One calendar event row."""
+    with engine.connect() as conn:
+        return dict(
+            conn.execute(sa.select(calendar_events).where(calendar_events.c.id == event_id)).one()._mapping
+        )
+
+
+@dataclass
+class ReadMessage:
+    """A message read back from the topic."""
+
+    partition: int
+    offset: int
+    key: str
+    value: dict[str, Any]
+    raw_value: str
+    headers: dict[str, str]
+
+
+class KafkaReader:
+    """Reads the contract topic from the beginning without joining a consumer group."""
+
+    def __init__(self, settings: KafkaSettings, topic: str = contract.TOPIC) -> None:
+        self.topic = topic
+        self._consumer = Consumer(
+            {
+                **settings.client_config(),
+                "group.id": f"test-reader-{uuid.uuid4().hex[:8]}",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+            }
+        )
+        self._consumer.assign(
+            [TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(contract.PARTITIONS)]
+        )
+        self.messages: list[ReadMessage] = []
+
+    def _poll(self, timeout: float) -> None:
+        for msg in self._consumer.consume(num_messages=1000, timeout=timeout):
+            if msg.error():
+                continue
+            raw = msg.value().decode()
+            self.messages.append(
+                ReadMessage(
+                    partition=msg.partition(),
+                    offset=msg.offset(),
+                    key=msg.key().decode() if msg.key() else "",
+                    value=json.loads(raw),
+                    raw_value=raw,
+                    headers={k: v.decode() for k, v in (msg.headers() or [])},
+                )
+            )
+
+    def for_reminders(self, reminder_ids: Iterable[uuid.UUID | str]) -> list[ReadMessage]:
+        """Messages read so far whose ReminderId is one of ``reminder_ids``."""
+        wanted = {str(r) for r in reminder_ids}
+        return [m for m in self.messages if m.value.get("ReminderId") in wanted]
+
+    def wait_for(self, reminder_ids: Iterable[uuid.UUID | str], timeout: float = 30.0) -> list[ReadMessage]:
+        """Read until a message for every id has arrived (or ``timeout``); returns theirs."""
+        wanted = {str(r) for r in reminder_ids}
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            seen = {m.value.get("ReminderId") for m in self.for_reminders(wanted)}
+            if wanted <= seen:
+                break
+            self._poll(0.5)
+        return self.for_reminders(wanted)
+
+    def drain(self, idle: float = 1.0) -> None:
+        """Read whatever else is there until the topic is quiet for ``idle`` seconds."""
+        while True:
+            before = len(self.messages)
+            self._poll(idle)
+            if len(self.messages) == before:
+                return
+
+    def close(self) -> None:
+        """Close the consumer."""
+        self._consumer.close()

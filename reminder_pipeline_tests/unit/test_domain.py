@@ -1,0 +1,120 @@
+"""Domain rules without any server: transitions, decisions, payloads, the contract's schema."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+
+from reminder_pipeline.domain import contract
+from reminder_pipeline.domain.model import Action, DueReminder, EventStatus, ReminderStatus
+from reminder_pipeline.domain.payload import PayloadError, build_payload, iso_utc
+from reminder_pipeline.domain.transitions import TransitionError, check_transition, decide
+
+
+def reminder(**overrides) -> DueReminder:
+    base = DueReminder(
+        reminder_id=uuid.uuid4(),
+        event_id=uuid.uuid4(),
+        tenant_id=uuid.uuid4(),
+        owner_user_id=uuid.uuid4(),
+        client_user_id=None,
+        appointment_id=None,
+        kind="Meeting",
+        event_status="Planned",
+        start_at=datetime(2026, 12, 1, 9, 30, tzinfo=UTC),
+        time_zone="Europe/Moscow",
+        offset_minutes=60,
+        due_at=datetime(2026, 12, 1, 8, 30, tzinfo=UTC),
+    )
+    return replace(base, **overrides)
+
+
+@pytest.mark.parametrize(
+    ("status", "action"),
+    [
+        (EventStatus.PLANNED, Action.SEND),
+        (EventStatus.IN_PROGRESS, Action.SEND),
+        (EventStatus.CANCELLED, Action.SKIP),
+        (EventStatus.COMPLETED, Action.SKIP),
+        ("SomethingNew", Action.SKIP),
+    ],
+)
+def test_decision_follows_the_event_status(status, action):
+    decision = decide(reminder(event_status=str(status)))
+    assert decision.action is action
+    expected = ReminderStatus.SENT if action is Action.SEND else ReminderStatus.SKIPPED
+    assert decision.target_status is expected
+
+
+def test_only_pending_rows_move_and_terminal_states_stay():
+    check_transition("Pending", "Sent")
+    check_transition("Pending", "Skipped")
+    for current, target in [("Sent", "Pending"), ("Skipped", "Sent"), ("Sent", "Skipped"), ("Pending", "Pending")]:
+        with pytest.raises(TransitionError):
+            check_transition(current, target)
+
+
+def test_payload_has_exactly_the_contract_fields_and_validates():
+    r = reminder(client_user_id=uuid.uuid4(), appointment_id=uuid.uuid4())
+    payload = build_payload(r)
+    assert tuple(payload) == contract.PAYLOAD_FIELDS
+    assert payload["EventId"] == str(r.event_id)
+    assert payload["StartAt"] == "2026-12-01T09:30:00Z"
+    assert payload["OffsetMinutes"] == 60
+    contract.validate(payload)
+
+
+def test_payload_nulls_optional_fields():
+    payload = build_payload(reminder())
+    assert payload["ClientUserId"] is None and payload["AppointmentId"] is None
+
+
+def test_start_at_is_rendered_in_utc_whatever_the_input_offset():
+    msk = timezone(timedelta(hours=3))
+    assert iso_utc(datetime(2026, 12, 1, 12, 30, tzinfo=msk)) == "2026-12-01T09:30:00Z"
+    assert iso_utc(datetime(2026, 12, 1, 9, 30, 0, 500, tzinfo=UTC)) == "2026-12-01T09:30:00.000500Z"
+
+
+def test_unknown_kind_is_allowed_by_the_additive_contract():
+    payload = build_payload(reminder(kind="Inspection"))
+    assert payload["Kind"] == "Inspection"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        ({"time_zone": "Mars/Olympus_Mons"}, "TimeZone"),
+        ({"time_zone": ""}, "TimeZone"),
+        ({"time_zone": "../../etc/passwd"}, "TimeZone"),
+        ({"start_at": None}, "StartAt"),
+        ({"offset_minutes": -5}, "OffsetMinutes"),
+        ({"kind": ""}, "Kind"),
+        ({"kind": "K" * 500}, "contract"),
+    ],
+)
+def test_poison_rows_raise_a_one_line_payload_error(overrides, needle):
+    with pytest.raises(PayloadError) as info:
+        build_payload(reminder(**overrides))
+    assert needle in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_schema_rejects_extra_fields_and_missing_required_ones():
+    payload = build_payload(reminder())
+    with pytest.raises(contract.ContractViolation):
+        contract.validate({**payload, "Title": "x"})
+    missing = dict(payload)
+    del missing["TenantId"]
+    with pytest.raises(contract.ContractViolation):
+        contract.validate(missing)
+
+
+def test_headers_carry_version_type_and_reminder_id():
+    h = contract.headers("abc", "run-1")
+    assert h["contract-version"] == "1"
+    assert h["event-type"] == "pin.calendar.reminder-due"
+    assert h["reminder-id"] == "abc"
+    assert h["correlation-id"] == "run-1"
