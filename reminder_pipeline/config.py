@@ -149,6 +149,10 @@ class Settings:
     home: Path
     batch_size: int = DEFAULT_BATCH_SIZE
     cycle_budget_seconds: float = DEFAULT_CYCLE_BUDGET_SECONDS
+    embedded_pg_port: int = 54329
+    embedded_broker_port: int = 19092
+    webserver_port: int = 3000
+    metrics_port: int = 9464
     env: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -183,5 +187,9 @@ class Settings:
             cycle_budget_seconds=_float_setting(
                 env, "REMINDER_CYCLE_BUDGET_SECONDS", DEFAULT_CYCLE_BUDGET_SECONDS, 1.0, 600.0
             ),
+            embedded_pg_port=_int_setting(env, "REMINDER_EMBEDDED_PG_PORT", 54329, 1, 65535),
+            embedded_broker_port=_int_setting(env, "REMINDER_EMBEDDED_BROKER_PORT", 19092, 1, 65535),
+            webserver_port=_int_setting(env, "DAGSTER_WEBSERVER_PORT", 3000, 1, 65535),
+            metrics_port=_int_setting(env, "REMINDER_METRICS_PORT", 9464, 1, 65535),
             env=env,
         )

@@ -1,0 +1,90 @@
+"""Resolving where the servers are: the ones named by the environment, or the embedded defaults.
+
+``DATABASE_URL`` / ``KAFKA_BOOTSTRAP_SERVERS`` win when set; otherwise the embedded PostgreSQL and
+broker are started (idempotently) under ``REMINDER_PIPELINE_HOME`` (``.reminder-pipeline/``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from sqlalchemy.engine import make_url
+
+from .config import Settings
+from .logs import event
+from .services import EmbeddedBroker, EmbeddedPostgres
+
+log = logging.getLogger(__name__)
+
+APP_DATABASE = "calendar"
+DAGSTER_DATABASE = "dagster"
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """Where the app's database, Dagster's storage and the broker are."""
+
+    database_url: str
+    dagster_pg_url: str
+    bootstrap_servers: str
+
+    def env(self) -> dict[str, str]:
+        """The environment a child process (Dagster, the exporter) needs."""
+        return {
+            "DATABASE_URL": self.database_url,
+            "DAGSTER_PG_URL": self.dagster_pg_url,
+            "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap_servers,
+        }
+
+
+def embedded_postgres(settings: Settings) -> EmbeddedPostgres:
+    """The embedded PostgreSQL under the project home."""
+    return EmbeddedPostgres(data_dir=settings.home / "pgdata", port=settings.embedded_pg_port)
+
+
+def embedded_broker(settings: Settings) -> EmbeddedBroker:
+    """The embedded broker under the project home."""
+    return EmbeddedBroker(state_dir=settings.home / "broker", port=settings.embedded_broker_port)
+
+
+def dagster_url_for(database_url: str) -> str:
+    """Dagster's storage next to the app's database: same server, database ``dagster``, psycopg2."""
+    return (
+        make_url(database_url)
+        .set(drivername="postgresql+psycopg2", database=DAGSTER_DATABASE)
+        .render_as_string(hide_password=False)
+    )
+
+
+def ensure_servers(settings: Settings) -> Endpoints:
+    """Start whatever embedded server the environment does not replace; return the endpoints."""
+    settings.home.mkdir(parents=True, exist_ok=True)
+    database_url = settings.database_url
+    dagster_pg_url = settings.env.get("DAGSTER_PG_URL") or None
+    if database_url is None:
+        pg = embedded_postgres(settings)
+        pg.start()
+        database_url = pg.ensure_database(APP_DATABASE)
+        if dagster_pg_url is None:
+            dagster_pg_url = make_url(pg.ensure_database(DAGSTER_DATABASE)).set(
+                drivername="postgresql+psycopg2"
+            ).render_as_string(hide_password=False)
+        event(log, logging.INFO, "embedded PostgreSQL ready", port=settings.embedded_pg_port)
+    servers = settings.kafka_bootstrap_servers
+    if servers is None:
+        servers = embedded_broker(settings).start()
+        event(log, logging.INFO, "embedded broker ready", bootstrap_servers=servers)
+    return Endpoints(
+        database_url=database_url,
+        dagster_pg_url=dagster_pg_url or dagster_url_for(database_url),
+        bootstrap_servers=servers,
+    )
+
+
+def stop_servers(settings: Settings) -> None:
+    """Stop the embedded servers (harmless when they are not running)."""
+    if settings.kafka_bootstrap_servers is None:
+        embedded_broker(settings).stop()
+    if settings.database_url is None:
+        embedded_postgres(settings).stop()
