@@ -106,6 +106,8 @@ class CycleCounts:
     duration_ms: int = 0
     max_lateness_seconds: float | None = None
     sent_ids: list[uuid.UUID] = field(default_factory=list, repr=False)
+    #: SentAt - DueAt of every row sent, for the lateness histogram (the SLO).
+    lateness_seconds: list[float] = field(default_factory=list, repr=False)
 
     def add(self, other: CycleCounts) -> None:
         """Accumulate another batch's counts into this one (durations are set by the caller)."""
@@ -122,6 +124,7 @@ class CycleCounts:
                 self.max_lateness_seconds or other.max_lateness_seconds, other.max_lateness_seconds
             )
         self.sent_ids.extend(other.sent_ids)
+        self.lateness_seconds.extend(other.lateness_seconds)
 
     def as_dict(self) -> dict[str, int | float | None]:
         """The counts as a plain dict (for logs, CLI output and metadata)."""

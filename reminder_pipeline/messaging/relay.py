@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -65,6 +65,7 @@ def relay_outbox(
     budget_seconds: float = 30.0,
     lock_wait_seconds: float = 5.0,
     correlation_id: str | None = None,
+    on_acknowledged: Callable[[list[int]], None] | None = None,
 ) -> RelayResult:
     """Publish unpublished outbox rows until none are left, the budget ends or the broker fails.
 
@@ -73,6 +74,8 @@ def relay_outbox(
     topic. A second relay waits up to ``lock_wait_seconds`` and then leaves the work to the first.
     A row is marked published only after its delivery report succeeded; a crash in between
     publishes it again (at least once; ``outbox.publish_attempts`` counts the hand-overs).
+    ``on_acknowledged`` is called with the acknowledged ids just before they are marked (the
+    crash-point tests stop the process there).
     """
     result = RelayResult()
     deadline = time.monotonic() + budget_seconds
@@ -91,6 +94,8 @@ def relay_outbox(
                     break
                 results = publisher.publish(messages, timeout=max(deadline - time.monotonic(), 1.0))
                 ok = acknowledged_in_key_order(messages, results)
+                if on_acknowledged is not None:
+                    on_acknowledged(ok)
                 with engine.begin() as conn:
                     repository.mark_published(conn, ok)
                 result.batches += 1

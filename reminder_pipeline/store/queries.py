@@ -208,3 +208,18 @@ OUTBOX_LAG = text(
      WHERE published_at IS NULL
     """
 )
+
+# Retention: published rows older than the retention, a small batch per transaction so the
+# purge never holds many locks or a long snapshot. Oldest ids first: they are the published ones.
+PURGE_PUBLISHED_OUTBOX = text(
+    """
+    DELETE FROM outbox
+     WHERE id IN (
+        SELECT id FROM outbox
+         WHERE published_at IS NOT NULL AND published_at < now() - make_interval(secs => :retention_seconds)
+         ORDER BY id
+         LIMIT :limit
+           FOR UPDATE SKIP LOCKED
+     )
+    """
+)

@@ -242,6 +242,13 @@ def release_relay_lock(conn: Connection) -> None:
     conn.execute(queries.RELAY_UNLOCK, {"key": queries.RELAY_LOCK_KEY})
 
 
+def purge_published_outbox(conn: Connection, retention_seconds: float, limit: int) -> int:
+    """Delete up to ``limit`` outbox rows published more than ``retention_seconds`` ago."""
+    return conn.execute(
+        queries.PURGE_PUBLISHED_OUTBOX, {"retention_seconds": retention_seconds, "limit": limit}
+    ).rowcount
+
+
 # --- poison rows (operators) -------------------------------------------------------------
 
 
