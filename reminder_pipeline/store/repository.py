@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -97,6 +98,14 @@ class AppliedTransition:
     lateness_seconds: float | None
 
 
+def _finite(value: Any) -> float | None:
+    """A float, or None for NULL and for the infinities of an infinite due_at."""
+    if value is None:
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
 def apply_transitions(
     conn: Connection,
     transitions: Sequence[tuple[uuid.UUID, ReminderStatus, OutboxMessage | None]],
@@ -133,7 +142,7 @@ def apply_transitions(
         AppliedTransition(
             reminder_id=r.id,
             status=ReminderStatus(r.status),
-            lateness_seconds=None if r.lateness_seconds is None else float(r.lateness_seconds),
+            lateness_seconds=_finite(r.lateness_seconds),
         )
         for r in rows
     ]
