@@ -1,0 +1,49 @@
+-- Least privilege for the reminder dispatcher (run as the schema owner, after `reminder-pipeline db upgrade`).
+--
+-- `reminder_dispatcher` is a NOLOGIN group role with exactly what the dispatch cycle, the relay,
+-- the outbox retention and the metrics ledger need. It can read no title, description or
+-- location of a calendar event: those columns are PII and never leave the database.
+-- Give a login role its rights with:  GRANT reminder_dispatcher TO <login role>;
+-- Idempotent: safe to run again after every migration.
+
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'reminder_dispatcher') THEN
+        CREATE ROLE reminder_dispatcher NOLOGIN;
+    END IF;
+END
+$$;
+
+GRANT USAGE ON SCHEMA public TO reminder_dispatcher;
+
+-- Events: the payload's fields and the status, nothing else.
+REVOKE ALL ON calendar_events FROM reminder_dispatcher;
+GRANT SELECT (id, tenant_id, owner_user_id, client_user_id, appointment_id, kind, status,
+              start_at, time_zone)
+    ON calendar_events TO reminder_dispatcher;
+
+-- Reminders: read, and move Pending -> Sent/Skipped with the poison bookkeeping.
+-- (FOR UPDATE needs UPDATE on at least one column.)
+REVOKE ALL ON event_reminders FROM reminder_dispatcher;
+GRANT SELECT ON event_reminders TO reminder_dispatcher;
+GRANT UPDATE (status, sent_at, updated_at, attempts, last_error, next_attempt_at)
+    ON event_reminders TO reminder_dispatcher;
+
+-- Outbox: write rows, mark them published, purge them after the retention.
+REVOKE ALL ON outbox FROM reminder_dispatcher;
+GRANT SELECT, INSERT, DELETE ON outbox TO reminder_dispatcher;
+GRANT UPDATE (published_at, publish_attempts) ON outbox TO reminder_dispatcher;
+
+-- The metrics ledger (migration 0002 and later), when present.
+DO $$
+DECLARE
+    t text;
+BEGIN
+    FOREACH t IN ARRAY ARRAY['dispatch_cycles', 'dispatch_metric_totals'] LOOP
+        IF to_regclass('public.' || t) IS NOT NULL THEN
+            EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON %I TO reminder_dispatcher', t);
+        END IF;
+    END LOOP;
+END
+$$;
+GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO reminder_dispatcher;
