@@ -25,12 +25,13 @@ def _settings() -> Settings:
 
 
 def _open(settings: Settings):
-    """Start what the environment does not replace; an engine on the app database, migrated."""
-    from .db import make_engine
+    """Start what the environment does not replace; an engine on the app database, reachable."""
+    from .db import check_connection, make_engine
     from .runtime import ensure_servers
 
     endpoints = ensure_servers(settings)
     engine = make_engine(endpoints.database_url)
+    check_connection(engine)
     return endpoints, engine
 
 
@@ -38,7 +39,7 @@ def _publisher(settings: Settings, bootstrap_servers: str):
     from .messaging.kafka import KafkaPublisher, ensure_topic
 
     kafka = settings.kafka(bootstrap_servers)
-    ensure_topic(kafka)
+    ensure_topic(kafka, timeout=10.0)  # also the broker's reachability check, before any write
     return KafkaPublisher(kafka)
 
 
@@ -95,8 +96,8 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
 
     settings = _settings()
     endpoints, engine = _open(settings)
-    migrate.upgrade(engine)
     publisher = None if args.no_relay else _publisher(settings, endpoints.bootstrap_servers)
+    migrate.upgrade(engine)
     report = cycle.run_cycle(
         engine,
         publisher,
@@ -292,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     logs.configure(getattr(logging, str(args.log_level).upper(), logging.INFO))
     try:
         return args.func(args)
-    except (ConfigError, ServiceError, cycle.AsOfInFutureError, ValueError) as exc:
+    except (ConfigError, ServiceError, cycle.AsOfInFutureError, ValueError, ConnectionError) as exc:
         print(f"reminder-pipeline: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

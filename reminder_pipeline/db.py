@@ -19,3 +19,20 @@ def make_engine(url: str, *, pool_size: int = 5, application_name: str = "remind
         pool_pre_ping=True,
         connect_args={"application_name": application_name, "connect_timeout": 10},
     )
+
+
+class DatabaseUnavailable(ConnectionError):
+    """The database named by DATABASE_URL cannot be reached; the message is one line."""
+
+
+def check_connection(engine: Engine, setting: str = "DATABASE_URL") -> None:
+    """Connect once and run ``SELECT 1``; raise :class:`DatabaseUnavailable` naming ``setting``."""
+    from sqlalchemy import exc, text
+
+    url = engine.url.render_as_string(hide_password=True)
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except exc.DBAPIError as error:
+        reason = str(error.orig).strip().splitlines()[0] if error.orig else type(error).__name__
+        raise DatabaseUnavailable(f"{setting}: cannot connect to {url}: {reason}") from None

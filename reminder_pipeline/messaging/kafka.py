@@ -18,8 +18,8 @@ from ..store.repository import ClaimedMessage
 log = logging.getLogger(__name__)
 
 
-class BrokerUnavailable(RuntimeError):
-    """The broker could not be reached in time; the message names the bootstrap servers."""
+class BrokerUnavailable(ConnectionError):
+    """The broker could not be reached in time; the message is one line naming the setting."""
 
 
 def ensure_topic(
@@ -40,7 +40,8 @@ def ensure_topic(
         metadata = admin.list_topics(timeout=timeout)
     except KafkaException as exc:
         raise BrokerUnavailable(
-            f"Kafka at {settings.bootstrap_servers} did not answer within {timeout:.0f}s: {exc}"
+            f"KAFKA_BOOTSTRAP_SERVERS: the broker at {settings.bootstrap_servers} did not answer "
+            f"within {timeout:.0f}s ({exc.args[0].str() if exc.args else exc})"
         ) from None
     existing = metadata.topics.get(topic)
     if existing is not None and existing.error is None:
