@@ -163,10 +163,19 @@ def cmd_consume(args: argparse.Namespace) -> int:
     """Run the reference notifications consumer (prints one line per notification)."""
     from .consumer import consume_main
 
+    from pathlib import Path
+
+    from .runtime import embedded_broker
+
     settings = _settings()
-    endpoints, _ = _open(settings)
-    settings = Settings.from_env({**settings.env, "KAFKA_BOOTSTRAP_SERVERS": endpoints.bootstrap_servers})
-    return consume_main(settings, group_id=args.group_id, once=args.once)
+    servers = settings.kafka_bootstrap_servers or embedded_broker(settings).start()
+    return consume_main(
+        settings,
+        group_id=args.group_id,
+        dedup_path=Path(args.dedup_path) if args.dedup_path else None,
+        once=args.once,
+        bootstrap_servers=servers,
+    )
 
 
 def _wait_for_stop() -> None:
@@ -282,6 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     consume = sub.add_parser("consume", help="reference notifications consumer")
     consume.add_argument("--group-id", default="notifications-reference")
+    consume.add_argument("--dedup-path", help="SQLite file of delivered ReminderIds (durable de-duplication)")
     consume.add_argument("--once", action="store_true", help="exit when the topic is idle")
     consume.set_defaults(func=cmd_consume)
     return parser

@@ -1,0 +1,232 @@
+"""The pure mapping of the consumer: parsing a reminder-due message and building its notifications."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reminder_pipeline.consumer.notifications import (
+    NEUTRAL_TEXT,
+    IncompatibleMessage,
+    MessageProblem,
+    NotificationKind,
+    RecipientRole,
+    horizon_text,
+    notifications_for,
+    parse_reminder,
+    relaxed_schema,
+)
+from reminder_pipeline.domain import contract
+from reminder_pipeline.domain.model import DueReminder
+from reminder_pipeline.domain.payload import build_payload
+
+START = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
+
+
+def payload(**overrides: Any) -> dict[str, Any]:
+    """A valid contract v1 payload; ``overrides`` replace fields (a value of ... removes one)."""
+    data: dict[str, Any] = {
+        "ReminderId": str(uuid.uuid4()),
+        "EventId": str(uuid.uuid4()),
+        "TenantId": str(uuid.uuid4()),
+        "OwnerUserId": str(uuid.uuid4()),
+        "ClientUserId": None,
+        "Kind": "Meeting",
+        "StartAt": "2026-11-30T10:00:00Z",
+        "TimeZone": "Europe/Moscow",
+        "OffsetMinutes": 60,
+        "AppointmentId": None,
+    }
+    data.update(overrides)
+    return {k: v for k, v in data.items() if v is not ...}
+
+
+def raw(data: Any) -> bytes:
+    return json.dumps(data).encode()
+
+
+def test_a_valid_payload_parses_into_typed_fields() -> None:
+    data = payload(ClientUserId=str(uuid.uuid4()), AppointmentId=str(uuid.uuid4()))
+    reminder = parse_reminder(raw(data))
+    assert str(reminder.reminder_id) == data["ReminderId"]
+    assert str(reminder.client_user_id) == data["ClientUserId"]
+    assert reminder.start_at == START
+    assert reminder.offset_minutes == 60
+
+
+def test_the_producers_payload_is_accepted_by_the_consumer() -> None:
+    due = DueReminder(
+        reminder_id=uuid.uuid4(), event_id=uuid.uuid4(), tenant_id=uuid.uuid4(),
+        owner_user_id=uuid.uuid4(), client_user_id=None, appointment_id=uuid.uuid4(),
+        kind="Showing", event_status="Planned", start_at=START, time_zone="Asia/Tokyo",
+        offset_minutes=1440, due_at=START - timedelta(days=1),
+    )
+    reminder = parse_reminder(raw(build_payload(due)))
+    assert (reminder.reminder_id, reminder.start_at, reminder.kind) == (due.reminder_id, START, "Showing")
+
+
+def test_unknown_extra_fields_and_absent_optional_fields_are_accepted() -> None:
+    """The contract is additive: new optional fields must not break an old consumer."""
+    data = payload(Priority="high", ClientUserId=..., AppointmentId=...)
+    reminder = parse_reminder(raw(data))
+    assert reminder.client_user_id is None and reminder.appointment_id is None
+
+
+def test_the_relaxed_schema_leaves_the_contract_schema_strict() -> None:
+    assert "additionalProperties" not in relaxed_schema()
+    with pytest.raises(contract.ContractViolation):
+        contract.validate({**payload(), "Priority": "high"})
+
+
+@pytest.mark.parametrize("missing", contract.REQUIRED_FIELDS)
+def test_a_missing_required_field_is_incompatible(missing: str) -> None:
+    with pytest.raises(IncompatibleMessage) as caught:
+        parse_reminder(raw(payload(**{missing: ...})))
+    assert caught.value.problem is MessageProblem.INCOMPATIBLE
+    assert missing in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("OffsetMinutes", "60"),
+        ("OffsetMinutes", -5),
+        ("OffsetMinutes", 1.5),
+        ("Kind", 3),
+        ("ReminderId", "not-a-guid"),
+        ("StartAt", "2026-11-30 10:00"),
+        ("StartAt", "2026-13-30T10:00:00Z"),
+        ("ClientUserId", 42),
+    ],
+)
+def test_a_wrong_type_or_shape_is_incompatible(field: str, value: Any) -> None:
+    with pytest.raises(IncompatibleMessage) as caught:
+        parse_reminder(raw(payload(**{field: value})))
+    assert caught.value.problem is MessageProblem.INCOMPATIBLE
+    assert field in str(caught.value)
+
+
+@pytest.mark.parametrize("value", [None, b"", b"{not json", b"\xff\xfe", b"[1, 2]", b'"text"'])
+def test_garbage_is_unparseable(value: bytes | None) -> None:
+    with pytest.raises(IncompatibleMessage) as caught:
+        parse_reminder(value)
+    assert caught.value.problem is MessageProblem.UNPARSEABLE
+
+
+@pytest.mark.parametrize(
+    "minutes, text",
+    [
+        (0, "now"),
+        (1, "in a minute"),
+        (15, "in 15 minutes"),
+        (60, "in an hour"),
+        (90, "in 1 hour 30 minutes"),
+        (120, "in 2 hours"),
+        (1440, "in a day"),
+        (1500, "in 1 day 1 hour"),
+        (2880, "in 2 days"),
+        (10080, "in a week"),
+        (20160, "in 2 weeks"),
+    ],
+)
+def test_horizon_text(minutes: int, text: str) -> None:
+    assert horizon_text(minutes) == text
+
+
+def test_an_appointment_reminder_goes_to_owner_and_client_in_local_time() -> None:
+    data = payload(Kind="Consultation", ClientUserId=str(uuid.uuid4()),
+                   AppointmentId=str(uuid.uuid4()), TimeZone="Asia/Yekaterinburg")
+    mapped = notifications_for(parse_reminder(raw(data)))
+    assert mapped.warnings == ()
+    assert [(n.kind, n.recipient_role, str(n.recipient_user_id)) for n in mapped.notifications] == [
+        (NotificationKind.APPOINTMENT_REMINDER, RecipientRole.OWNER, data["OwnerUserId"]),
+        (NotificationKind.APPOINTMENT_REMINDER, RecipientRole.CLIENT, data["ClientUserId"]),
+    ]
+    owner = mapped.notifications[0]
+    assert owner.local_start == START.astimezone(ZoneInfo("Asia/Yekaterinburg"))
+    assert owner.text == "Consultation starts in an hour, at 2026-11-30 15:00 (Asia/Yekaterinburg)"
+    assert len({n.notification_id for n in mapped.notifications}) == 2
+
+
+def test_an_appointment_without_a_client_notifies_the_owner_only() -> None:
+    mapped = notifications_for(parse_reminder(raw(payload(AppointmentId=str(uuid.uuid4())))))
+    assert [(n.kind, n.recipient_role) for n in mapped.notifications] == [
+        (NotificationKind.APPOINTMENT_REMINDER, RecipientRole.OWNER)
+    ]
+
+
+def test_a_task_without_a_client_is_a_calendar_reminder_to_the_owner_only() -> None:
+    data = payload(Kind="Task", OffsetMinutes=15)
+    mapped = notifications_for(parse_reminder(raw(data)))
+    assert [(n.kind, str(n.recipient_user_id)) for n in mapped.notifications] == [
+        (NotificationKind.CALENDAR_REMINDER, data["OwnerUserId"])
+    ]
+    assert mapped.notifications[0].text == "Task starts in 15 minutes, at 2026-11-30 13:00 (Europe/Moscow)"
+
+
+def test_a_calendar_event_with_a_client_adds_the_client() -> None:
+    mapped = notifications_for(parse_reminder(raw(payload(ClientUserId=str(uuid.uuid4())))))
+    assert [(n.kind, n.recipient_role) for n in mapped.notifications] == [
+        (NotificationKind.CALENDAR_REMINDER, RecipientRole.OWNER),
+        (NotificationKind.CALENDAR_REMINDER, RecipientRole.CLIENT),
+    ]
+
+
+def test_a_client_who_is_the_owner_is_notified_once() -> None:
+    owner = str(uuid.uuid4())
+    mapped = notifications_for(parse_reminder(raw(payload(OwnerUserId=owner, ClientUserId=owner))))
+    assert len(mapped.notifications) == 1
+
+
+def test_an_unknown_kind_gets_the_neutral_text_and_a_warning() -> None:
+    mapped = notifications_for(parse_reminder(raw(payload(Kind="Webinar"))))
+    (notification,) = mapped.notifications
+    assert notification.text.startswith(NEUTRAL_TEXT)
+    assert "13:00" in notification.text
+    assert notification.known_kind is False and notification.event_kind == "Webinar"
+    assert mapped.warnings == ("unknown Kind; neutral reminder text used",)
+
+
+def test_an_unknown_time_zone_falls_back_to_utc_with_a_warning() -> None:
+    mapped = notifications_for(parse_reminder(raw(payload(TimeZone="Mars/Olympus_Mons"))))
+    (notification,) = mapped.notifications
+    assert notification.time_zone == "UTC" and notification.local_start == START
+    assert "10:00 (UTC)" in notification.text
+    assert len(mapped.warnings) == 1
+
+
+def test_local_time_follows_daylight_saving() -> None:
+    summer = notifications_for(parse_reminder(raw(payload(
+        StartAt="2026-07-01T16:00:00Z", TimeZone="America/New_York"))))
+    winter = notifications_for(parse_reminder(raw(payload(
+        StartAt="2026-12-01T16:00:00Z", TimeZone="America/New_York"))))
+    assert "12:00 (America/New_York)" in summer.notifications[0].text
+    assert "11:00 (America/New_York)" in winter.notifications[0].text
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    kind=st.text(min_size=1, max_size=64),
+    zone=st.text(min_size=1, max_size=64),
+    offset=st.integers(min_value=0, max_value=2**31 - 1),
+    client=st.booleans(),
+    appointment=st.booleans(),
+)
+def test_any_valid_payload_maps_without_failing(
+    kind: str, zone: str, offset: int, client: bool, appointment: bool
+) -> None:
+    """Fail safe: whatever Kind, TimeZone and offset arrive, the owner gets a reminder."""
+    data = payload(Kind=kind, TimeZone=zone, OffsetMinutes=offset,
+                   ClientUserId=str(uuid.uuid4()) if client else None,
+                   AppointmentId=str(uuid.uuid4()) if appointment else None)
+    mapped = notifications_for(parse_reminder(raw(data)))
+    assert mapped.notifications[0].recipient_role is RecipientRole.OWNER
+    assert len(mapped.notifications) == 1 + client
+    assert all(n.text and n.horizon for n in mapped.notifications)
