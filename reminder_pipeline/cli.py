@@ -178,6 +178,27 @@ def cmd_consume(args: argparse.Namespace) -> int:
     )
 
 
+def cmd_metrics(args: argparse.Namespace) -> int:
+    """Serve the Prometheus metrics endpoint (read from the database) until stopped."""
+    from .observability.exporter import serve_forever
+    from .runtime import ensure_servers
+
+    settings = _settings()
+    return serve_forever(settings, ensure_servers(settings))
+
+
+def cmd_outbox(args: argparse.Namespace) -> int:
+    """Purge published outbox rows older than the retention."""
+    from datetime import timedelta
+
+    from .retention import purge_outbox
+
+    _, engine = _open(_settings())
+    deleted = purge_outbox(engine, timedelta(hours=args.retention_hours), batch_size=args.batch_size)
+    print(f"purged {deleted} published outbox rows older than {args.retention_hours} h")
+    return 0
+
+
 def _wait_for_stop() -> None:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -294,6 +315,14 @@ def build_parser() -> argparse.ArgumentParser:
     consume.add_argument("--dedup-path", help="SQLite file of delivered ReminderIds (durable de-duplication)")
     consume.add_argument("--once", action="store_true", help="exit when the topic is idle")
     consume.set_defaults(func=cmd_consume)
+    metrics = sub.add_parser("metrics", help="serve Prometheus metrics on REMINDER_METRICS_PORT")
+    metrics.set_defaults(func=cmd_metrics)
+
+    outbox = sub.add_parser("outbox", help="outbox maintenance")
+    outbox.add_argument("action", choices=["purge"])
+    outbox.add_argument("--retention-hours", type=float, default=168.0)
+    outbox.add_argument("--batch-size", type=int, default=1000)
+    outbox.set_defaults(func=cmd_outbox)
     return parser
 
 

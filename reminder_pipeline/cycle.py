@@ -28,6 +28,7 @@ from .domain.transitions import decide_all
 from .logs import event
 from .messaging.relay import Publisher, RelayResult
 from .messaging.relay import relay_outbox as _relay_outbox
+from .observability import ledger, tracing
 from .store import repository
 from .store.repository import OutboxMessage
 
@@ -85,6 +86,7 @@ class BatchOutcome:
     gone: int = 0
     outbox_rows: int = 0
     max_lateness_seconds: float | None = None
+    lateness_seconds: list[float] = field(default_factory=list)
 
     def counts(self) -> CycleCounts:
         """This batch as cycle counts."""
@@ -97,6 +99,7 @@ class BatchOutcome:
             batches=1,
             max_lateness_seconds=self.max_lateness_seconds,
             sent_ids=[r.reminder_id for r in self.sent],
+            lateness_seconds=list(self.lateness_seconds),
         )
 
 
@@ -121,11 +124,11 @@ def resolve_event_status(candidates: Sequence[DueReminder]) -> list[Decision]:
 
 def _message(reminder: DueReminder, correlation_id: str | None) -> OutboxMessage:
     payload = build_payload(reminder)
-    return OutboxMessage(
-        message_key=str(reminder.event_id),
-        payload=payload,
-        headers=contract.headers(str(reminder.reminder_id), correlation_id),
-    )
+    headers = contract.headers(str(reminder.reminder_id), correlation_id)
+    # The cycle span's W3C context, stored with the row: the relay sends it whenever it publishes,
+    # so a consumer continues this trace.
+    headers.update(tracing.trace_headers())
+    return OutboxMessage(message_key=str(reminder.event_id), payload=payload, headers=headers)
 
 
 def _is_data_error(error: sa_exc.DBAPIError) -> bool:
@@ -181,6 +184,7 @@ def transition_and_outbox(
         if row.status is ReminderStatus.SENT:
             outcome.sent.append(reminder)
             if row.lateness_seconds is not None:
+                outcome.lateness_seconds.append(row.lateness_seconds)
                 outcome.max_lateness_seconds = max(
                     outcome.max_lateness_seconds or row.lateness_seconds, row.lateness_seconds
                 )
@@ -238,18 +242,22 @@ def _apply(
 
 
 def _log_outcome(outcome: BatchOutcome, correlation_id: str | None) -> None:
+    # Each item: a log line and an event on the cycle span, with the same identifiers.
     for r in outcome.sent:
-        event(log, logging.INFO, "reminder sent", run_id=correlation_id,
-              reminder_id=str(r.reminder_id), event_id=str(r.event_id),
-              offset_minutes=r.offset_minutes, tenant_id=str(r.tenant_id))
+        ids = {"reminder_id": str(r.reminder_id), "event_id": str(r.event_id),
+               "offset_minutes": r.offset_minutes, "tenant_id": str(r.tenant_id)}
+        event(log, logging.INFO, "reminder sent", run_id=correlation_id, **ids)
+        tracing.item_event("reminder sent", **ids)
     for r in outcome.skipped:
-        event(log, logging.INFO, "reminder skipped", run_id=correlation_id,
-              reminder_id=str(r.reminder_id), event_id=str(r.event_id),
-              event_status=r.event_status, tenant_id=str(r.tenant_id))
+        ids = {"reminder_id": str(r.reminder_id), "event_id": str(r.event_id),
+               "event_status": r.event_status, "tenant_id": str(r.tenant_id)}
+        event(log, logging.INFO, "reminder skipped", run_id=correlation_id, **ids)
+        tracing.item_event("reminder skipped", **ids)
     for p in outcome.poison:
-        event(log, logging.ERROR, "item failed", run_id=correlation_id,
-              reminder_id=str(p.reminder_id), event_id=str(p.event_id),
-              tenant_id=None if p.tenant_id is None else str(p.tenant_id), exception=p.error)
+        ids = {"reminder_id": str(p.reminder_id), "event_id": str(p.event_id),
+               "tenant_id": None if p.tenant_id is None else str(p.tenant_id)}
+        event(log, logging.ERROR, "item failed", run_id=correlation_id, exception=p.error, **ids)
+        tracing.item_event("item failed", **ids)
 
 
 def dispatch_batch(
@@ -350,10 +358,39 @@ def run_cycle(
     budget_seconds: float = 30.0,
     run_id: str | None = None,
 ) -> CycleReport:
-    """One whole cycle (CLI, demo, tests): dispatch, relay everything unpublished, measure the backlog."""
-    started = time.monotonic()
+    """One whole cycle (CLI, demo, tests): dispatch, relay everything unpublished, measure the backlog.
+
+    Runs in one trace span and is recorded in the metrics ledger afterwards, in its own
+    transaction; a failed cycle is recorded as an error, then the exception propagates.
+    """
+    started_at = now_utc()
     as_of = check_as_of(as_of)
     run_id = run_id or str(uuid.uuid4())
+    with tracing.cycle_span(run_id, as_of=as_of.isoformat(), batch_size=batch_size,
+                            max_batches=max_batches):
+        try:
+            report = _run_cycle(engine, publisher, as_of, batch_size, max_batches,
+                                budget_seconds, run_id)
+        except Exception as exc:
+            event(log, logging.ERROR, "cycle failed", run_id=run_id, error_kind=type(exc).__name__)
+            ledger.record_cycle(engine, run_id, None, started_at=started_at, as_of=as_of, error=exc)
+            raise
+        tracing.set_attributes(**report.counts.as_dict(),
+                               backlog_remaining=report.backlog_remaining)
+        ledger.record_cycle(engine, run_id, report.counts, started_at=started_at, as_of=as_of)
+    return report
+
+
+def _run_cycle(
+    engine: Engine,
+    publisher: Publisher | None,
+    as_of: datetime,
+    batch_size: int,
+    max_batches: int,
+    budget_seconds: float,
+    run_id: str,
+) -> CycleReport:
+    started = time.monotonic()
     event(log, logging.INFO, "cycle started", run_id=run_id, as_of=as_of.isoformat(),
           batch_size=batch_size, max_batches=max_batches)
     counts, relay = drain(engine, as_of, batch_size, max_batches=max_batches,

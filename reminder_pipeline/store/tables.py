@@ -94,3 +94,66 @@ outbox = sa.Table(
     sa.UniqueConstraint("reminder_id", name="uq_outbox_reminder_id"),
     sa.Index("ix_outbox_unpublished", "id", postgresql_where=sa.text("published_at IS NULL")),
 )
+
+# --- dispatch metrics ledger (observability) ----------------------------------------------
+# One row per dispatch cycle, written in its own short transaction after the cycle (never inside
+# the dispatch transaction). The metrics exporter turns SUM()s over it into Prometheus counters
+# and histograms, so they survive the short-lived Dagster run processes and exporter restarts.
+# Histogram bucket bounds are fixed in code (observability/ledger.py); the arrays hold
+# per-bucket (non-cumulative) counts, the last element being the +Inf overflow bucket.
+
+dispatch_cycles = sa.Table(
+    "dispatch_cycles",
+    metadata,
+    sa.Column("id", sa.BigInteger, sa.Identity(always=False), primary_key=True),
+    # The Dagster run id (or the CLI's cycle id): the cycle's correlation id. Not unique: the
+    # caller records a cycle once; the id is for joining with logs and traces.
+    sa.Column("run_id", sa.Text, nullable=False),
+    sa.Column("started_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("finished_at", sa.DateTime(timezone=True), nullable=False, server_default=NOW),
+    sa.Column("as_of", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("succeeded", sa.Boolean, nullable=False),
+    sa.Column("sent", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("skipped", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("skipped_locked", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("failed", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("published", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("publish_failed", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("batches", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("duration_seconds", sa.Double, nullable=False),
+    sa.Column("duration_buckets", sa.ARRAY(sa.BigInteger), nullable=False),
+    sa.Column("lateness_sum", sa.Double, nullable=False, server_default="0"),
+    sa.Column("lateness_count", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("lateness_buckets", sa.ARRAY(sa.BigInteger), nullable=False),
+    # The exception's class name only: a message could carry data, a class name cannot.
+    sa.Column("error_kind", sa.Text, nullable=True),
+    # Time-window reads (health checks) and the roll-up of old rows walk this index.
+    sa.Index("ix_dispatch_cycles_finished_at", "finished_at"),
+)
+
+# The ledger's rolled-up past: one row holding the sums of every cycle row already deleted from
+# ``dispatch_cycles``. Counters = totals + SUM(detail), read in one snapshot, so a roll-up never
+# makes a counter step back. Keeps each scrape's work bounded by the detail retention.
+dispatch_metric_totals = sa.Table(
+    "dispatch_metric_totals",
+    metadata,
+    sa.Column("id", sa.SmallInteger, primary_key=True, autoincrement=False),
+    sa.Column("cycles", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("cycles_failed", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("sent", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("skipped", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("skipped_locked", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("failed", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("published", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("publish_failed", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("duration_sum", sa.Double, nullable=False, server_default="0"),
+    sa.Column("duration_buckets", sa.ARRAY(sa.BigInteger), nullable=False,
+              server_default=sa.text("'{}'::bigint[]")),
+    sa.Column("lateness_sum", sa.Double, nullable=False, server_default="0"),
+    sa.Column("lateness_count", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("lateness_buckets", sa.ARRAY(sa.BigInteger), nullable=False,
+              server_default=sa.text("'{}'::bigint[]")),
+    sa.Column("last_success_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("rolled_up_until", sa.DateTime(timezone=True), nullable=True),
+    sa.CheckConstraint("id = 1", name="singleton"),
+)

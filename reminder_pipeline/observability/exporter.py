@@ -1,0 +1,263 @@
+"""The metrics endpoint: the seed's Prometheus metrics, computed from the database on each scrape.
+
+``reminder-pipeline metrics`` (and ``reminder-pipeline up``) serve ``/metrics`` over HTTP. There
+is no in-process state: counters and histograms are ``totals + SUM(detail)`` over the per-cycle
+ledger (:mod:`.ledger`, written by every dispatch run), and the gauges are read live from the
+reminder and outbox tables. So every Dagster run (a short-lived process) counts, parallel
+dispatchers add up, and an exporter restart loses nothing: a counter only ever grows.
+
+Each scrape is a handful of index-backed statements in one short read-only REPEATABLE READ
+transaction (one snapshot: a ledger roll-up moving rows between the two tables cannot be seen
+half-done, which would make a counter step back), bounded by a statement time-out. If the
+database cannot be read, the scrape still answers, with ``calendar_reminder_dispatch_up 0``.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+from sqlalchemy.engine import Engine
+
+from ..config import Settings
+from ..logs import event
+from ..runtime import Endpoints
+from ..services import ServiceError
+from ..store import metrics_repository, repository
+from . import ledger
+
+log = logging.getLogger(__name__)
+
+PREFIX = "calendar_reminder_dispatch_"
+CYCLE_DURATION = PREFIX + "cycle_duration_seconds"
+CYCLES = PREFIX + "cycles_total"
+ITEMS = PREFIX + "items_total"
+SKIP_LOCKED = PREFIX + "skip_locked_total"
+ERRORS = PREFIX + "errors_total"
+PUBLISHED = PREFIX + "published_total"
+LATENESS = PREFIX + "lateness_seconds"
+BACKLOG = PREFIX + "backlog"
+BACKLOG_OLDEST_AGE = PREFIX + "backlog_oldest_age_seconds"
+OUTBOX_UNPUBLISHED = PREFIX + "outbox_unpublished"
+OUTBOX_LAG = PREFIX + "outbox_lag_seconds"
+LAST_SUCCESS = PREFIX + "last_success_timestamp_seconds"
+UP = PREFIX + "up"
+SCRAPE_DURATION = PREFIX + "scrape_duration_seconds"
+
+#: Every metric family the endpoint serves (the dashboard and the alert rules use only these).
+METRIC_NAMES: tuple[str, ...] = (
+    CYCLE_DURATION, CYCLES, ITEMS, SKIP_LOCKED, ERRORS, PUBLISHED, LATENESS, BACKLOG,
+    BACKLOG_OLDEST_AGE, OUTBOX_UNPUBLISHED, OUTBOX_LAG, LAST_SUCCESS, UP, SCRAPE_DURATION,
+)
+
+SCRAPE_STATEMENT_TIMEOUT_MS = 5_000
+DEFAULT_HOST = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything one scrape reads, from one database snapshot."""
+
+    totals: metrics_repository.LedgerTotals
+    backlog: repository.Backlog
+    outbox: repository.OutboxLag
+
+
+def read_snapshot(engine: Engine, now: datetime | None = None) -> Snapshot:
+    """Ledger totals and live gauges in one short read-only REPEATABLE READ transaction."""
+    now = now or datetime.now(UTC)
+    with engine.connect().execution_options(
+        isolation_level="REPEATABLE READ", postgresql_readonly=True
+    ) as conn, conn.begin():
+        metrics_repository.set_local_timeouts(conn, SCRAPE_STATEMENT_TIMEOUT_MS, 1_000)
+        totals = metrics_repository.ledger_totals(
+            conn, len(ledger.DURATION_BUCKETS) + 1, len(ledger.LATENESS_BUCKETS) + 1
+        )
+        return Snapshot(totals, repository.backlog(conn, now), repository.outbox_lag(conn))
+
+
+def _histogram(name: str, doc: str, bounds: tuple[float, ...], counts: list[int],
+               total: float) -> HistogramMetricFamily:
+    running = ledger.cumulative(counts)
+    buckets = [(_le(b), float(c)) for b, c in zip(bounds, running, strict=False)]
+    buckets.append(("+Inf", float(running[-1])))
+    return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=total)
+
+
+def _le(bound: float) -> str:
+    return repr(float(bound))
+
+
+def families(snapshot: Snapshot) -> list[Metric]:
+    """The metric families of one snapshot (pure: no I/O)."""
+    t = snapshot.totals
+    cycles = CounterMetricFamily(CYCLES, "Dispatch cycles recorded, by result.", labels=["result"])
+    cycles.add_metric(["succeeded"], t.cycles - t.cycles_failed)
+    cycles.add_metric(["failed"], t.cycles_failed)
+    items = CounterMetricFamily(ITEMS, "Reminder rows moved out of Pending, by result.",
+                                labels=["result"])
+    items.add_metric(["sent"], t.sent)
+    items.add_metric(["skipped"], t.skipped)
+    errors = CounterMetricFamily(
+        ERRORS, "Errors: failed cycles, poison rows left Pending, deliveries the broker refused.",
+        labels=["kind"],
+    )
+    errors.add_metric(["cycle"], t.cycles_failed)
+    errors.add_metric(["item"], t.failed)
+    errors.add_metric(["publish"], t.publish_failed)
+    out: list[Metric] = [
+        _histogram(CYCLE_DURATION, "Duration of a dispatch cycle.", ledger.DURATION_BUCKETS,
+                   t.duration_buckets, t.duration_sum),
+        cycles,
+        items,
+        CounterMetricFamily(SKIP_LOCKED,
+                            "Due rows skipped because another instance held their lock.",
+                            value=t.skipped_locked),
+        errors,
+        CounterMetricFamily(PUBLISHED, "Outbox messages acknowledged by the broker.",
+                            value=t.published),
+        _histogram(LATENESS, "SentAt - DueAt of sent reminders (SLO: p95 within 120 s).",
+                   ledger.LATENESS_BUCKETS, t.lateness_buckets, t.lateness_sum),
+        GaugeMetricFamily(BACKLOG, "Pending reminders with DueAt < now, not yet processed.",
+                          value=snapshot.backlog.count),
+        GaugeMetricFamily(BACKLOG_OLDEST_AGE, "Age of the oldest due Pending reminder (0 if none).",
+                          value=snapshot.backlog.oldest_due_age_seconds or 0.0),
+        GaugeMetricFamily(OUTBOX_UNPUBLISHED, "Outbox messages not yet published.",
+                          value=snapshot.outbox.unpublished),
+        GaugeMetricFamily(OUTBOX_LAG, "Age of the oldest unpublished outbox message (0 if none).",
+                          value=snapshot.outbox.oldest_unpublished_age_seconds or 0.0),
+    ]
+    # Absent until a cycle has ever succeeded: the liveness rule treats absence as "not live".
+    if t.last_success_at is not None:
+        out.append(GaugeMetricFamily(LAST_SUCCESS, "When the last successful cycle finished.",
+                                     value=t.last_success_at.timestamp()))
+    return out
+
+
+class LedgerCollector(Collector):
+    """A prometheus_client collector reading the ledger and the live tables on each scrape."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._healthy: bool | None = None
+
+    def describe(self) -> Iterator[Metric]:
+        """The families' names, without touching the database (used at registration)."""
+        yield from (Metric(name.removesuffix("_total"), "", "untyped") for name in METRIC_NAMES)
+
+    def collect(self) -> Iterator[Metric]:
+        """One scrape: read a snapshot; on failure serve only ``up 0`` (and log the change once)."""
+        started = time.monotonic()
+        try:
+            snapshot = read_snapshot(self._engine)
+        except Exception as exc:  # noqa: BLE001 - a scrape answers even when the DB does not
+            self._transition(False, type(exc).__name__)
+            yield GaugeMetricFamily(UP, "1 if the last scrape read the database.", value=0)
+            return
+        self._transition(True, None)
+        yield GaugeMetricFamily(UP, "1 if the last scrape read the database.", value=1)
+        yield from families(snapshot)
+        yield GaugeMetricFamily(SCRAPE_DURATION, "Time this scrape spent reading the database.",
+                                value=time.monotonic() - started)
+
+    def _transition(self, healthy: bool, error_kind: str | None) -> None:
+        # Log changes only: Prometheus scrapes every 15 s, a log line each time would drown others.
+        if healthy == self._healthy:
+            return
+        self._healthy = healthy
+        if healthy:
+            event(log, logging.INFO, "metrics scrape reads the database")
+        else:
+            event(log, logging.WARNING,
+                  "metrics scrape cannot read the database (migrated? reachable?)",
+                  error_kind=error_kind)
+
+
+class MetricsExporter:
+    """A running ``/metrics`` HTTP endpoint; :meth:`stop` shuts it down."""
+
+    def __init__(self, server: WSGIServer, thread: threading.Thread, engine: Engine,
+                 host: str, port: int, *, owns_engine: bool) -> None:
+        self._server = server
+        self._thread = thread
+        self._engine = engine
+        self._owns_engine = owns_engine
+        self.host = host
+        self.port = port
+
+    @property
+    def url(self) -> str:
+        """The scrape URL."""
+        return f"http://{self.host}:{self.port}/metrics"
+
+    def stop(self) -> None:
+        """Stop serving, wait for the server thread, release the database connections."""
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=10)
+        if self._owns_engine:
+            self._engine.dispose()
+        event(log, logging.INFO, "metrics exporter stopped", port=self.port)
+
+
+def start_exporter(
+    settings: Settings,
+    endpoints: Endpoints,
+    *,
+    host: str | None = None,
+    port: int | None = None,
+    engine: Engine | None = None,
+) -> MetricsExporter:
+    """Serve ``/metrics`` in a background thread on ``host:port`` and return the running exporter.
+
+    Defaults: ``REMINDER_METRICS_HOST`` (else 127.0.0.1; a container sets 0.0.0.0) and
+    ``settings.metrics_port`` (``REMINDER_METRICS_PORT``, 9464). A port in use is a one-line
+    :class:`ServiceError`.
+    """
+    from ..db import make_engine
+
+    host = host or settings.env.get("REMINDER_METRICS_HOST") or DEFAULT_HOST
+    port = settings.metrics_port if port is None else port
+    owns_engine = engine is None
+    engine = engine or make_engine(endpoints.database_url, pool_size=2,
+                                   application_name="reminder-pipeline-exporter")
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(LedgerCollector(engine))
+    try:
+        server, thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as exc:
+        if owns_engine:
+            engine.dispose()
+        raise ServiceError(
+            f"metrics exporter cannot listen on {host}:{port} (REMINDER_METRICS_PORT): {exc}"
+        ) from None
+    event(log, logging.INFO, "metrics exporter listening", host=host, port=port)
+    return MetricsExporter(server, thread, engine, host, port, owns_engine=owns_engine)
+
+
+def serve_forever(settings: Settings, endpoints: Endpoints) -> int:
+    """``reminder-pipeline metrics``: serve until SIGINT/SIGTERM, then stop cleanly; returns 0."""
+    exporter = start_exporter(settings, endpoints)
+    print(f"Prometheus metrics: {exporter.url}", flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        stop.wait()
+    finally:
+        exporter.stop()
+    return 0

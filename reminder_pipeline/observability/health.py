@@ -1,0 +1,201 @@
+"""The seed's alert conditions as plain functions over the database: what the Dagster asset checks show.
+
+Each check reads the live tables or the metrics ledger (never a process's memory), so it gives
+the same answer whichever process evaluates it, and it can be evaluated when no dispatch run
+happens at all, which is what liveness means. The Prometheus rules in
+``docker/prometheus/rules/reminder-dispatch.rules.yml`` encode the same thresholds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy.engine import Engine
+
+from ..store import metrics_repository, repository
+from . import ledger
+
+RUNBOOK_DISPATCH = "docs/runbooks/reminder-dispatch.md"
+RUNBOOK_OUTBOX = "docs/runbooks/outbox-backlog.md"
+# The sections of the dispatch runbook, one per condition (the alert annotations link the same).
+RUNBOOK_LIVENESS = RUNBOOK_DISPATCH + "#liveness-no-successful-cycle"
+RUNBOOK_OVERDUE = RUNBOOK_DISPATCH + "#overdue-pending-reminders"
+RUNBOOK_ERRORS = RUNBOOK_DISPATCH + "#errors-sustained"
+RUNBOOK_LATENESS = RUNBOOK_DISPATCH + "#lateness-slo-burn"
+
+#: No successful cycle for longer than this: the dispatcher is not running (seed: > 5 min).
+LIVENESS_SECONDS = 300.0
+#: A Pending row due longer ago than this: the worker lags or hangs (seed: older than 5 min).
+OVERDUE_SECONDS = 300.0
+#: Errors count as sustained when they occur in this many cycles of the window.
+ERRORS_WINDOW = timedelta(minutes=10)
+ERRORS_MIN_CYCLES = 2
+#: The oldest unpublished outbox row may be this old before the backlog check fails.
+OUTBOX_LAG_SECONDS = 120.0
+#: The seed's delivery SLO: SentAt - DueAt at p95 within 2 minutes, over this window.
+LATENESS_SLO_SECONDS = 120.0
+LATENESS_WINDOW = timedelta(minutes=15)
+
+Metadata = dict[str, float | int | str | None]
+
+
+@dataclass(frozen=True)
+class HealthCheck:
+    """One evaluated condition: its name, verdict, a one-line description and its figures."""
+
+    name: str
+    passed: bool
+    description: str
+    metadata: Metadata = field(default_factory=dict)
+    #: "ERROR" pages someone; "WARN" is shown but does not (maps to Dagster's AssetCheckSeverity).
+    severity: str = "ERROR"
+    #: Repository path of the runbook section for someone on call (also in ``metadata``).
+    runbook_url: str = RUNBOOK_DISPATCH
+
+
+def _round(value: float | None, digits: int = 1) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def liveness(engine: Engine, now: datetime) -> HealthCheck:
+    """A cycle succeeded in the last 5 minutes (from the ledger)."""
+    with engine.connect() as conn:
+        last = metrics_repository.last_success_at(conn)
+    age = None if last is None else max((now - last).total_seconds(), 0.0)
+    passed = age is not None and age <= LIVENESS_SECONDS
+    if last is None:
+        description = "No dispatch cycle has ever succeeded."
+    else:
+        description = f"Last successful cycle {age:.0f} s ago (limit {LIVENESS_SECONDS:.0f} s)."
+    return HealthCheck(
+        name="dispatch_liveness",
+        passed=passed,
+        description=description,
+        metadata={
+            "seconds_since_last_success": _round(age),
+            "last_success_at": None if last is None else last.isoformat(),
+            "threshold_seconds": LIVENESS_SECONDS,
+            "runbook_url": RUNBOOK_LIVENESS,
+        },
+        runbook_url=RUNBOOK_LIVENESS,
+    )
+
+
+def overdue(engine: Engine, now: datetime) -> HealthCheck:
+    """No Pending row is due longer ago than 5 minutes."""
+    with engine.connect() as conn:
+        late = metrics_repository.overdue(conn, now - timedelta(seconds=OVERDUE_SECONDS), now)
+        backlog = repository.backlog(conn, now)
+    passed = late.count == 0
+    description = (
+        "No Pending reminder is overdue by more than 5 minutes."
+        if passed
+        else f"{late.count} Pending reminder(s) due more than {OVERDUE_SECONDS:.0f} s ago; "
+        f"oldest {late.oldest_due_age_seconds or 0:.0f} s."
+    )
+    return HealthCheck(
+        name="no_overdue_reminders",
+        passed=passed,
+        description=description,
+        metadata={
+            "overdue_count": late.count,
+            "oldest_due_age_seconds": _round(late.oldest_due_age_seconds),
+            "backlog": backlog.count,
+            "threshold_seconds": OVERDUE_SECONDS,
+            "runbook_url": RUNBOOK_OVERDUE,
+        },
+        runbook_url=RUNBOOK_OVERDUE,
+    )
+
+
+def errors(engine: Engine, now: datetime) -> HealthCheck:
+    """Errors (failed cycles, poison rows, refused deliveries) are not sustained over 10 minutes."""
+    with engine.connect() as conn:
+        window = metrics_repository.cycles_since(conn, now - ERRORS_WINDOW)
+    passed = window.cycles_with_errors < ERRORS_MIN_CYCLES
+    minutes = ERRORS_WINDOW.total_seconds() / 60
+    description = (
+        f"{window.cycles_with_errors} of {window.cycles} cycles in the last {minutes:.0f} min "
+        f"had errors (fails at {ERRORS_MIN_CYCLES})."
+    )
+    return HealthCheck(
+        name="dispatch_errors",
+        passed=passed,
+        description=description,
+        metadata={
+            "cycles_in_window": window.cycles,
+            "cycles_with_errors": window.cycles_with_errors,
+            "failed_cycles": window.cycles_failed,
+            "failed_items": window.failed,
+            "publish_failed": window.publish_failed,
+            "window_minutes": minutes,
+            "runbook_url": RUNBOOK_ERRORS,
+        },
+        runbook_url=RUNBOOK_ERRORS,
+    )
+
+
+def outbox_backlog(engine: Engine, now: datetime) -> HealthCheck:
+    """The oldest unpublished outbox row is younger than 2 minutes."""
+    del now  # the outbox lag is measured on the database clock, like the exporter's gauge
+    with engine.connect() as conn:
+        lag = repository.outbox_lag(conn)
+    age = lag.oldest_unpublished_age_seconds or 0.0
+    passed = lag.unpublished == 0 or age <= OUTBOX_LAG_SECONDS
+    description = (
+        f"{lag.unpublished} unpublished message(s); oldest {age:.0f} s "
+        f"(limit {OUTBOX_LAG_SECONDS:.0f} s)."
+    )
+    return HealthCheck(
+        name="outbox_backlog",
+        passed=passed,
+        description=description,
+        metadata={
+            "unpublished": lag.unpublished,
+            "oldest_unpublished_age_seconds": _round(lag.oldest_unpublished_age_seconds),
+            "threshold_seconds": OUTBOX_LAG_SECONDS,
+            "runbook_url": RUNBOOK_OUTBOX,
+        },
+        runbook_url=RUNBOOK_OUTBOX,
+    )
+
+
+def lateness_slo(engine: Engine, now: datetime) -> HealthCheck:
+    """Lateness (SentAt - DueAt) at p95 over the last 15 minutes is within the 120 s SLO."""
+    size = len(ledger.LATENESS_BUCKETS) + 1
+    with engine.connect() as conn:
+        counts = metrics_repository.lateness_buckets_since(conn, now - LATENESS_WINDOW, size)
+    p50 = ledger.quantile(0.5, counts, ledger.LATENESS_BUCKETS)
+    p95 = ledger.quantile(0.95, counts, ledger.LATENESS_BUCKETS)
+    sent = sum(counts)
+    passed = p95 is None or p95 <= LATENESS_SLO_SECONDS
+    description = (
+        "No reminder sent in the window."
+        if p95 is None
+        else f"Lateness p95 {p95:.0f} s over {sent} sent (SLO {LATENESS_SLO_SECONDS:.0f} s)."
+    )
+    return HealthCheck(
+        name="lateness_slo",
+        passed=passed,
+        description=description,
+        metadata={
+            "lateness_p50_seconds": _round(p50),
+            "lateness_p95_seconds": _round(p95),
+            "sent_in_window": sent,
+            "slo_seconds": LATENESS_SLO_SECONDS,
+            "window_minutes": LATENESS_WINDOW.total_seconds() / 60,
+            "runbook_url": RUNBOOK_LATENESS,
+        },
+        severity="WARN",
+        runbook_url=RUNBOOK_LATENESS,
+    )
+
+
+CHECKS = (liveness, overdue, errors, outbox_backlog, lateness_slo)
+
+
+def evaluate(engine: Engine, now: datetime | None = None) -> list[HealthCheck]:
+    """Every check, in a fixed order: liveness, overdue, errors, outbox backlog, lateness SLO."""
+    now = now or datetime.now(UTC)
+    return [check(engine, now) for check in CHECKS]

@@ -1,0 +1,191 @@
+"""The write side of the dispatch metrics: one ledger row per cycle, in Postgres.
+
+Why a ledger table, not in-process counters or a Pushgateway:
+
+* Each Dagster run is a short-lived process. In-process ``prometheus_client`` counters die with
+  it; nothing would be left to scrape.
+* A Pushgateway keeps only the *last* push per grouping key: per-run counters overwrite each
+  other (or, grouped per run, pile up for ever), it cannot sum increments, and a gateway restart
+  without persistence loses every counter. Histograms pushed per run are equally awkward.
+* The database is already the dispatcher's source of truth and is shared by every parallel
+  dispatcher (SKIP LOCKED). A row per cycle written there is durable, needs no new moving part,
+  and survives restarts of the run processes and of the exporter. The exporter turns
+  ``totals + SUM(detail)`` into counters and histograms on each scrape, so they are monotonic
+  across everything but a database restore.
+
+The write is its own short transaction *after* the cycle, never inside the dispatch
+transaction (a row lock on the ledger must not extend the reminder row locks), with tight
+statement/lock time-outs; if it fails it is logged and the cycle is not failed. Histograms are
+stored as per-bucket counts with the bounds fixed here (changing them needs the totals reset).
+
+Retention: detail rows older than :data:`DETAIL_RETENTION` are rolled up into the single totals
+row by the writer itself (bounded per call, one roller at a time), so a scrape reads at most a
+day of rows (~1,440 per dispatcher) whatever the age of the system.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import math
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy.engine import Engine
+
+from ..domain.model import CycleCounts
+from ..logs import event
+from ..store import metrics_repository
+from ..store.metrics_repository import CycleRecord
+
+log = logging.getLogger(__name__)
+
+#: Upper bounds (seconds) of the lateness histogram: dense around the seed's 120 s SLO.
+LATENESS_BUCKETS: tuple[float, ...] = (1, 5, 10, 30, 60, 66, 75, 90, 120, 180, 300, 600)
+#: Upper bounds (seconds) of the cycle duration histogram: the seed's target is < 30 s a cycle.
+DURATION_BUCKETS: tuple[float, ...] = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 30, 60, 120)
+
+#: How long per-cycle rows stay in ``dispatch_cycles`` before being rolled up into the totals.
+DETAIL_RETENTION = timedelta(days=1)
+#: Time-outs of the ledger write: it is a side channel and must never hold up a cycle.
+WRITE_STATEMENT_TIMEOUT_MS = 5_000
+WRITE_LOCK_TIMEOUT_MS = 2_000
+
+
+def bucket_counts(values: Iterable[float], bounds: Sequence[float]) -> list[int]:
+    """Per-bucket (non-cumulative) counts of ``values``; the last element is the +Inf bucket."""
+    counts = [0] * (len(bounds) + 1)
+    for value in values:
+        # Prometheus buckets are "less than or equal": a value on a bound belongs to that bucket.
+        counts[bisect.bisect_left(bounds, value)] += 1
+    return counts
+
+
+def cumulative(counts: Sequence[int]) -> list[int]:
+    """Running totals of per-bucket counts (what Prometheus calls the bucket values)."""
+    total, out = 0, []
+    for count in counts:
+        total += count
+        out.append(total)
+    return out
+
+
+def quantile(q: float, counts: Sequence[int], bounds: Sequence[float]) -> float | None:
+    """The ``q`` quantile of a bucketed histogram, interpolated like PromQL's histogram_quantile.
+
+    None when the histogram is empty; the highest finite bound when the rank falls in +Inf.
+    """
+    total = sum(counts)
+    if total == 0:
+        return None
+    rank = q * total
+    running = 0
+    for i, count in enumerate(counts):
+        if running + count >= rank and count > 0:
+            if i == len(bounds):
+                return float(bounds[-1])
+            lower = 0.0 if i == 0 else float(bounds[i - 1])
+            upper = float(bounds[i])
+            return lower + (upper - lower) * (rank - running) / count
+        running += count
+    return float(bounds[-1])
+
+
+def _moment(value: datetime | float) -> datetime:
+    # A Dagster op carries its start as epoch seconds (wall clock, across step processes).
+    return value if isinstance(value, datetime) else datetime.fromtimestamp(value, UTC)
+
+
+def _kind(error: BaseException | str | None) -> str | None:
+    if error is None:
+        return None
+    return error if isinstance(error, str) else type(error).__name__
+
+
+def build_record(
+    run_id: str,
+    counts: CycleCounts | None,
+    *,
+    started_at: datetime | float,
+    finished_at: datetime | None = None,
+    as_of: datetime | None = None,
+    error: BaseException | str | None = None,
+) -> CycleRecord:
+    """The ledger row for one cycle (pure; ``error`` set means the cycle failed)."""
+    counts = counts or CycleCounts()
+    started_at = _moment(started_at)
+    finished_at = finished_at or datetime.now(UTC)
+    if counts.duration_ms:
+        duration = counts.duration_ms / 1000
+    else:  # a caller that did not time the cycle (a Dagster op): the wall clock between the two
+        duration = max((finished_at - started_at).total_seconds(), 0.0)
+    lateness = [v for v in counts.lateness_seconds if v is not None and math.isfinite(v)]
+    return CycleRecord(
+        run_id=run_id,
+        started_at=started_at,
+        finished_at=finished_at,
+        as_of=as_of,
+        succeeded=error is None,
+        sent=counts.sent,
+        skipped=counts.skipped,
+        skipped_locked=counts.skipped_locked,
+        failed=counts.failed,
+        published=counts.published,
+        publish_failed=counts.publish_failed,
+        batches=counts.batches,
+        duration_seconds=duration,
+        duration_buckets=bucket_counts([duration], DURATION_BUCKETS),
+        lateness_sum=float(sum(lateness)),
+        lateness_count=len(lateness),
+        lateness_buckets=bucket_counts(lateness, LATENESS_BUCKETS),
+        error_kind=_kind(error),
+    )
+
+
+def record_cycle(
+    engine: Engine,
+    run_id: str,
+    counts: CycleCounts | None,
+    *,
+    started_at: datetime | float,
+    finished_at: datetime | None = None,
+    as_of: datetime | None = None,
+    error: BaseException | str | None = None,
+) -> bool:
+    """Write one cycle to the ledger in its own transaction; never raises. True when written.
+
+    Call it once per cycle, after the dispatch transaction committed (or failed): from
+    ``run_cycle`` and from the Dagster op that ends a run. ``started_at`` is a datetime or epoch
+    seconds; ``counts.duration_ms`` is used when set, otherwise ``finished_at - started_at``.
+    An ``error`` (exception or its class name) marks the cycle failed and counts in
+    ``calendar_reminder_dispatch_errors_total{kind="cycle"}``; only the class name is kept.
+    """
+    try:
+        record = build_record(run_id, counts, started_at=started_at, finished_at=finished_at,
+                              as_of=as_of, error=error)
+        with engine.begin() as conn:
+            metrics_repository.set_local_timeouts(conn, WRITE_STATEMENT_TIMEOUT_MS,
+                                                  WRITE_LOCK_TIMEOUT_MS)
+            metrics_repository.insert_cycle(conn, record)
+    except Exception as exc:  # noqa: BLE001 - metrics must never fail the cycle they describe
+        event(log, logging.WARNING, "cycle not recorded in the metrics ledger", run_id=run_id,
+              error_kind=type(exc).__name__)
+        return False
+    roll_up(engine, before=record.finished_at - DETAIL_RETENTION)
+    return True
+
+
+def roll_up(engine: Engine, *, before: datetime) -> int:
+    """Fold ledger rows finished before ``before`` into the totals row; never raises."""
+    try:
+        with engine.begin() as conn:
+            metrics_repository.set_local_timeouts(conn, WRITE_STATEMENT_TIMEOUT_MS,
+                                                  WRITE_LOCK_TIMEOUT_MS)
+            moved = metrics_repository.roll_up(conn, before, len(DURATION_BUCKETS) + 1,
+                                               len(LATENESS_BUCKETS) + 1)
+    except Exception as exc:  # noqa: BLE001 - retried by the next cycle's write
+        event(log, logging.WARNING, "metrics ledger roll-up failed", error_kind=type(exc).__name__)
+        return 0
+    if moved:
+        event(log, logging.INFO, "metrics ledger rolled up", rows=moved, before=before.isoformat())
+    return moved

@@ -1,0 +1,159 @@
+"""Every SQL statement of the dispatch metrics ledger, named: the write side, the roll-up, the scrape, the checks.
+
+The ledger is small (a row per cycle, ~1,440 a day per dispatcher) and never touched by the
+dispatch transaction. Reads are bounded: the detail table keeps only recent rows (older ones are
+rolled up into the single ``dispatch_metric_totals`` row), and the time-window reads walk
+``ix_dispatch_cycles_finished_at``.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import text
+
+# One roll-up at a time per database; a writer finding it taken skips it (the next one does it).
+ROLL_UP_LOCK_KEY = 7263003
+TRY_ROLL_UP_LOCK = text("SELECT pg_try_advisory_xact_lock(:key)")
+
+# Ledger writes and scrapes are side channels: bounded, so they never hold up a cycle or a person.
+SET_LOCAL_TIMEOUTS = text(
+    "SELECT set_config('statement_timeout', :statement_ms, true), "
+    "set_config('lock_timeout', :lock_ms, true)"
+)
+
+INSERT_CYCLE = text(
+    """
+    INSERT INTO dispatch_cycles (
+        run_id, started_at, finished_at, as_of, succeeded,
+        sent, skipped, skipped_locked, failed, published, publish_failed, batches,
+        duration_seconds, duration_buckets, lateness_sum, lateness_count, lateness_buckets,
+        error_kind
+    ) VALUES (
+        :run_id, :started_at, :finished_at, :as_of, :succeeded,
+        :sent, :skipped, :skipped_locked, :failed, :published, :publish_failed, :batches,
+        :duration_seconds, CAST(:duration_buckets AS bigint[]), :lateness_sum, :lateness_count,
+        CAST(:lateness_buckets AS bigint[]), :error_kind
+    )
+    RETURNING id
+    """
+)
+
+# Roll-up, step 1: take the oldest detail rows out (bounded per call); their sums go to the
+# totals row in the same transaction, so a scrape sees them either here or there, never both.
+DELETE_ROLL_UP_CANDIDATES = text(
+    """
+    DELETE FROM dispatch_cycles c
+     WHERE c.id = ANY(ARRAY(
+            SELECT id FROM dispatch_cycles
+             WHERE finished_at < :cutoff
+             ORDER BY finished_at
+             LIMIT :limit))
+    RETURNING c.finished_at, c.succeeded, c.sent, c.skipped, c.skipped_locked, c.failed,
+              c.published, c.publish_failed, c.duration_seconds, c.duration_buckets,
+              c.lateness_sum, c.lateness_count, c.lateness_buckets
+    """
+)
+
+# Roll-up, step 2 (and the scrape): the single totals row.
+SELECT_TOTALS_FOR_UPDATE = text("SELECT * FROM dispatch_metric_totals WHERE id = 1 FOR UPDATE")
+SELECT_TOTALS = text("SELECT * FROM dispatch_metric_totals WHERE id = 1")
+
+UPDATE_TOTALS = text(
+    """
+    UPDATE dispatch_metric_totals
+       SET cycles = :cycles,
+           cycles_failed = :cycles_failed,
+           sent = :sent,
+           skipped = :skipped,
+           skipped_locked = :skipped_locked,
+           failed = :failed,
+           published = :published,
+           publish_failed = :publish_failed,
+           duration_sum = :duration_sum,
+           duration_buckets = CAST(:duration_buckets AS bigint[]),
+           lateness_sum = :lateness_sum,
+           lateness_count = :lateness_count,
+           lateness_buckets = CAST(:lateness_buckets AS bigint[]),
+           last_success_at = :last_success_at,
+           rolled_up_until = :rolled_up_until
+     WHERE id = 1
+    """
+)
+
+# The scrape: sums over the (recent) detail rows; added to the totals row by the caller.
+SUM_DETAIL = text(
+    """
+    SELECT count(*)                                        AS cycles,
+           count(*) FILTER (WHERE NOT succeeded)           AS cycles_failed,
+           coalesce(sum(sent), 0)                          AS sent,
+           coalesce(sum(skipped), 0)                       AS skipped,
+           coalesce(sum(skipped_locked), 0)                AS skipped_locked,
+           coalesce(sum(failed), 0)                        AS failed,
+           coalesce(sum(published), 0)                     AS published,
+           coalesce(sum(publish_failed), 0)                AS publish_failed,
+           coalesce(sum(duration_seconds), 0)              AS duration_sum,
+           coalesce(sum(lateness_sum), 0)                  AS lateness_sum,
+           coalesce(sum(lateness_count), 0)                AS lateness_count,
+           max(finished_at) FILTER (WHERE succeeded)       AS last_success_at
+      FROM dispatch_cycles
+    """
+)
+
+# Element-wise sums of the bucket arrays of the detail rows (1-based bucket index ``i``).
+SUM_DETAIL_BUCKETS = text(
+    """
+    SELECT 'duration' AS histogram, u.i, sum(u.n) AS n
+      FROM dispatch_cycles c, unnest(c.duration_buckets) WITH ORDINALITY AS u(n, i)
+     GROUP BY u.i
+    UNION ALL
+    SELECT 'lateness' AS histogram, u.i, sum(u.n) AS n
+      FROM dispatch_cycles c, unnest(c.lateness_buckets) WITH ORDINALITY AS u(n, i)
+     GROUP BY u.i
+    """
+)
+
+# Liveness: the newest successful cycle, in the detail rows or already rolled up.
+LAST_SUCCESS_AT = text(
+    """
+    SELECT greatest(
+        (SELECT max(finished_at) FROM dispatch_cycles WHERE succeeded),
+        (SELECT last_success_at FROM dispatch_metric_totals WHERE id = 1)
+    ) AS last_success_at
+    """
+)
+
+# Errors over a recent window: cycles that failed, poison items, rows the broker refused.
+CYCLES_SINCE = text(
+    """
+    SELECT count(*)                                                          AS cycles,
+           count(*) FILTER (WHERE NOT succeeded)                             AS cycles_failed,
+           count(*) FILTER (WHERE NOT succeeded OR failed > 0 OR publish_failed > 0)
+                                                                             AS cycles_with_errors,
+           coalesce(sum(failed), 0)                                          AS failed,
+           coalesce(sum(publish_failed), 0)                                  AS publish_failed,
+           coalesce(sum(sent), 0)                                            AS sent
+      FROM dispatch_cycles
+     WHERE finished_at >= :since
+    """
+)
+
+# The lateness histogram of a recent window (for the SLO check's p95).
+LATENESS_BUCKETS_SINCE = text(
+    """
+    SELECT u.i, sum(u.n) AS n
+      FROM dispatch_cycles c, unnest(c.lateness_buckets) WITH ORDINALITY AS u(n, i)
+     WHERE c.finished_at >= :since
+     GROUP BY u.i
+     ORDER BY u.i
+    """
+)
+
+# Pending rows whose DueAt is older than :cutoff (the seed's "worker lags/hangs" alert); walks
+# the due query's partial index, so it stays cheap however many terminal rows there are.
+OVERDUE = text(
+    """
+    SELECT count(*) AS overdue,
+           EXTRACT(EPOCH FROM (CAST(:now AS timestamptz) - min(due_at))) AS oldest_due_age_seconds
+      FROM event_reminders
+     WHERE status = 'Pending' AND due_at < :cutoff
+    """
+)

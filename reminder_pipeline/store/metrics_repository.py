@@ -1,0 +1,207 @@
+"""Repository functions of the dispatch metrics ledger: each takes a Connection (the caller owns the transaction)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, fields
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.engine import Connection
+
+from . import metrics_queries as q
+
+
+@dataclass(frozen=True)
+class CycleRecord:
+    """One dispatch cycle as the ledger stores it: ids, counts and histogram bucket counts only."""
+
+    run_id: str
+    started_at: datetime
+    finished_at: datetime
+    as_of: datetime | None
+    succeeded: bool
+    sent: int
+    skipped: int
+    skipped_locked: int
+    failed: int
+    published: int
+    publish_failed: int
+    batches: int
+    duration_seconds: float
+    duration_buckets: list[int]
+    lateness_sum: float
+    lateness_count: int
+    lateness_buckets: list[int]
+    error_kind: str | None = None
+
+
+def insert_cycle(conn: Connection, record: CycleRecord) -> int:
+    """Insert one ledger row; returns its id."""
+    params = {f.name: getattr(record, f.name) for f in fields(record)}
+    return int(conn.execute(q.INSERT_CYCLE, params).scalar_one())
+
+
+def set_local_timeouts(conn: Connection, statement_ms: int, lock_ms: int) -> None:
+    """Bound this transaction's statements and lock waits (SET LOCAL)."""
+    conn.execute(q.SET_LOCAL_TIMEOUTS,
+                 {"statement_ms": f"{statement_ms}ms", "lock_ms": f"{lock_ms}ms"})
+
+
+def fit(counts: Iterable[int] | None, size: int) -> list[int]:
+    """Bucket counts padded with zeros (or cut) to ``size`` elements."""
+    values = [int(c or 0) for c in (counts or [])][:size]
+    return values + [0] * (size - len(values))
+
+
+def add_counts(a: Sequence[int], b: Sequence[int]) -> list[int]:
+    """Element-wise sum of two bucket-count arrays of the same length."""
+    return [x + y for x, y in zip(a, b, strict=True)]
+
+
+@dataclass
+class LedgerTotals:
+    """Everything ever recorded: the counters and histograms the exporter serves."""
+
+    cycles: int = 0
+    cycles_failed: int = 0
+    sent: int = 0
+    skipped: int = 0
+    skipped_locked: int = 0
+    failed: int = 0
+    published: int = 0
+    publish_failed: int = 0
+    duration_sum: float = 0.0
+    duration_buckets: list[int] = field(default_factory=list)
+    lateness_sum: float = 0.0
+    lateness_count: int = 0
+    lateness_buckets: list[int] = field(default_factory=list)
+    last_success_at: datetime | None = None
+
+
+_COUNTERS = ("cycles", "cycles_failed", "sent", "skipped", "skipped_locked", "failed",
+             "published", "publish_failed", "lateness_count")
+
+
+def _later(a: datetime | None, b: datetime | None) -> datetime | None:
+    if a is None or b is None:
+        return a or b
+    return max(a, b)
+
+
+def _totals_row(conn: Connection, *, for_update: bool) -> dict[str, Any]:
+    statement = q.SELECT_TOTALS_FOR_UPDATE if for_update else q.SELECT_TOTALS
+    row = conn.execute(statement).one_or_none()
+    if row is None:  # the migration inserts it; refuse to guess if someone deleted it
+        raise LookupError(
+            "dispatch_metric_totals has no row 1; re-run `reminder-pipeline db upgrade`"
+        )
+    return dict(row._mapping)
+
+
+def ledger_totals(conn: Connection, duration_size: int, lateness_size: int) -> LedgerTotals:
+    """Totals row + sums over the detail rows. Run it in one snapshot (REPEATABLE READ)."""
+    base = _totals_row(conn, for_update=False)
+    detail = conn.execute(q.SUM_DETAIL).one()._mapping
+    totals = LedgerTotals(
+        duration_sum=float(base["duration_sum"]) + float(detail["duration_sum"]),
+        lateness_sum=float(base["lateness_sum"]) + float(detail["lateness_sum"]),
+        duration_buckets=fit(base["duration_buckets"], duration_size),
+        lateness_buckets=fit(base["lateness_buckets"], lateness_size),
+        last_success_at=_later(base["last_success_at"], detail["last_success_at"]),
+    )
+    for name in _COUNTERS:
+        setattr(totals, name, int(base[name]) + int(detail[name]))
+    by_histogram: dict[str, dict[int, int]] = {"duration": {}, "lateness": {}}
+    for row in conn.execute(q.SUM_DETAIL_BUCKETS):
+        by_histogram[row.histogram][int(row.i)] = int(row.n)
+    for name, size in (("duration", duration_size), ("lateness", lateness_size)):
+        detail_counts = [by_histogram[name].get(i + 1, 0) for i in range(size)]
+        attr = f"{name}_buckets"
+        setattr(totals, attr, add_counts(getattr(totals, attr), detail_counts))
+    return totals
+
+
+def roll_up(conn: Connection, cutoff: datetime, duration_size: int, lateness_size: int,
+            limit: int = 5000) -> int:
+    """Move detail rows finished before ``cutoff`` into the totals row; returns how many moved.
+
+    Call it in its own transaction; it does nothing (returns 0) when another roll-up holds the
+    lock. Totals + detail stay the same before and after, so no served counter steps back.
+    """
+    if not conn.execute(q.TRY_ROLL_UP_LOCK, {"key": q.ROLL_UP_LOCK_KEY}).scalar_one():
+        return 0
+    totals = _totals_row(conn, for_update=True)
+    moved = conn.execute(q.DELETE_ROLL_UP_CANDIDATES, {"cutoff": cutoff, "limit": limit}).all()
+    if not moved:
+        return 0
+    new: dict[str, Any] = {name: int(totals[name]) for name in _COUNTERS}
+    new["duration_sum"] = float(totals["duration_sum"])
+    new["lateness_sum"] = float(totals["lateness_sum"])
+    duration = fit(totals["duration_buckets"], duration_size)
+    lateness = fit(totals["lateness_buckets"], lateness_size)
+    last_success = totals["last_success_at"]
+    rolled_until = totals["rolled_up_until"]
+    for row in moved:
+        new["cycles"] += 1
+        new["cycles_failed"] += 0 if row.succeeded else 1
+        for name in ("sent", "skipped", "skipped_locked", "failed", "published", "publish_failed",
+                     "lateness_count"):
+            new[name] += int(getattr(row, name))
+        new["duration_sum"] += float(row.duration_seconds)
+        new["lateness_sum"] += float(row.lateness_sum)
+        duration = add_counts(duration, fit(row.duration_buckets, duration_size))
+        lateness = add_counts(lateness, fit(row.lateness_buckets, lateness_size))
+        if row.succeeded:
+            last_success = _later(last_success, row.finished_at)
+        rolled_until = _later(rolled_until, row.finished_at)
+    conn.execute(
+        q.UPDATE_TOTALS,
+        {**new, "duration_buckets": duration, "lateness_buckets": lateness,
+         "last_success_at": last_success, "rolled_up_until": rolled_until},
+    )
+    return len(moved)
+
+
+def last_success_at(conn: Connection) -> datetime | None:
+    """When the newest successful cycle finished, or None if there never was one."""
+    return conn.execute(q.LAST_SUCCESS_AT).scalar_one()
+
+
+@dataclass(frozen=True)
+class CycleWindow:
+    """Cycles recorded since a moment, and their errors."""
+
+    cycles: int
+    cycles_failed: int
+    cycles_with_errors: int
+    failed: int
+    publish_failed: int
+    sent: int
+
+
+def cycles_since(conn: Connection, since: datetime) -> CycleWindow:
+    """Cycle and error counts of the cycles finished at or after ``since``."""
+    row = conn.execute(q.CYCLES_SINCE, {"since": since}).one()
+    return CycleWindow(*(int(v) for v in row))
+
+
+def lateness_buckets_since(conn: Connection, since: datetime, size: int) -> list[int]:
+    """Per-bucket lateness counts of the cycles finished at or after ``since``."""
+    counts = {int(r.i): int(r.n) for r in conn.execute(q.LATENESS_BUCKETS_SINCE, {"since": since})}
+    return [counts.get(i + 1, 0) for i in range(size)]
+
+
+@dataclass(frozen=True)
+class Overdue:
+    """Pending rows due before a cutoff, and the age of the oldest one."""
+
+    count: int
+    oldest_due_age_seconds: float | None
+
+
+def overdue(conn: Connection, cutoff: datetime, now: datetime) -> Overdue:
+    """Pending rows with ``due_at`` before ``cutoff``."""
+    row = conn.execute(q.OVERDUE, {"cutoff": cutoff, "now": now}).one()
+    age = row.oldest_due_age_seconds
+    return Overdue(int(row.overdue), None if age is None else float(age))

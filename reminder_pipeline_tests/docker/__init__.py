@@ -1,0 +1,1 @@
+"""Tests of the production deployment files under docker/ (no Docker engine needed)."""
