@@ -63,8 +63,10 @@ def ensure_topic(
     # Wait until the metadata shows the topic, so the first produce does not auto-create it.
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if topic in admin.list_topics(topic=topic, timeout=timeout).topics:
+        found = admin.list_topics(topic=topic, timeout=timeout).topics.get(topic)
+        if found is not None and found.error is None and len(found.partitions) == partitions:
             break
+        time.sleep(0.05)
     return True
 
 

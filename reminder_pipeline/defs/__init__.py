@@ -1,0 +1,6 @@
+"""The Dagster layer over the plain dispatch cycle: resources, ops, jobs, schedule and the asset.
+
+The modules only wrap :mod:`reminder_pipeline.cycle` and friends; the rules (locking, the
+transaction that writes, the outbox) live in the plain code so the CLI, the tests and Dagster run
+the same thing. :mod:`reminder_pipeline.definitions` assembles them into ``defs``.
+"""

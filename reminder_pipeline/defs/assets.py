@@ -1,0 +1,44 @@
+"""The dispatcher as an asset in the catalog: each dispatch run records one materialization of it.
+
+It is declared with ``AssetSpec`` (not ``@asset``) because the dispatcher is an op job with four
+steps: the asset is where the run's figures land and are plotted, not a step that computes a
+value. The ``relay_outbox`` op records the materialization.
+"""
+
+from __future__ import annotations
+
+from dagster import AssetKey, AssetSpec
+
+from ..domain import contract
+
+DISPATCH_ASSET_KEY = AssetKey(["calendar", "reminder_dispatch"])
+
+#: Numeric metadata every materialization carries (0 / 0.0 rather than None, so the UI plots it).
+NUMERIC_METADATA = (
+    "sent_count",
+    "skipped_count",
+    "skipped_locked_count",
+    "failed_count",
+    "published_count",
+    "publish_failed_count",
+    "duration_ms",
+    "backlog_remaining",
+    "oldest_due_age_seconds",
+    "max_lateness_seconds",
+    "outbox_unpublished",
+    "batch_size",
+    "batches",
+)
+
+reminder_dispatch_asset = AssetSpec(
+    key=DISPATCH_ASSET_KEY,
+    description=(
+        "The calendar reminder dispatcher (ReminderDispatchJob): due Pending reminders moved to "
+        f"Sent/Skipped, one ReminderDueEvent per Sent row published to {contract.TOPIC}. "
+        "Each run of reminder_dispatch / reminder_catch_up records one materialization with its "
+        "counts, backlog and lateness."
+    ),
+    group_name="calendar",
+    kinds={"postgres", "kafka"},
+    metadata={"topic": contract.TOPIC, "jobs": "reminder_dispatch, reminder_catch_up"},
+)

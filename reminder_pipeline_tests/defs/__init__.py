@@ -1,0 +1,50 @@
+"""Tests of the Dagster layer (jobs, schedule, resources, re-execution) on the real test servers.
+
+Helpers shared by these tests live here (the suite's fixtures are in ``../conftest.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import yaml
+from dagster import DagsterEvent, DagsterInstance
+
+from reminder_pipeline.config import KafkaSettings
+from reminder_pipeline.defs.resources import KafkaResource, PostgresResource
+from reminder_pipeline.orchestrator import INSTANCE_YAML
+
+
+def resources_for(database_url: str, kafka: KafkaSettings | str, **kafka_overrides: Any) -> dict:
+    """Resources on the test's database and broker (``kafka`` may be a dead ``host:port``)."""
+    if isinstance(kafka, KafkaSettings):
+        kafka_resource = KafkaResource(
+            bootstrap_servers=kafka.bootstrap_servers,
+            security_protocol=kafka.security_protocol,
+            **kafka_overrides,
+        )
+    else:
+        kafka_resource = KafkaResource(bootstrap_servers=kafka, **kafka_overrides)
+    return {"postgres": PostgresResource(database_url=database_url), "kafka": kafka_resource}
+
+
+def instance_overrides() -> dict:
+    """The shipped instance config's ``python_logs`` section (so the tests exercise it too)."""
+    shipped = yaml.safe_load(INSTANCE_YAML.read_text())
+    return {"python_logs": shipped["python_logs"]}
+
+
+def metadata_values(materialization: Any) -> dict[str, Any]:
+    """A materialization's metadata as plain values."""
+    return {key: value.value for key, value in materialization.metadata.items()}
+
+
+def log_messages(instance: DagsterInstance, run_id: str) -> list[str]:
+    """The user log lines of a run's event log (not Dagster's own events)."""
+    return [e.user_message for e in instance.all_logs(run_id) if e.dagster_event is None]
+
+
+def materializations(events: Iterable[DagsterEvent]) -> list[Any]:
+    """The AssetMaterialization objects among ``events``."""
+    return [e.event_specific_data.materialization for e in events if e.is_step_materialization]

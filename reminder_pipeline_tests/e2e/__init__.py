@@ -1,0 +1,1 @@
+"""End-to-end tests through real Dagster processes (webserver, daemon)."""
