@@ -44,8 +44,10 @@ def _one(engine: Engine, rng: random.Random, now: datetime, due_in: timedelta) -
         description="Phone +7 900 000-00-00, bring the keys",
         location="Tverskaya 1, apt 42",
     )
-    # Created a day earlier, so the longer offsets are Pending too, not materialised Skipped.
-    event_id = create_event(engine, new, offsets, now=now - timedelta(days=1))
+    # Created just before its shortest reminder falls due: the longer offsets are already in the
+    # past at creation and are materialised Skipped, as the calendar does (never published).
+    due = now + due_in
+    event_id = create_event(engine, new, offsets, now=min(now, due - timedelta(seconds=30)))
     fate = rng.choices(["live", "cancelled", "completed"], weights=[8, 1.5, 0.5])[0]
     if fate == "cancelled":
         cancel_event(engine, event_id)

@@ -1,0 +1,66 @@
+"""What an operator sees in the Dagster UI, checked in headless Chromium (Debian's package, no download).
+
+Playwright for Python drives ``/usr/bin/chromium`` through ``executable_path``; screenshots of each
+page go to the artifacts directory.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+CHROMIUM_FLAGS = [
+    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+
+
+def chromium_path() -> str | None:
+    """The system Chromium, if installed."""
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def check_ui(base_url: str, artifacts: Path, *, timeout_ms: int = 60_000) -> list[Path]:
+    """Job with a successful scheduled run, schedule running, asset with sent_count plotted."""
+    from playwright.sync_api import expect, sync_playwright
+
+    expect.set_options(timeout=timeout_ms)
+
+    shots: list[Path] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": 1440, "height": 1000})
+            page.set_default_timeout(timeout_ms)
+
+            def shot(name: str) -> None:
+                path = artifacts / f"ui-{name}.png"
+                page.screenshot(path=str(path), full_page=True)
+                shots.append(path)
+
+            # The job's runs: a successful run launched by the schedule.
+            page.goto(f"{base_url}/locations/reminder_pipeline/jobs/reminder_dispatch/runs")
+            expect(page.get_by_text("reminder_dispatch").first).to_be_visible()
+            expect(page.get_by_text(re.compile(r"^Success$")).first).to_be_visible()
+            expect(page.get_by_text("reminder_dispatch_schedule").first).to_be_visible()
+            shot("job-runs")
+
+            # The schedule: running, every minute.
+            page.goto(f"{base_url}/locations/reminder_pipeline/schedules/reminder_dispatch_schedule")
+            expect(page.get_by_text("reminder_dispatch_schedule").first).to_be_visible()
+            expect(page.get_by_role("row", name="Running").first).to_be_visible()
+            expect(page.get_by_role("checkbox").first).to_be_checked()
+            shot("schedule")
+
+            # The dispatcher asset: its metadata plotted over time (Overview, Metadata, "Plots").
+            page.goto(f"{base_url}/assets/calendar/reminder_dispatch")
+            page.get_by_role("button", name=re.compile("Plots")).first.click()
+            sent = page.get_by_text("sent_count", exact=True).first
+            sent.scroll_into_view_if_needed()
+            expect(sent).to_be_visible()
+            expect(page.locator("canvas").first).to_be_visible()
+            shot("asset-plots")
+        finally:
+            browser.close()
+    return shots
