@@ -3,14 +3,32 @@
 Resources read ``DATABASE_URL`` and ``KAFKA_BOOTSTRAP_SERVERS`` through ``EnvVar``, resolved when
 a run starts, so these definitions load (webserver, ``dagster definitions validate``, tests) with
 no environment set.
+
+What is in it: the dispatcher asset with its five health checks; the jobs ``reminder_dispatch``,
+``reminder_catch_up``, ``reminder_health_checks``, ``reminder_poison_rows`` and
+``outbox_retention``; the schedules ``reminder_dispatch_schedule`` and
+``reminder_health_schedule`` (every minute) and ``outbox_retention_schedule`` (daily); the
+sensor ``reminder_dispatch_failure_ledger``.
 """
 
 from dagster import Definitions, EnvVar
 
 from .defs.assets import reminder_dispatch_asset
-from .defs.jobs import reminder_catch_up, reminder_dispatch
+from .defs.checks import reminder_dispatch_health
+from .defs.jobs import (
+    outbox_retention,
+    reminder_catch_up,
+    reminder_dispatch,
+    reminder_health_checks,
+    reminder_poison_rows,
+)
 from .defs.resources import KafkaResource, PostgresResource
-from .defs.schedules import reminder_dispatch_schedule
+from .defs.schedules import (
+    outbox_retention_schedule,
+    reminder_dispatch_schedule,
+    reminder_health_schedule,
+)
+from .defs.sensors import reminder_dispatch_failure_ledger
 
 
 def build_resources() -> dict:
@@ -23,7 +41,15 @@ def build_resources() -> dict:
 
 defs = Definitions(
     assets=[reminder_dispatch_asset],
-    jobs=[reminder_dispatch, reminder_catch_up],
-    schedules=[reminder_dispatch_schedule],
+    asset_checks=[reminder_dispatch_health],
+    jobs=[
+        reminder_dispatch,
+        reminder_catch_up,
+        reminder_health_checks,
+        reminder_poison_rows,
+        outbox_retention,
+    ],
+    schedules=[reminder_dispatch_schedule, reminder_health_schedule, outbox_retention_schedule],
+    sensors=[reminder_dispatch_failure_ledger],
     resources=build_resources(),
 )

@@ -1,4 +1,6 @@
-"""The two jobs over the same four ops: ``reminder_dispatch`` (every minute) and ``reminder_catch_up``.
+"""The jobs: ``reminder_dispatch`` (every minute) and ``reminder_catch_up`` over the same four ops,
+plus the small ones around them: ``reminder_health_checks`` (the asset checks, every minute),
+``reminder_poison_rows`` (Launchpad) and ``outbox_retention`` (daily).
 
 Executor: ``in_process_executor``. The default multiprocess executor starts a Python process per
 step: measured here, a 4-op run took ~26 s from launch to success, against ~6 s in-process (most
@@ -19,16 +21,34 @@ Run configuration is one block at the top of the run config (a config mapping):
 ``batch_size``, ``max_batches``, ``budget_seconds``, ``as_of``. The mapping validates it with the
 pydantic rules of :class:`~reminder_pipeline.defs.ops.CycleConfig`, so a bad value is refused
 when the run is created (Launchpad, GraphQL, schedule, ``validate_run_config``) with a one-line
-message, before a run exists; the op validates again at start, before any write.
+message, before a run exists; the op validates again at start, before any write. The poison and
+retention jobs take their config the same way.
+
+Only the two dispatch jobs carry the dispatch concurrency tag. The others are tagged
+``reminder_pipeline/kind`` only: a health check must run while a dispatch run hangs (that is when
+it matters), and poison/retention statements are safe next to a dispatch (status predicates,
+SKIP LOCKED), so none of them waits for or blocks a cycle.
 """
 
 from collections.abc import Mapping
 from typing import Any
 
 import pydantic
-from dagster import ConfigMapping, DagsterInvalidConfigError, graph, in_process_executor
+from dagster import (
+    AssetSelection,
+    Config,
+    ConfigMapping,
+    DagsterInvalidConfigError,
+    OpDefinition,
+    define_asset_job,
+    graph,
+    in_process_executor,
+    job,
+)
 from pydantic import Field
 
+from .assets import DISPATCH_ASSET_KEY
+from .maintenance import PoisonConfig, RetentionConfig, poison_rows, purge_outbox
 from .ops import (
     MAX_BATCHES,
     CycleConfig,
@@ -46,6 +66,10 @@ CONCURRENCY_TAGS = {CONCURRENCY_TAG: CONCURRENCY_VALUE}
 
 DISPATCH_JOB_NAME = "reminder_dispatch"
 CATCH_UP_JOB_NAME = "reminder_catch_up"
+HEALTH_JOB_NAME = "reminder_health_checks"
+POISON_JOB_NAME = "reminder_poison_rows"
+RETENTION_JOB_NAME = "outbox_retention"
+KIND_TAG = "reminder_pipeline/kind"
 
 #: Run monitoring fails a run that exceeds its ``dagster/max_runtime``: a hung dispatch run (30 s
 #: budget) is failed after 2 min, well before the 5-minute liveness alert, and its transaction
@@ -98,7 +122,9 @@ def describe_validation_error(error: pydantic.ValidationError) -> str:
     return "; ".join(parts)
 
 
-def _validated_config(job_name: str, config_cls: type[CycleConfig]) -> ConfigMapping:
+def _validated_config(
+    job_name: str, config_cls: type[Config], op_def: OpDefinition = select_due_batch
+) -> ConfigMapping:
     """The job's run config: the fields of ``config_cls`` at the top level, checked by its validators."""
 
     def to_op_config(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -110,13 +136,9 @@ def _validated_config(job_name: str, config_cls: type[CycleConfig]) -> ConfigMap
             raise DagsterInvalidConfigError(
                 f"{job_name} run config refused: {describe_validation_error(error)}", [], dict(values)
             ) from None
-        op_config = {
-            "batch_size": checked.batch_size,
-            "max_batches": checked.max_batches,
-            "budget_seconds": checked.budget_seconds,
-            "as_of": checked.as_of,
-        }
-        return {"ops": {select_due_batch.name: {"config": op_config}}}
+        # The op's schema is the same class (a subclass's narrower limits were checked above).
+        op_config = {name: getattr(checked, name) for name in type(checked).model_fields}
+        return {"ops": {op_def.name: {"config": op_config}}}
 
     return ConfigMapping(config_fn=to_op_config, config_schema=config_cls.to_config_schema())
 
@@ -165,3 +187,53 @@ reminder_catch_up = dispatch_cycle.to_job(
         "dagster/max_runtime": str(CATCH_UP_MAX_RUNTIME_SECONDS),
     },
 )
+
+
+reminder_health_checks = define_asset_job(
+    name=HEALTH_JOB_NAME,
+    selection=AssetSelection.checks_for_assets(DISPATCH_ASSET_KEY),
+    description=(
+        "The seed's alerts as asset checks on calendar/reminder_dispatch (dispatch_liveness, "
+        "no_overdue_reminders, dispatch_errors, outbox_backlog, lateness_slo), read from the "
+        "database. Runs every minute whether or not dispatch runs happen (that is what liveness "
+        "means); never limited by, nor blocking, the dispatch runs."
+    ),
+    executor_def=in_process_executor,
+    # A minute's evaluation takes well under a second; a hung one is failed before the next pile up.
+    tags={KIND_TAG: "health-checks", "dagster/max_runtime": "60"},
+)
+
+
+@job(
+    name=POISON_JOB_NAME,
+    description=(
+        "Poison rows (reminders whose message cannot be built; they stay Pending with a back-off "
+        "and count as errors), from the Launchpad. Run config: action = list | retry | skip, "
+        "reminder_id (a UUID from list; required for retry and skip), limit. retry clears the "
+        "row's back-off so the next cycle tries it again; skip moves it to Skipped (never "
+        "published). Each action is logged with the reminder id and run id; a row no longer "
+        "Pending fails the run with 'nothing changed'."
+    ),
+    config=_validated_config(POISON_JOB_NAME, PoisonConfig, poison_rows),
+    executor_def=in_process_executor,
+    tags={KIND_TAG: "operator", "dagster/max_runtime": "60"},
+)
+def reminder_poison_rows():
+    """One step: the operator's action."""
+    poison_rows()
+
+
+@job(
+    name=RETENTION_JOB_NAME,
+    description=(
+        "Outbox retention: deletes published outbox rows older than retention_hours (default "
+        "168) in batches of batch_size (default 1000), each its own short transaction; "
+        "unpublished rows are never touched. Daily from outbox_retention_schedule."
+    ),
+    config=_validated_config(RETENTION_JOB_NAME, RetentionConfig, purge_outbox),
+    executor_def=in_process_executor,
+    tags={KIND_TAG: "maintenance", "dagster/max_runtime": "300"},
+)
+def outbox_retention():
+    """One step: the purge."""
+    purge_outbox()

@@ -10,7 +10,10 @@ that were sent, skipped, cancelled or taken by another dispatcher since. The out
 reminder id makes a second message for a reminder impossible, and the relay only publishes rows
 not yet marked published.
 
-The run id is the correlation id: it goes into every log line and every message header.
+The run id is the correlation id: it goes into every log line and every message header, and it
+names the run's cycle span and its row in the metrics ledger. ``relay_outbox`` writes that row
+(succeeded, or failed when Kafka refused); a run that fails before it is recorded by the
+``reminder_dispatch_failure_ledger`` sensor (:mod:`reminder_pipeline.defs.sensors`).
 """
 
 # No ``from __future__ import annotations`` here: Dagster reads the ops' parameter annotations
@@ -42,6 +45,7 @@ from ..domain.model import Action, CycleCounts, Decision
 from ..logs import event, fields_of
 from ..messaging.relay import RelayResult
 from ..messaging.relay import relay_outbox as relay_pending_outbox
+from ..observability import ledger, tracing
 from ..store import repository
 from .assets import DISPATCH_ASSET_KEY
 from .resources import KafkaResource, PostgresResource
@@ -54,6 +58,8 @@ MAX_BUDGET_SECONDS = 240.0
 #: The relay always gets at least this long, even when the drain spent the budget: a few seconds
 #: past the budget beat a spurious "publish failed" for messages the broker was about to ack.
 MIN_RELAY_SECONDS = 5.0
+#: The ledger's error kind of a cycle whose messages Kafka did not take (the run fails too).
+PUBLISH_FAILED = "KafkaPublishFailed"
 
 
 # --- run configuration --------------------------------------------------------------------------
@@ -163,7 +169,7 @@ class _FieldsInMessage(logging.Handler):
 
 
 @contextmanager
-def _fields_in_event_log() -> Iterator[None]:
+def fields_in_event_log() -> Iterator[None]:
     """For the step's duration: render fields for the step's Dagster handler (a new one per step)."""
     from dagster._core.log_manager import DagsterLogHandler  # no public name for the handler type
 
@@ -191,7 +197,7 @@ def _fields_in_event_log() -> Iterator[None]:
 )
 def select_due_batch(context: OpExecutionContext, config: CycleConfig, postgres: PostgresResource):
     """Step 1: the candidates (a preview: the writing step locks and re-reads them)."""
-    with _fields_in_event_log():
+    with fields_in_event_log():
         started_at = time.time()
         as_of = config.resolved_as_of()  # refuses a future/garbled AsOf before anything is written
         event(log, logging.INFO, "cycle started", run_id=context.run_id, as_of=as_of.isoformat(),
@@ -229,7 +235,12 @@ def transition_and_outbox(
     run_id = context.run_id
     # A step re-executed from the UI (another run, maybe days later) gets a fresh budget.
     started_at = options.started_at if options.run_id == run_id else time.time()
-    with _fields_in_event_log():
+    # The cycle span is current while the outbox rows are written: their headers get its
+    # traceparent (cycle.transition_and_outbox reads it), so a consumer continues this trace.
+    with fields_in_event_log(), tracing.cycle_span(
+        run_id, as_of=selection.as_of.isoformat(), batch_size=selection.batch_size,
+        max_batches=options.max_batches,
+    ):
         with postgres.engine.begin() as conn:
             batch = cycle.transition_and_outbox(conn, selection.ids, selection.as_of,
                                                 correlation_id=run_id)
@@ -252,6 +263,7 @@ def transition_and_outbox(
                 started=time.monotonic() - elapsed,
             )
             counts.add(more)
+        tracing.set_attributes(**counts.as_dict())
     return DispatchOutcome(run_id, selection.as_of, selection.batch_size, options.budget_seconds,
                            started_at, counts, relay)
 
@@ -270,8 +282,15 @@ def relay_outbox(
     # Counts belong to the run that wrote them: a relay re-executed on its own reports only what
     # it published, so the plotted sent_count never counts a batch twice.
     own = outcome.run_id == context.run_id
-    with _fields_in_event_log():
+    relay_started = time.time()
+    with fields_in_event_log():
         report, final, unpublished = _relay_and_measure(context.run_id, outcome, own, postgres, kafka)
+    # The ledger row the exporter and dispatch_liveness read: this run's counts (a relay-only
+    # re-execution: what it published), failed when Kafka refused. Before the materialization:
+    # the failure sensor takes a run with one as already recorded.
+    ledger.record_cycle(postgres.engine, context.run_id, report.counts,
+                        started_at=outcome.started_at if own else relay_started,
+                        as_of=report.as_of, error=PUBLISH_FAILED if final.failed else None)
     # Yielded (not context.log_event) so it is stored before a Failure below ends the step.
     yield AssetMaterialization(
         asset_key=DISPATCH_ASSET_KEY,

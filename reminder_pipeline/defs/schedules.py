@@ -1,16 +1,28 @@
-"""The 60-second schedule of ``reminder_dispatch``, skipping a tick while a cycle is in flight."""
+"""The schedules: ``reminder_dispatch`` and the health checks every minute, outbox retention daily.
+
+Each minute schedule skips a tick while a run of its own job is in flight, so slow runs never
+pile up in the queue.
+"""
 
 from dagster import (
     DagsterRunStatus,
     DefaultScheduleStatus,
     RunRequest,
     RunsFilter,
+    ScheduleDefinition,
     ScheduleEvaluationContext,
     SkipReason,
     schedule,
 )
 
-from .jobs import CONCURRENCY_TAGS, reminder_dispatch
+from .jobs import (
+    CONCURRENCY_TAGS,
+    HEALTH_JOB_NAME,
+    KIND_TAG,
+    outbox_retention,
+    reminder_dispatch,
+    reminder_health_checks,
+)
 
 #: QUEUED and NOT_STARTED included: otherwise, while one run is slow, every tick would queue one
 #: more run behind it and they would pile up.
@@ -35,13 +47,43 @@ def reminder_dispatch_schedule(context: ScheduleEvaluationContext):
     """A run per minute, or a SkipReason naming the run still in flight (no overlapping cycles)."""
     # By the concurrency tag rather than the job name: a catch-up run is a cycle too. The run
     # coordinator's limit would hold a new run anyway; skipping keeps the queue empty and says why.
+    return _run_unless_in_flight(context, CONCURRENCY_TAGS, "the next tick dispatches what is left")
+
+
+@schedule(
+    name="reminder_health_schedule",
+    job=reminder_health_checks,
+    cron_schedule="* * * * *",
+    execution_timezone="UTC",
+    default_status=DefaultScheduleStatus.RUNNING,
+    description=(
+        "Evaluates the dispatcher's asset checks every minute, whether or not dispatch runs "
+        "happen (liveness); independent of the dispatch schedule and its concurrency limit."
+    ),
+)
+def reminder_health_schedule(context: ScheduleEvaluationContext):
+    """A health-check run per minute, or a SkipReason naming the one still in flight."""
+    return _run_unless_in_flight(context, {KIND_TAG: "health-checks"},
+                                 f"the next tick runs {HEALTH_JOB_NAME} again")
+
+
+#: 03:17 UTC: off the hour (when other cron jobs pile up) and in the quiet of the night.
+outbox_retention_schedule = ScheduleDefinition(
+    name="outbox_retention_schedule",
+    job=outbox_retention,
+    cron_schedule="17 3 * * *",
+    execution_timezone="UTC",
+    default_status=DefaultScheduleStatus.RUNNING,
+    description="Daily outbox retention with the defaults (published rows older than 168 h).",
+)
+
+
+def _run_unless_in_flight(context: ScheduleEvaluationContext, tags: dict, then: str):
+    """A RunRequest, or a SkipReason naming a queued/running run carrying ``tags``."""
     in_flight = context.instance.get_run_records(
-        filters=RunsFilter(tags=CONCURRENCY_TAGS, statuses=IN_FLIGHT_STATUSES), limit=1
+        filters=RunsFilter(tags=tags, statuses=IN_FLIGHT_STATUSES), limit=1
     )
     if in_flight:
         run = in_flight[0].dagster_run
-        return SkipReason(
-            f"run {run.run_id} of {run.job_name} is still {run.status.value}; "
-            "the next tick dispatches what is left"
-        )
+        return SkipReason(f"run {run.run_id} of {run.job_name} is still {run.status.value}; {then}")
     return RunRequest()

@@ -1,0 +1,90 @@
+"""``reminder_dispatch_failure_ledger``: a failed dispatch run that recorded no cycle is recorded as a failed one.
+
+``relay_outbox`` writes the run's ledger row itself (success, or Kafka refusing), just before it
+records the run's materialization. Every other way a run can fail leaves no row: a step failing
+before the relay (the database refusing the transaction), a resource that cannot start (a run
+fails before any step, so op failure hooks never fire), a run that hangs and is failed by run
+monitoring, a worker that dies. A run-failure sensor sees all of these, from the daemon, and a
+failed run with a materialization of the dispatcher is skipped, so no cycle is counted twice.
+The row feeds ``calendar_reminder_dispatch_errors_total`` and the ``dispatch_errors`` check.
+
+If the database is what failed, the sensor's tick fails too when its Postgres resource cannot
+open, before the cursor moves: the daemon retries it, and the row is written once the database
+is back.
+"""
+
+# No ``from __future__ import annotations``: Dagster reads the resource annotation at definition time.
+
+from datetime import UTC, datetime
+
+from dagster import (
+    DagsterEventType,
+    DagsterInstance,
+    DefaultSensorStatus,
+    RunFailureSensorContext,
+    run_failure_sensor,
+)
+
+from ..observability import ledger
+from .assets import DISPATCH_ASSET_KEY
+from .jobs import reminder_catch_up, reminder_dispatch
+from .resources import PostgresResource
+
+#: The ledger's error kind when a failed run names no failed step (it never started, or was killed).
+RUN_FAILED = "DagsterRunFailure"
+
+
+def relay_recorded(instance: DagsterInstance, run_id: str) -> bool:
+    """True when the run materialized the dispatcher: ``relay_outbox`` wrote its ledger row first."""
+    records = instance.get_records_for_run(
+        run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION, limit=10
+    ).records
+    return any(
+        r.event_log_entry.dagster_event is not None
+        and r.event_log_entry.dagster_event.asset_key == DISPATCH_ASSET_KEY
+        for r in records
+    )
+
+
+def failure_kind(context: RunFailureSensorContext) -> str:
+    """The exception class name of the failed step, else of the run (never a message), else :data:`RUN_FAILED`."""
+    errors = [f.step_failure_data.error for f in context.get_step_failure_events()]
+    errors.append(getattr(context.failure_event.event_specific_data, "error", None))
+    for error in errors:
+        # Dagster wraps what user code raised (DagsterExecutionStepExecutionError, ...): name the cause.
+        while error is not None and error.cls_name.startswith("Dagster") and error.cause is not None:
+            error = error.cause
+        if error is not None and error.cls_name:
+            return error.cls_name
+    return RUN_FAILED
+
+
+def _started_at(instance: DagsterInstance, run_id: str) -> datetime:
+    record = instance.get_run_record_by_id(run_id)
+    if record is not None and record.start_time is not None:
+        return datetime.fromtimestamp(record.start_time, UTC)
+    # Never started (resources, launch): the cycle is the moment it was created.
+    return record.create_timestamp if record is not None else datetime.now(UTC)
+
+
+@run_failure_sensor(
+    name="reminder_dispatch_failure_ledger",
+    monitored_jobs=[reminder_dispatch, reminder_catch_up],
+    default_status=DefaultSensorStatus.RUNNING,
+    description=(
+        "Records a failed reminder_dispatch / reminder_catch_up run in the metrics ledger "
+        "(errors counter, dispatch_errors check) when the run failed before relay_outbox recorded it."
+    ),
+)
+def reminder_dispatch_failure_ledger(context: RunFailureSensorContext, postgres: PostgresResource) -> None:
+    """One failed cycle per failed run that has no ledger row of its own."""
+    # Returns None on purpose: any return value ends the tick after this run; None goes on to the
+    # next failed run in the same tick.
+    run_id = context.dagster_run.run_id
+    if relay_recorded(context.instance, run_id):
+        context.log.info(f"run {run_id} recorded its cycle in relay_outbox; nothing to add")
+        return
+    kind = failure_kind(context)
+    written = ledger.record_cycle(postgres.engine, run_id, None,
+                                  started_at=_started_at(context.instance, run_id), error=kind)
+    context.log.info(f"run {run_id} failed ({kind}): {'recorded' if written else 'NOT recorded'} in the ledger")

@@ -1,0 +1,49 @@
+"""The definitions with the checks, the operator jobs, their schedules and the failure sensor still load and validate."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from dagster import AssetCheckKey, DefaultSensorStatus, Definitions, validate_run_config
+
+from reminder_pipeline.definitions import defs
+from reminder_pipeline.defs.assets import DISPATCH_ASSET_KEY
+from reminder_pipeline.defs.checks import CHECKS
+
+JOBS = {"reminder_dispatch", "reminder_catch_up", "reminder_health_checks",
+        "reminder_poison_rows", "outbox_retention"}
+SCHEDULES = {"reminder_dispatch_schedule": "reminder_dispatch",
+             "reminder_health_schedule": "reminder_health_checks",
+             "outbox_retention_schedule": "outbox_retention"}
+
+
+def test_everything_loads_and_validates_without_any_environment(monkeypatch):
+    for name in ("DATABASE_URL", "KAFKA_BOOTSTRAP_SERVERS", "DAGSTER_PG_URL"):
+        monkeypatch.delenv(name, raising=False)
+    Definitions.validate_loadable(defs)
+    repo = defs.get_repository_def()
+    assert JOBS <= {j.name for j in repo.get_all_jobs()}
+    assert {s.name: s.job_name for s in repo.schedule_defs} == SCHEDULES
+    [sensor] = repo.sensor_defs
+    assert sensor.name == "reminder_dispatch_failure_ledger"
+    assert sensor.default_status is DefaultSensorStatus.RUNNING
+
+
+def test_the_dispatcher_asset_has_its_five_checks_and_a_five_minute_freshness_policy():
+    graph = defs.resolve_asset_graph()
+    assert graph.get(DISPATCH_ASSET_KEY).freshness_policy.fail_window.to_timedelta() == timedelta(minutes=5)
+    for name in CHECKS:
+        spec = graph.get_check_spec(AssetCheckKey(DISPATCH_ASSET_KEY, name))
+        assert spec.description
+        assert spec.metadata["runbook"].value.startswith("docs/runbooks/")
+    assert graph.get_check_keys_for_assets({DISPATCH_ASSET_KEY}) == {
+        AssetCheckKey(DISPATCH_ASSET_KEY, n) for n in CHECKS
+    }
+
+
+def test_operator_job_defaults(monkeypatch):
+    monkeypatch.setenv("DATABASE_URL", "postgresql+psycopg://user@127.0.0.1:5432/reminders")
+    poison = validate_run_config(defs.get_job_def("reminder_poison_rows"), {})["ops"]
+    assert poison["poison_rows"]["config"] == {"action": "list", "reminder_id": None, "limit": 100}
+    purge = validate_run_config(defs.get_job_def("outbox_retention"), {})["ops"]
+    assert purge["purge_outbox"]["config"] == {"retention_hours": 168.0, "batch_size": 1000}
