@@ -17,7 +17,15 @@ def make_engine(url: str, *, pool_size: int = 5, application_name: str = "remind
         pool_size=pool_size,
         max_overflow=5,
         pool_pre_ping=True,
-        connect_args={"application_name": application_name, "connect_timeout": 10},
+        connect_args={
+            "application_name": application_name,
+            "connect_timeout": 10,
+            # A dispatcher that dies or is cut off mid-statement must not keep its row locks: the
+            # server checks the client every 5 s even while a query runs, and ends a session left
+            # idle inside a transaction after 2 minutes (ours last milliseconds).
+            "options": "-c client_connection_check_interval=5000"
+            " -c idle_in_transaction_session_timeout=120000",
+        },
     )
 
 
