@@ -18,6 +18,7 @@ from pathlib import Path
 import psutil
 import psycopg
 import pytest
+import sqlalchemy as sa
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 from dagster._core.storage.tags import SCHEDULE_NAME_TAG, SCHEDULED_EXECUTION_TIME_TAG
 from dagster_graphql import DagsterGraphQLClient, DagsterGraphQLClientError
@@ -178,6 +179,13 @@ def test_the_daemon_dispatches_on_schedule(
         }
         timings["runs"] = [_timings(r) for r in _scheduled_runs(instance, FINISHED)]
 
+        # Terminated from the UI mid-transaction: the batch rolls back whole and its locks are
+        # free at once for another dispatcher. A trigger stalls the outbox insert so the run is
+        # caught inside its transaction, holding the row locks.
+        t3 = time.monotonic()
+        _terminate_mid_transaction(engine, client, instance)
+        timings["terminate_s"] = round(time.monotonic() - t3, 1)
+
         # What operators see, in a real browser on the same running UI (screenshots kept).
         if chromium_path():
             t2 = time.monotonic()
@@ -198,6 +206,67 @@ def test_the_daemon_dispatches_on_schedule(
     assert not (home / "logs").exists()
     assert not any((home / ".logs_queue").glob("*"))
     assert timings["stop_s"] < 30
+
+
+STALL = """
+CREATE FUNCTION rp_test_stall() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN PERFORM pg_sleep(300); RETURN NULL; END $$;
+CREATE TRIGGER rp_test_stall BEFORE INSERT ON outbox
+    FOR EACH STATEMENT EXECUTE FUNCTION rp_test_stall();
+"""
+
+
+def _sleeping_backends(engine) -> int:
+    with engine.connect() as conn:
+        return conn.execute(sa.text(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event = 'PgSleep'")).scalar_one()
+
+
+def _terminate_mid_transaction(engine, client, instance) -> None:
+    with engine.begin() as conn:
+        conn.exec_driver_sql(STALL)
+    stalled = [make_due_event(engine, minutes_overdue=1) for _ in range(2)]
+    try:
+        deadline = time.monotonic() + 150  # the next scheduled tick takes them
+        while _sleeping_backends(engine) == 0:
+            assert time.monotonic() < deadline, "no run reached the stalled outbox insert"
+            time.sleep(0.5)
+        in_flight = [r.dagster_run.run_id for r in instance.get_run_records(
+            filters=RunsFilter(statuses=[DagsterRunStatus.STARTED]))]
+        assert in_flight, "a run holds the stalled transaction"
+        for run_id in in_flight:
+            client.terminate_run(run_id)
+        deadline = time.monotonic() + 60
+        while any(instance.get_run_by_id(r).status not in FINISHED for r in in_flight):
+            assert time.monotonic() < deadline, "terminated run did not finish"
+            time.sleep(0.5)
+        assert all(instance.get_run_by_id(r).status is DagsterRunStatus.CANCELED for r in in_flight)
+        # Locks free at once: another dispatcher can take the rows without waiting.
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                with engine.begin() as conn:
+                    conn.execute(sa.text("SET LOCAL lock_timeout = '100ms'"))
+                    locked = conn.execute(sa.text(
+                        "SELECT id FROM event_reminders WHERE status = 'Pending' "
+                        "AND calendar_event_id = ANY(:ids) FOR UPDATE NOWAIT"),
+                        {"ids": stalled}).all()
+                break
+            except sa.exc.OperationalError:
+                assert time.monotonic() < deadline, "row locks still held after termination"
+                time.sleep(0.2)
+        assert len(locked) == 2  # rolled back whole: still Pending, no outbox row
+        with engine.begin() as conn:  # before the next tick stalls again
+            conn.exec_driver_sql("DROP TRIGGER rp_test_stall ON outbox")
+        with engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT count(*) FROM outbox o JOIN event_reminders r "
+                                        "ON r.id = o.reminder_id WHERE r.calendar_event_id = ANY(:ids)"),
+                                {"ids": stalled}).scalar_one() == 0
+    finally:
+        with engine.begin() as conn:
+            conn.exec_driver_sql("DROP TRIGGER IF EXISTS rp_test_stall ON outbox; "
+                                 "DROP FUNCTION IF EXISTS rp_test_stall()")
 
 
 def test_browser_is_there_in_ci():
