@@ -328,7 +328,7 @@ def drain(
         counts.add(outcome.counts())
         if publisher is not None and outcome.outbox_rows:
             remaining = max(budget_seconds - (time.monotonic() - started), 1.0)
-            _merge_relay(relay, _relay_outbox(engine, publisher, budget_seconds=remaining,
+            relay.merge(_relay_outbox(engine, publisher, budget_seconds=remaining,
                                               correlation_id=correlation_id))
         selected = len(outcome.sent) + len(outcome.skipped) + len(outcome.poison) + outcome.gone
         if selected + outcome.skipped_locked < batch_size:
@@ -338,14 +338,6 @@ def drain(
                   run_id=correlation_id, budget_seconds=budget_seconds)
             break
     return counts, relay
-
-
-def _merge_relay(total: RelayResult, part: RelayResult) -> None:
-    total.published += part.published
-    total.failed += part.failed
-    total.batches += part.batches
-    total.busy = total.busy or part.busy
-    total.last_error = part.last_error or total.last_error
 
 
 def run_cycle(
@@ -399,7 +391,7 @@ def _run_cycle(
     if publisher is not None:
         # Also picks up rows an earlier cycle left unpublished (broker outage, crash).
         remaining = max(budget_seconds - (time.monotonic() - started), 1.0)
-        _merge_relay(relay, _relay_outbox(engine, publisher, budget_seconds=remaining,
+        relay.merge(_relay_outbox(engine, publisher, budget_seconds=remaining,
                                           correlation_id=run_id))
     with engine.connect() as conn:
         left = repository.backlog(conn, now_utc())

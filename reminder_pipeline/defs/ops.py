@@ -141,15 +141,6 @@ class DispatchOutcome:
     relay: RelayResult = field(default_factory=RelayResult)
 
 
-def _merge_relay(total: RelayResult, part: RelayResult) -> RelayResult:
-    total.published += part.published
-    total.failed += part.failed
-    total.batches += part.batches
-    total.busy = total.busy or part.busy
-    total.last_error = part.last_error or total.last_error
-    return total
-
-
 class _FieldsInMessage(logging.Handler):
     """Puts a structured record's fields (ids and counts only) into its Dagster event-log line.
 
@@ -317,7 +308,7 @@ def _relay_and_measure(
     """Publish what the outbox holds, then measure: (report, this relay's result, rows still unpublished)."""
     started_at = outcome.started_at if own else time.time()
     counts = outcome.counts if own else CycleCounts()
-    relay = _merge_relay(RelayResult(), outcome.relay) if own else RelayResult()
+    relay = RelayResult().merge(outcome.relay) if own else RelayResult()
     engine = postgres.engine
     topic_error = kafka.topic_error()
     if topic_error is None:
@@ -330,7 +321,7 @@ def _relay_and_measure(
         final = RelayResult(failed=waiting, last_error=topic_error)
         event(log, logging.ERROR, "outbox publish failed; rows stay unpublished", run_id=run_id,
               failed=waiting, published=0, error=topic_error)
-    _merge_relay(relay, final)
+    relay.merge(final)
 
     with engine.connect() as conn:
         left = repository.backlog(conn, cycle.now_utc())

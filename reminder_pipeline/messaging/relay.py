@@ -35,6 +35,15 @@ class RelayResult:
     busy: bool = False
     last_error: str | None = None
 
+    def merge(self, other: RelayResult) -> RelayResult:
+        """Add another pass's result to this one; returns self."""
+        self.published += other.published
+        self.failed += other.failed
+        self.batches += other.batches
+        self.busy = self.busy or other.busy
+        self.last_error = other.last_error or self.last_error
+        return self
+
 
 def acknowledged_in_key_order(
     messages: Sequence[ClaimedMessage], results: Sequence[DeliveryResult]
