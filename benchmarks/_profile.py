@@ -1,0 +1,84 @@
+"""Profiling aid for the catch-up figure: ``python -m benchmarks._profile [--rows N] [--variant V]``.
+
+Seeds a due backlog, runs one catch-up in this process under cProfile with pg_stat_statements
+loaded, and prints the hottest Python functions and SQL statements. Variants are prototypes of
+proposed fixes (see ``benchmarks/_variants.py``); ``none`` is the code as it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import logging
+import pstats
+import time
+from datetime import UTC, datetime
+
+import psycopg
+
+from reminder_pipeline import cycle, logs
+from reminder_pipeline.db import make_engine
+from reminder_pipeline.messaging.kafka import KafkaPublisher, ensure_topic
+from reminder_pipeline.store import migrate
+
+from ._infra import progress, servers
+from ._seed import seed_backlog
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, default=20_000)
+    parser.add_argument("--batch-size", type=int, default=1000)
+    parser.add_argument("--variant", default="none")
+    parser.add_argument("--no-log", action="store_true", help="do not configure INFO logging")
+    parser.add_argument("--top", type=int, default=35)
+    args = parser.parse_args()
+    with servers(stat_statements=True) as srv:
+        ensure_topic(srv.kafka)
+        db = srv.create_database("profile")
+        engine = make_engine(srv.url(db), pool_size=5)
+        migrate.upgrade(engine)
+        seed_backlog(srv.dsn(db), args.rows, datetime.now(UTC), progress)
+        with psycopg.connect(srv.dsn(db), autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            conn.execute("SELECT pg_stat_statements_reset()")
+        if not args.no_log:
+            logs.configure(logging.INFO, open(srv.workdir / "profile.jsonl", "a"))  # noqa: SIM115
+        if args.variant != "none":
+            from . import _variants
+            _variants.apply(args.variant)
+        publisher = KafkaPublisher(srv.kafka)
+        profiler = cProfile.Profile()
+        t0 = time.perf_counter()
+        profiler.enable()
+        report = cycle.run_cycle(engine, publisher, batch_size=args.batch_size,
+                                 max_batches=10_000, budget_seconds=3600)
+        profiler.disable()
+        elapsed = time.perf_counter() - t0
+        c = report.counts
+        print(f"variant={args.variant}: {c.sent + c.skipped:,} rows in {elapsed:.2f}s = "
+              f"{(c.sent + c.skipped) / elapsed:,.0f} rows/s (published {report.relay.published})")
+        buf = io.StringIO()
+        pstats.Stats(profiler, stream=buf).sort_stats("cumulative").print_stats(args.top)
+        print(buf.getvalue())
+        buf = io.StringIO()
+        pstats.Stats(profiler, stream=buf).sort_stats("tottime").print_stats(args.top)
+        print(buf.getvalue())
+        with psycopg.connect(srv.dsn(db), autocommit=True) as conn:
+            rows = conn.execute(
+                """SELECT calls, round(total_exec_time::numeric, 1), round(mean_exec_time::numeric, 2),
+                          rows, regexp_replace(left(query, 110), '\\s+', ' ', 'g')
+                     FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+                    ORDER BY total_exec_time DESC LIMIT 15"""
+            ).fetchall()
+        print("calls  total_ms  mean_ms  rows  query")
+        for r in rows:
+            print(f"{r[0]:>5} {r[1]:>9} {r[2]:>8} {r[3]:>6}  {r[4]}")
+        publisher.close()
+        engine.dispose()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,249 @@
+"""A catch-up process for the benchmark: our pipeline (``run_cycle``) or the raw set-based limit.
+
+``python -m benchmarks._worker '<json options>'`` imports and connects, prints ``ready``, waits
+for a ``go`` line on stdin (so several workers start together and imports are not timed), runs,
+and prints ``result {json}``: rows, timings, and its own peak RSS (``ru_maxrss``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import resource
+import sys
+import time
+import uuid
+from datetime import UTC, datetime
+
+import psutil
+
+
+def _rss_mb() -> float:
+    return psutil.Process().memory_info().rss / 2**20
+
+
+def _peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def _wait_go() -> None:
+    print("ready", flush=True)
+    line = sys.stdin.readline()
+    if line.strip() != "go":
+        sys.exit(3)
+
+
+# --- our pipeline ---------------------------------------------------------------------------
+
+
+def run_pipeline(opts: dict) -> dict:
+    from reminder_pipeline import cycle, logs
+    from reminder_pipeline.config import KafkaSettings
+    from reminder_pipeline.db import make_engine
+    from reminder_pipeline.messaging.kafka import KafkaPublisher
+
+    log_file = opts.get("log_file")
+    if log_file:
+        # As the CLI does: JSON lines at INFO (one per reminder sent/skipped), here into a file.
+        logs.configure(logging.INFO, open(log_file, "a", buffering=1 << 16))  # noqa: SIM115
+    variants = []
+    if opts.get("variants"):
+        from benchmarks import _variants
+
+        variants = _variants.apply(opts["variants"])
+    engine = make_engine(opts["url"], pool_size=5, application_name="bench-pipeline")
+    publisher = KafkaPublisher(KafkaSettings(opts["bootstrap"]))
+    with engine.connect() as conn:  # open a pooled connection before the clock starts
+        conn.exec_driver_sql("SELECT 1")
+    rss_before = _rss_mb()
+    _wait_go()
+    started_wall = time.time()
+    t0 = time.perf_counter()
+    report = cycle.run_cycle(
+        engine, publisher,
+        batch_size=opts["batch_size"], max_batches=opts["max_batches"],
+        budget_seconds=opts["budget_seconds"],
+    )
+    elapsed = time.perf_counter() - t0
+    ended_wall = time.time()
+    left = publisher.close()
+    engine.dispose()
+    c = report.counts
+    return {
+        "mode": "pipeline",
+        "variants": variants,
+        "rows": c.sent + c.skipped,
+        "sent": c.sent,
+        "skipped": c.skipped,
+        "failed": c.failed,
+        "skipped_locked": c.skipped_locked,
+        "published": report.relay.published,
+        "publish_failed": report.relay.failed,
+        "relay_busy": report.relay.busy,
+        "batches": c.batches,
+        "backlog_remaining": report.backlog_remaining,
+        "undelivered_at_close": left,
+        "elapsed_s": elapsed,
+        "started_wall": started_wall,
+        "ended_wall": ended_wall,
+        "rss_before_mb": rss_before,
+        "rss_end_mb": _rss_mb(),
+        "peak_rss_mb": _peak_mb(),
+    }
+
+
+# --- the raw set-based limit ----------------------------------------------------------------
+
+# One statement per batch: lock the oldest due rows (SKIP LOCKED), move them Sent/Skipped from
+# their event's status, insert one outbox row per Sent row with the JSON payload and headers built
+# in SQL, and return the outbox rows to produce. The ids go through ARRAY(...) so the UPDATE keeps
+# a primary-key index scan (see shared/POSTGRES-NOTES.md).
+RAW_BATCH = """
+WITH due AS (
+    SELECT r.id
+      FROM event_reminders r
+     WHERE r.status = 'Pending'
+       AND r.due_at < %(as_of)s
+       AND (r.next_attempt_at IS NULL OR r.next_attempt_at <= %(as_of)s)
+     ORDER BY r.due_at
+     LIMIT %(batch)s
+       FOR UPDATE OF r SKIP LOCKED
+),
+moved AS (
+    UPDATE event_reminders r
+       SET status = CASE WHEN e.status IN ('Planned', 'InProgress') THEN 'Sent' ELSE 'Skipped' END,
+           sent_at = CASE WHEN e.status IN ('Planned', 'InProgress')
+                          THEN GREATEST(now(), %(as_of)s) END,
+           updated_at = now(), last_error = NULL, next_attempt_at = NULL
+      FROM calendar_events e
+     WHERE r.id = ANY (ARRAY(SELECT id FROM due))
+       AND e.id = r.calendar_event_id
+       AND r.status = 'Pending'
+    RETURNING r.id, r.status, r.offset_minutes, r.due_at, e.id AS event_id, e.tenant_id,
+              e.owner_user_id, e.client_user_id, e.kind, e.start_at, e.time_zone, e.appointment_id
+),
+ins AS (
+    INSERT INTO outbox (topic, message_key, payload, headers, reminder_id)
+    SELECT %(topic)s, m.event_id::text,
+           jsonb_build_object(
+               'ReminderId', m.id::text, 'EventId', m.event_id::text,
+               'TenantId', m.tenant_id::text, 'OwnerUserId', m.owner_user_id::text,
+               'ClientUserId', m.client_user_id::text, 'Kind', m.kind,
+               'StartAt', to_char(m.start_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+               'TimeZone', m.time_zone, 'OffsetMinutes', m.offset_minutes,
+               'AppointmentId', m.appointment_id::text),
+           jsonb_build_object(
+               'contract-version', '1', 'event-type', 'pin.calendar.reminder-due',
+               'reminder-id', m.id::text, 'content-type', 'application/json',
+               'correlation-id', CAST(%(run_id)s AS text)),
+           m.id
+      FROM moved m
+     WHERE m.status = 'Sent'
+     ORDER BY m.due_at
+    RETURNING id, message_key, CAST(payload AS text) AS payload, headers
+)
+SELECT c.n, i.id, i.message_key, i.payload, i.headers
+  FROM (SELECT count(*) AS n FROM moved) AS c
+  LEFT JOIN ins AS i ON true
+ ORDER BY i.id
+"""
+
+RAW_MARK = "UPDATE outbox SET published_at = now() WHERE id = ANY(%s) AND published_at IS NULL"
+
+
+def run_raw(opts: dict) -> dict:
+    import psycopg
+    from confluent_kafka import Producer
+
+    from reminder_pipeline.domain import contract
+
+    dsn = opts["dsn"]
+    conn = psycopg.connect(dsn, application_name="bench-raw")
+    producer = Producer({
+        "bootstrap.servers": opts["bootstrap"],
+        "enable.idempotence": True,
+        "acks": "all",
+        "linger.ms": 5,
+        "compression.type": "none",
+    })
+    producer.list_topics(timeout=10)  # connect before the clock starts
+    rss_before = _rss_mb()
+    _wait_go()
+    as_of = datetime.now(UTC)
+    run_id = str(uuid.uuid4())
+    rows = sent = published = failed = batches = 0
+    db_s = produce_s = mark_s = 0.0
+    started_wall = time.time()
+    t0 = time.perf_counter()
+    while True:
+        ta = time.perf_counter()
+        with conn.transaction():
+            result = conn.execute(RAW_BATCH, {"as_of": as_of, "batch": opts["batch_size"],
+                                              "topic": contract.TOPIC, "run_id": run_id}).fetchall()
+        tb = time.perf_counter()
+        db_s += tb - ta
+        moved = int(result[0][0]) if result else 0
+        messages = [r for r in result if r[1] is not None]
+        rows += moved
+        sent += len(messages)
+        batches += 1
+        errors: dict[int, str | None] = {}
+        for _, oid, key, payload, headers in messages:
+            def report(err, _msg, oid=oid):
+                errors[oid] = None if err is None else str(err)
+            while True:
+                try:
+                    producer.produce(contract.TOPIC, key=key.encode(), value=payload.encode(),
+                                     headers=[(k, str(v).encode()) for k, v in headers.items()],
+                                     on_delivery=report)
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+            producer.poll(0)
+        producer.flush(30)
+        tc = time.perf_counter()
+        produce_s += tc - tb
+        ok = [oid for oid, err in errors.items() if err is None]
+        failed += len(messages) - len(ok)
+        if ok:
+            with conn.transaction():
+                conn.execute(RAW_MARK, (ok,))
+        published += len(ok)
+        mark_s += time.perf_counter() - tc
+        if moved < opts["batch_size"]:
+            break
+    elapsed = time.perf_counter() - t0
+    ended_wall = time.time()
+    conn.close()
+    return {
+        "mode": "raw",
+        "rows": rows,
+        "sent": sent,
+        "skipped": rows - sent,
+        "published": published,
+        "publish_failed": failed,
+        "batches": batches,
+        "elapsed_s": elapsed,
+        "db_s": db_s,
+        "produce_s": produce_s,
+        "mark_s": mark_s,
+        "started_wall": started_wall,
+        "ended_wall": ended_wall,
+        "rss_before_mb": rss_before,
+        "rss_end_mb": _rss_mb(),
+        "peak_rss_mb": _peak_mb(),
+    }
+
+
+def main() -> int:
+    opts = json.loads(sys.argv[1])
+    mode = opts["mode"]
+    result = run_pipeline(opts) if mode == "pipeline" else run_raw(opts)
+    result["pid"] = os.getpid()
+    print("result " + json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+"""The benchmark command still runs end to end (tiny sizes; no timing is asserted)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_bench_quick_prints_the_table() -> None:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench", "--quick", "--only", "catchup,dueq",
+         "--backlog", "2000", "--rows", "20000", "--due", "300", "--executions", "30"],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=170,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    for header in ("figure", "target", "measured", "baseline", "ratio", "result"):
+        assert header in out
+    assert "1. catch-up 2,000 rows" in out
+    assert "1. catch-up peak RSS" in out
+    assert "3. due query p99" in out
+    assert "3. due query plan uses the partial index" in out
+    assert "ERROR" not in out
+    # Progress goes to stderr, the table to stdout.
+    assert "catch-up" in proc.stderr
