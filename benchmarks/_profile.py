@@ -33,6 +33,8 @@ def main() -> int:
     parser.add_argument("--variant", default="none")
     parser.add_argument("--no-log", action="store_true", help="do not configure INFO logging")
     parser.add_argument("--top", type=int, default=35)
+    parser.add_argument("--no-cprofile", action="store_true",
+                        help="no cProfile (e.g. under py-spy, which also sees the relay thread)")
     args = parser.parse_args()
     with servers(stat_statements=True) as srv:
         ensure_topic(srv.kafka)
@@ -51,7 +53,8 @@ def main() -> int:
         publisher = KafkaPublisher(srv.kafka)
         profiler = cProfile.Profile()
         t0 = time.perf_counter()
-        profiler.enable()
+        if not args.no_cprofile:
+            profiler.enable()
         report = cycle.run_cycle(engine, publisher, batch_size=args.batch_size,
                                  max_batches=10_000, budget_seconds=3600)
         profiler.disable()
@@ -59,12 +62,13 @@ def main() -> int:
         c = report.counts
         print(f"variant={args.variant}: {c.sent + c.skipped:,} rows in {elapsed:.2f}s = "
               f"{(c.sent + c.skipped) / elapsed:,.0f} rows/s (published {report.relay.published})")
-        buf = io.StringIO()
-        pstats.Stats(profiler, stream=buf).sort_stats("cumulative").print_stats(args.top)
-        print(buf.getvalue())
-        buf = io.StringIO()
-        pstats.Stats(profiler, stream=buf).sort_stats("tottime").print_stats(args.top)
-        print(buf.getvalue())
+        if not args.no_cprofile:
+            buf = io.StringIO()
+            pstats.Stats(profiler, stream=buf).sort_stats("cumulative").print_stats(args.top)
+            print(buf.getvalue())
+            buf = io.StringIO()
+            pstats.Stats(profiler, stream=buf).sort_stats("tottime").print_stats(args.top)
+            print(buf.getvalue())
         with psycopg.connect(srv.dsn(db), autocommit=True) as conn:
             rows = conn.execute(
                 """SELECT calls, round(total_exec_time::numeric, 1), round(mean_exec_time::numeric, 2),

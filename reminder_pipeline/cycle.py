@@ -25,8 +25,8 @@ from .domain import contract
 from .domain.model import Action, CycleCounts, Decision, DueReminder, PoisonRow, ReminderStatus
 from .domain.payload import PayloadError, build_payload
 from .domain.transitions import decide_all
-from .logs import event
-from .messaging.relay import Publisher, RelayResult
+from .logs import event, events
+from .messaging.relay import BackgroundRelay, Publisher, RelayResult
 from .messaging.relay import relay_outbox as _relay_outbox
 from .observability import ledger, tracing
 from .store import repository
@@ -122,13 +122,15 @@ def resolve_event_status(candidates: Sequence[DueReminder]) -> list[Decision]:
     return decide_all(list(candidates))
 
 
-def _message(reminder: DueReminder, correlation_id: str | None) -> OutboxMessage:
+def _message(
+    reminder: DueReminder, correlation_id: str | None, trace: dict[str, str]
+) -> OutboxMessage:
     payload = build_payload(reminder)
-    headers = contract.headers(str(reminder.reminder_id), correlation_id)
+    headers = contract.headers(payload["ReminderId"], correlation_id)
     # The cycle span's W3C context, stored with the row: the relay sends it whenever it publishes,
     # so a consumer continues this trace.
-    headers.update(tracing.trace_headers())
-    return OutboxMessage(message_key=str(reminder.event_id), payload=payload, headers=headers)
+    headers.update(trace)
+    return OutboxMessage(message_key=payload["EventId"], payload=payload, headers=headers)
 
 
 def _is_data_error(error: sa_exc.DBAPIError) -> bool:
@@ -143,8 +145,14 @@ def transition_and_outbox(
     *,
     correlation_id: str | None = None,
     now: datetime | None = None,
+    held: Sequence[DueReminder] | None = None,
 ) -> BatchOutcome:
     """Steps 3-4 in ``conn``'s transaction: lock and re-read the candidates, decide, write.
+
+    ``held``: the candidates as :func:`select_due_batch` read them *in this same transaction*
+    (``dispatch_batch``). They are locked FOR UPDATE by it since, so nothing can have changed
+    them and they are not locked and read a second time. Anything else (a selection from an
+    earlier transaction, a Dagster step) must leave it None.
 
     Sent rows get ``sent_at`` (the clock at this write, never earlier than ``as_of``) and exactly
     one outbox row each; Skipped rows publish nothing. A poison row (its payload cannot be built
@@ -155,7 +163,10 @@ def transition_and_outbox(
     now = now or now_utc()
     sent_at = max(now, as_of)
     outcome = BatchOutcome()
-    locked = repository.lock_candidates(conn, candidate_ids, as_of)
+    if held is not None and [r.reminder_id for r in held] == list(candidate_ids):
+        locked = list(held)
+    else:
+        locked = repository.lock_candidates(conn, candidate_ids, as_of)
     locked_ids = {r.reminder_id for r in locked}
     missing = [i for i in candidate_ids if i not in locked_ids]
     # Still Pending but not lockable: another instance or an event cascade holds them.
@@ -163,13 +174,14 @@ def transition_and_outbox(
     outcome.gone = len(missing) - outcome.skipped_locked
 
     planned: list[tuple[Decision, OutboxMessage | None]] = []
+    trace = tracing.trace_headers()  # the cycle span's context: the same for every row
     for decision in resolve_event_status(locked):
         reminder = decision.reminder
         if decision.action is Action.SKIP:
             planned.append((decision, None))
             continue
         try:
-            planned.append((decision, _message(reminder, correlation_id)))
+            planned.append((decision, _message(reminder, correlation_id, trace)))
         except PayloadError as error:
             outcome.poison.append(
                 PoisonRow(reminder.reminder_id, reminder.event_id, reminder.tenant_id, str(error))
@@ -178,11 +190,16 @@ def transition_and_outbox(
     applied = _apply(conn, planned, sent_at, outcome)
     repository.record_poison(conn, outcome.poison, now)
 
-    by_id = {d.reminder.reminder_id: d.reminder for d, _ in planned}
+    by_id = {d.reminder.reminder_id: (d.reminder, m) for d, m in planned}
+    sent_ids: list[dict] = []
     for row in applied:
-        reminder = by_id[row.reminder_id]
+        reminder, message = by_id[row.reminder_id]
         if row.status is ReminderStatus.SENT:
             outcome.sent.append(reminder)
+            p = message.payload if message is not None else {}
+            sent_ids.append({"reminder_id": p.get("ReminderId"), "event_id": p.get("EventId"),
+                             "offset_minutes": reminder.offset_minutes,
+                             "tenant_id": p.get("TenantId")})
             if row.lateness_seconds is not None:
                 outcome.lateness_seconds.append(row.lateness_seconds)
                 outcome.max_lateness_seconds = max(
@@ -190,7 +207,7 @@ def transition_and_outbox(
                 )
         else:
             outcome.skipped.append(reminder)
-    _log_outcome(outcome, correlation_id)
+    _log_outcome(outcome, correlation_id, sent_ids)
     return outcome
 
 
@@ -241,18 +258,17 @@ def _apply(
     return applied
 
 
-def _log_outcome(outcome: BatchOutcome, correlation_id: str | None) -> None:
-    # Each item: a log line and an event on the cycle span, with the same identifiers.
-    for r in outcome.sent:
-        ids = {"reminder_id": str(r.reminder_id), "event_id": str(r.event_id),
-               "offset_minutes": r.offset_minutes, "tenant_id": str(r.tenant_id)}
-        event(log, logging.INFO, "reminder sent", run_id=correlation_id, **ids)
-        tracing.item_event("reminder sent", **ids)
-    for r in outcome.skipped:
-        ids = {"reminder_id": str(r.reminder_id), "event_id": str(r.event_id),
-               "event_status": r.event_status, "tenant_id": str(r.tenant_id)}
-        event(log, logging.INFO, "reminder skipped", run_id=correlation_id, **ids)
-        tracing.item_event("reminder skipped", **ids)
+def _log_outcome(outcome: BatchOutcome, correlation_id: str | None, sent: list[dict]) -> None:
+    # Each item: a log line (one record per batch, a line per item) and an event on the cycle
+    # span, with the same identifiers. The span keeps the first MAX_ITEM_EVENTS events.
+    # ``sent``: the ids of the sent rows, as strings already (taken from their payloads).
+    skipped = [{"reminder_id": str(r.reminder_id), "event_id": str(r.event_id),
+                "event_status": r.event_status, "tenant_id": str(r.tenant_id)}
+               for r in outcome.skipped]
+    events(log, logging.INFO, "reminder sent", sent, run_id=correlation_id)
+    events(log, logging.INFO, "reminder skipped", skipped, run_id=correlation_id)
+    tracing.item_events("reminder sent", sent)
+    tracing.item_events("reminder skipped", skipped)
     for p in outcome.poison:
         ids = {"reminder_id": str(p.reminder_id), "event_id": str(p.event_id),
                "tenant_id": None if p.tenant_id is None else str(p.tenant_id)}
@@ -272,7 +288,8 @@ def dispatch_batch(
         selection = select_due_batch(conn, as_of, batch_size)
         event(log, logging.INFO, "batch selected", run_id=correlation_id,
               count=len(selection.candidates), skipped_locked=selection.skipped_locked)
-        outcome = transition_and_outbox(conn, selection.ids, as_of, correlation_id=correlation_id)
+        outcome = transition_and_outbox(conn, selection.ids, as_of, correlation_id=correlation_id,
+                                        held=selection.candidates)
         outcome.skipped_locked += selection.skipped_locked
         return outcome
 
@@ -319,25 +336,33 @@ def drain(
 
     Stops early when a batch comes back short (nothing more is due), or when the cycle's time
     budget is spent: what is left is picked up by the next cycle (the seed: oldest first).
+    With a publisher, the relay runs on a thread of its own (:class:`BackgroundRelay`) and
+    publishes batch k while batch k+1 is written; the returned relay result is its whole work.
     """
     started = started if started is not None else time.monotonic()
     counts = CycleCounts()
-    relay = RelayResult()
-    for _ in range(max_batches):
-        outcome = dispatch_batch(engine, as_of, batch_size, correlation_id=correlation_id)
-        counts.add(outcome.counts())
-        if publisher is not None and outcome.outbox_rows:
-            remaining = max(budget_seconds - (time.monotonic() - started), 1.0)
-            relay.merge(_relay_outbox(engine, publisher, budget_seconds=remaining,
-                                              correlation_id=correlation_id))
-        selected = len(outcome.sent) + len(outcome.skipped) + len(outcome.poison) + outcome.gone
-        if selected + outcome.skipped_locked < batch_size:
-            break
-        if time.monotonic() - started >= budget_seconds:
-            event(log, logging.WARNING, "cycle budget spent; the rest waits for the next cycle",
-                  run_id=correlation_id, budget_seconds=budget_seconds)
-            break
-    return counts, relay
+    relay: BackgroundRelay | None = None
+    if publisher is not None:
+        relay = BackgroundRelay(engine, publisher, deadline=started + max(budget_seconds, 1.0),
+                                correlation_id=correlation_id)
+    try:
+        for _ in range(max_batches):
+            outcome = dispatch_batch(engine, as_of, batch_size, correlation_id=correlation_id)
+            counts.add(outcome.counts())
+            if relay is not None and outcome.outbox_rows:
+                relay.notify()
+            selected = len(outcome.sent) + len(outcome.skipped) + len(outcome.poison) + outcome.gone
+            if selected + outcome.skipped_locked < batch_size:
+                break
+            if time.monotonic() - started >= budget_seconds:
+                event(log, logging.WARNING, "cycle budget spent; the rest waits for the next cycle",
+                      run_id=correlation_id, budget_seconds=budget_seconds)
+                break
+    except BaseException:
+        if relay is not None:
+            relay.abandon()
+        raise
+    return counts, (relay.finish() if relay is not None else RelayResult())
 
 
 def run_cycle(

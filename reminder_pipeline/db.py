@@ -23,8 +23,10 @@ def make_engine(url: str, *, pool_size: int = 5, application_name: str = "remind
             # A dispatcher that dies or is cut off mid-statement must not keep its row locks: the
             # server checks the client every 5 s even while a query runs, and ends a session left
             # idle inside a transaction after 2 minutes (ours last milliseconds).
+            # Timestamps come back in UTC whatever the server's default zone (no conversion per
+            # row when payloads are built).
             "options": "-c client_connection_check_interval=5000"
-            " -c idle_in_transaction_session_timeout=120000",
+            " -c idle_in_transaction_session_timeout=120000 -c TimeZone=UTC",
         },
     )
 

@@ -8,6 +8,9 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
+# One encoder for every line (json.dumps with options builds a new encoder per call).
+_encode = json.JSONEncoder(default=str, ensure_ascii=False).encode
+
 _RESERVED = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 
 
@@ -16,9 +19,27 @@ def event(logger: logging.Logger, level: int, message: str, **fields: Any) -> No
     logger.log(level, message, extra={"fields": fields})
 
 
+def events(
+    logger: logging.Logger, level: int, message: str, items: list[dict[str, Any]], **fields: Any
+) -> None:
+    """Log ``message`` once per item (``fields`` plus the item's own), as a single record.
+
+    :class:`JsonFormatter` writes one line per item, exactly as many :func:`event` calls would;
+    the logging machinery (record, handler locks, a flush) runs once per batch instead of once
+    per reminder, which was a third of a catch-up's Python time.
+    """
+    if items and logger.isEnabledFor(level):
+        logger.log(level, message, extra={"fields": fields, "items": items})
+
+
 def fields_of(record: logging.LogRecord) -> dict[str, Any]:
-    """The structured fields attached to a record by :func:`event`."""
+    """The structured fields attached to a record by :func:`event` (common ones for :func:`events`)."""
     return dict(getattr(record, "fields", {}) or {})
+
+
+def items_of(record: logging.LogRecord) -> list[dict[str, Any]]:
+    """The per-item fields of a record logged by :func:`events` (empty for :func:`event`)."""
+    return list(getattr(record, "items", None) or ())
 
 
 class JsonFormatter(logging.Formatter):
@@ -34,7 +55,10 @@ class JsonFormatter(logging.Formatter):
         data.update(fields_of(record))
         if record.exc_info and record.exc_info[0] is not None:
             data["exception"] = record.exc_info[0].__name__
-        return json.dumps(data, default=str, ensure_ascii=False)
+        items = items_of(record)
+        if items:
+            return "\n".join([_encode({**data, **item}) for item in items])
+        return _encode(data)
 
 
 def configure(level: int = logging.INFO, stream: Any = None) -> None:

@@ -42,7 +42,7 @@ from pydantic import Field, field_validator
 from .. import cycle
 from ..config import DEFAULT_BATCH_SIZE, MAX_BATCH_SIZE
 from ..domain.model import Action, CycleCounts, Decision
-from ..logs import event, fields_of
+from ..logs import event, fields_of, items_of
 from ..messaging.relay import RelayResult
 from ..messaging.relay import relay_outbox as relay_pending_outbox
 from ..observability import ledger, tracing
@@ -152,9 +152,15 @@ class _FieldsInMessage(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         fields = fields_of(record)
-        if fields and not getattr(record, "_fields_rendered", False):
-            rendered = " ".join(f"{k}={v}" for k, v in fields.items() if v is not None)
-            record.msg = f"{record.getMessage()} {rendered}"
+        items = items_of(record)
+        if (fields or items) and not getattr(record, "_fields_rendered", False):
+            message = record.getMessage()
+            # A batch record (logs.events) becomes one event-log entry with a line per item.
+            record.msg = "\n".join(
+                f"{message} " + " ".join(f"{k}={v}" for k, v in {**fields, **item}.items()
+                                         if v is not None)
+                for item in (items or [{}])
+            )
             record.args = ()
             record._fields_rendered = True
 

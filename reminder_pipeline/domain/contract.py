@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -55,8 +56,50 @@ def _validator() -> Draft202012Validator:
     return Draft202012Validator(schema())
 
 
+_GUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+_START_AT = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?Z$")
+_GUID_FIELDS = ("ReminderId", "EventId", "TenantId", "OwnerUserId")
+_NULLABLE_GUID_FIELDS = ("ClientUserId", "AppointmentId")
+_FIELD_SET = frozenset(PAYLOAD_FIELDS)
+_INT32_MAX = 2147483647
+
+
 def validate(payload: dict[str, Any]) -> None:
-    """Raise :class:`ContractViolation` (one line, first error) unless ``payload`` is valid v1."""
+    """Raise :class:`ContractViolation` (one line, naming the field) unless ``payload`` is valid v1.
+
+    Straight-line code that accepts exactly what the shipped JSON Schema accepts (same patterns,
+    bounds and types; a bool is not an integer): it runs once per dispatched row, where the
+    generic validator cost ~45 % of a catch-up's Python time. :func:`validate_with_schema` is the
+    reference; a property test keeps the two in agreement.
+    """
+    if not isinstance(payload, dict):
+        raise ContractViolation("payload: is not an object")
+    if payload.keys() != _FIELD_SET:
+        missing = [k for k in PAYLOAD_FIELDS if k not in payload]
+        extra = sorted(str(k) for k in payload if k not in _FIELD_SET)
+        raise ContractViolation(f"payload: missing {missing}, unexpected {extra}")
+    for name in _GUID_FIELDS:
+        value = payload[name]
+        if not isinstance(value, str) or _GUID.search(value) is None:
+            raise ContractViolation(f"{name}: is not a lowercase guid")
+    for name in _NULLABLE_GUID_FIELDS:
+        value = payload[name]
+        if value is not None and (not isinstance(value, str) or _GUID.search(value) is None):
+            raise ContractViolation(f"{name}: is neither a lowercase guid nor null")
+    for name in ("Kind", "TimeZone"):
+        value = payload[name]
+        if not isinstance(value, str) or not 1 <= len(value) <= 64:
+            raise ContractViolation(f"{name}: is not a string of 1..64 characters")
+    value = payload["StartAt"]
+    if not isinstance(value, str) or _START_AT.search(value) is None:
+        raise ContractViolation("StartAt: is not an ISO-8601 UTC timestamp (…Z)")
+    value = payload["OffsetMinutes"]
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _INT32_MAX:
+        raise ContractViolation(f"OffsetMinutes: is not an integer in 0..{_INT32_MAX}")
+
+
+def validate_with_schema(payload: dict[str, Any]) -> None:
+    """The reference check: the shipped JSON Schema through jsonschema (first error, one line)."""
     error = next(iter(sorted(_validator().iter_errors(payload), key=lambda e: list(e.path))), None)
     if error is not None:
         where = "/".join(str(p) for p in error.path) or "payload"

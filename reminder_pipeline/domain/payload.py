@@ -23,8 +23,9 @@ def iso_utc(value: datetime) -> str:
     """ISO-8601 in UTC with a ``Z`` suffix; microseconds only when present."""
     if value.tzinfo is None:
         raise PayloadError("StartAt has no time zone")
-    text = value.astimezone(UTC).replace(tzinfo=None).isoformat()
-    return text + "Z"
+    if value.tzinfo is not UTC:  # psycopg returns UTC values on a session in UTC: the usual case
+        value = value.astimezone(UTC)
+    return value.replace(tzinfo=None).isoformat() + "Z"
 
 
 def check_time_zone(name: str | None) -> str:

@@ -124,6 +124,20 @@ def item_event(name: str, **ids: Any) -> None:
         span.add_event(name, _clean(ids))
 
 
+def item_events(name: str, items: list[dict[str, Any]]) -> None:
+    """:func:`item_event` for each item, until the span holds ``MAX_ITEM_EVENTS`` events.
+
+    The SDK would build every further event and then drop it; stopping at the limit saves that.
+    """
+    span = trace.get_current_span()
+    if not items or not span.is_recording():
+        return
+    held = getattr(span, "events", None)
+    room = MAX_ITEM_EVENTS - (len(held) if held is not None else 0)
+    for ids in items[: max(room, 0)]:
+        span.add_event(name, _clean(ids))
+
+
 def trace_headers() -> dict[str, str]:
     """The current span's W3C context (``traceparent``, maybe ``tracestate``); empty if none."""
     carrier: dict[str, str] = {}

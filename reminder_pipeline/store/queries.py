@@ -72,29 +72,30 @@ COUNT_STILL_PENDING = text(
     """
 )
 
-# Due rows in the selected range that are not ours: held by another instance right now.
-COUNT_DUE_NOT_OURS = text(
+# Due Pending rows up to the batch's last due_at (the range a selection covers), ours included:
+# ours are locked by this transaction and still Pending, so count - len(ours) are the rows another
+# instance holds right now (skipped_locked). Counting without an "id <> ALL(ours)" filter keeps it
+# linear in the range instead of range x batch comparisons.
+COUNT_DUE_UP_TO = text(
     """
     SELECT count(*) FROM event_reminders
      WHERE status = 'Pending'
        AND due_at < :as_of
        AND due_at <= :upper
        AND (next_attempt_at IS NULL OR next_attempt_at <= :as_of)
-       AND NOT (id = ANY(CAST(:ours AS uuid[])))
     """
 )
 
 # Step 4 of the seed in one statement: every decided row moves Pending -> Sent/Skipped, and
-# each row that became Sent gets exactly one outbox row. The outbox insert is fed from the
+# each row that became Sent gets exactly one outbox row. The batch arrives as one jsonb array
+# (one json.dumps per batch; five text[] parameters cost a regex escape per payload quote). The outbox insert is fed from the
 # UPDATE's RETURNING, so a row that was no longer Pending produces no message, and the unique
 # index on outbox.reminder_id makes a second message for a reminder impossible (INV-REM-2).
 APPLY_TRANSITIONS = text(
     """
     WITH decided AS (
-        SELECT * FROM unnest(
-            CAST(:ids AS uuid[]), CAST(:statuses AS text[]), CAST(:message_keys AS text[]),
-            CAST(:payloads AS text[]), CAST(:headers AS text[])
-        ) AS d(id, status, message_key, payload, headers)
+        SELECT * FROM jsonb_to_recordset(CAST(:batch AS jsonb))
+            AS d(id uuid, status text, message_key text, payload jsonb, headers jsonb)
     ),
     moved AS (
         UPDATE event_reminders r
@@ -109,7 +110,7 @@ APPLY_TRANSITIONS = text(
     ),
     published AS (
         INSERT INTO outbox (topic, message_key, payload, headers, reminder_id)
-        SELECT :topic, d.message_key, CAST(d.payload AS jsonb), CAST(d.headers AS jsonb), m.id
+        SELECT :topic, d.message_key, d.payload, d.headers, m.id
           FROM moved m JOIN decided d ON d.id = m.id
          WHERE m.status = 'Sent'
          ORDER BY m.due_at
@@ -182,20 +183,30 @@ TRY_RELAY_LOCK = text("SELECT pg_try_advisory_lock(:key)")
 RELAY_LOCK = text("SELECT pg_advisory_lock(:key)")
 RELAY_UNLOCK = text("SELECT pg_advisory_unlock(:key)")
 
-# Claim the oldest unpublished rows, counting each hand-over to the producer.
-CLAIM_UNPUBLISHED = text(
+# The oldest unpublished rows, in id order. A read, not a write: the relay's advisory lock makes
+# it the only publisher, and an UPDATE here would write every outbox row once more per hand-over.
+SELECT_UNPUBLISHED = text(
     """
-    UPDATE outbox o
-       SET publish_attempts = o.publish_attempts + 1
-      FROM (SELECT id FROM outbox WHERE published_at IS NULL ORDER BY id LIMIT :limit) AS c
-     WHERE o.id = c.id
-    RETURNING o.id, o.topic, o.message_key, CAST(o.payload AS text) AS payload, o.headers
+    SELECT id, topic, message_key, CAST(payload AS text) AS payload, headers
+      FROM outbox
+     WHERE published_at IS NULL
+     ORDER BY id
+     LIMIT :limit
     """
 )
 
 MARK_PUBLISHED = text(
     """
     UPDATE outbox SET published_at = now()
+     WHERE id = ANY(CAST(:ids AS bigint[])) AND published_at IS NULL
+    """
+)
+
+# Rows handed to the producer that were not acknowledged (failed, timed out, or held back behind
+# a failed row of their key): one more failed attempt each, for operators and the outbox alert.
+RECORD_PUBLISH_FAILURES = text(
+    """
+    UPDATE outbox SET publish_attempts = publish_attempts + 1
      WHERE id = ANY(CAST(:ids AS bigint[])) AND published_at IS NULL
     """
 )

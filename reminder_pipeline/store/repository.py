@@ -17,49 +17,36 @@ from ..domain.model import DueReminder, EventStatus, PoisonRow, ReminderStatus
 from . import queries
 from .tables import calendar_events, event_reminders, outbox
 
+_STATUS = {s.value: s for s in ReminderStatus}
+
 POISON_BACKOFF_BASE_SECONDS = 30
 POISON_BACKOFF_CAP_SECONDS = 3600
-
-
-def _due(row: sa.Row[Any]) -> DueReminder:
-    m = row._mapping
-    return DueReminder(
-        reminder_id=m["reminder_id"],
-        event_id=m["event_id"],
-        tenant_id=m["tenant_id"],
-        owner_user_id=m["owner_user_id"],
-        client_user_id=m["client_user_id"],
-        appointment_id=m["appointment_id"],
-        kind=m["kind"],
-        event_status=m["event_status"],
-        start_at=m["start_at"],
-        time_zone=m["time_zone"],
-        offset_minutes=m["offset_minutes"],
-        due_at=m["due_at"],
-        attempts=m["attempts"],
-    )
 
 
 def select_due_for_update_skip_locked(
     conn: Connection, as_of: datetime, batch_size: int
 ) -> list[DueReminder]:
-    """Lock up to ``batch_size`` due Pending rows, oldest first, skipping rows locked elsewhere."""
+    """Lock up to ``batch_size`` due Pending rows, oldest first, skipping rows locked elsewhere.
+
+    ``queries._DUE_COLUMNS`` lists the columns in :class:`DueReminder`'s field order (a test checks
+    it), so rows map positionally: that was most of the per-row cost of reading a batch.
+    """
     rows = conn.execute(
         queries.SELECT_DUE_FOR_UPDATE_SKIP_LOCKED, {"as_of": as_of, "batch_size": batch_size}
-    )
-    return [_due(r) for r in rows]
+    ).all()
+    return [DueReminder(*r) for r in rows]
 
 
 def count_due_not_ours(
     conn: Connection, as_of: datetime, upper: datetime, ours: Sequence[uuid.UUID]
 ) -> int:
-    """Due Pending rows up to ``upper`` that we do not hold: locked by another instance."""
-    return int(
-        conn.execute(
-            queries.COUNT_DUE_NOT_OURS,
-            {"as_of": as_of, "upper": upper, "ours": list(ours)},
-        ).scalar_one()
-    )
+    """Due Pending rows up to ``upper`` that we do not hold: locked by another instance.
+
+    ``ours`` must be locked by ``conn``'s transaction (selected FOR UPDATE, not yet written):
+    they are then still Pending and inside the range, so they are part of the count.
+    """
+    total = conn.execute(queries.COUNT_DUE_UP_TO, {"as_of": as_of, "upper": upper}).scalar_one()
+    return max(int(total) - len(ours), 0)
 
 
 def lock_candidates(
@@ -68,8 +55,10 @@ def lock_candidates(
     """Re-read and lock the given candidates that are still Pending and due."""
     if not ids:
         return []
-    rows = conn.execute(queries.LOCK_CANDIDATES_SKIP_LOCKED, {"ids": list(ids), "as_of": as_of})
-    return [_due(r) for r in rows]
+    rows = conn.execute(
+        queries.LOCK_CANDIDATES_SKIP_LOCKED, {"ids": list(ids), "as_of": as_of}
+    ).all()
+    return [DueReminder(*r) for r in rows]
 
 
 def count_still_pending(conn: Connection, ids: Iterable[uuid.UUID]) -> int:
@@ -119,21 +108,20 @@ def apply_transitions(
     """
     if not transitions:
         return [], 0
-    ids, statuses, keys, payloads, headers = [], [], [], [], []
-    for reminder_id, status, message in transitions:
-        ids.append(reminder_id)
-        statuses.append(str(status))
-        keys.append(message.message_key if message else None)
-        payloads.append(json.dumps(message.payload, separators=(",", ":")) if message else None)
-        headers.append(json.dumps(message.headers, separators=(",", ":")) if message else None)
+    batch = [
+        {
+            "id": message.payload["ReminderId"] if message else str(reminder_id),
+            "status": status.value,
+            "message_key": message.message_key if message else None,
+            "payload": message.payload if message else None,
+            "headers": message.headers if message else None,
+        }
+        for reminder_id, status, message in transitions
+    ]
     rows = conn.execute(
         queries.APPLY_TRANSITIONS,
         {
-            "ids": ids,
-            "statuses": statuses,
-            "message_keys": keys,
-            "payloads": payloads,
-            "headers": headers,
+            "batch": json.dumps(batch, separators=(",", ":"), ensure_ascii=False),
             "sent_at": sent_at,
             "topic": topic,
         },
@@ -141,7 +129,7 @@ def apply_transitions(
     applied = [
         AppliedTransition(
             reminder_id=r.id,
-            status=ReminderStatus(r.status),
+            status=_STATUS[r.status],
             lateness_seconds=_finite(r.lateness_seconds),
         )
         for r in rows
@@ -199,7 +187,7 @@ def outbox_lag(conn: Connection) -> OutboxLag:
 # --- relay -------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ClaimedMessage:
     """An unpublished outbox row handed to the producer."""
 
@@ -210,14 +198,12 @@ class ClaimedMessage:
     headers: dict[str, str]
 
 
-def claim_unpublished(conn: Connection, limit: int) -> list[ClaimedMessage]:
-    """The oldest unpublished outbox rows in id order, their hand-over counted."""
-    rows = conn.execute(queries.CLAIM_UNPUBLISHED, {"limit": limit}).all()
-    messages = [
+def unpublished(conn: Connection, limit: int) -> list[ClaimedMessage]:
+    """The oldest unpublished outbox rows, in id order."""
+    rows = conn.execute(queries.SELECT_UNPUBLISHED, {"limit": limit}).all()
+    return [
         ClaimedMessage(r.id, r.topic, r.message_key, r.payload, dict(r.headers or {})) for r in rows
     ]
-    messages.sort(key=lambda m: m.id)
-    return messages
 
 
 def mark_published(conn: Connection, ids: Sequence[int]) -> int:
@@ -225,6 +211,13 @@ def mark_published(conn: Connection, ids: Sequence[int]) -> int:
     if not ids:
         return 0
     return conn.execute(queries.MARK_PUBLISHED, {"ids": list(ids)}).rowcount
+
+
+def record_publish_failures(conn: Connection, ids: Sequence[int]) -> int:
+    """Count one more failed publish attempt on each of these (still unpublished) rows."""
+    if not ids:
+        return 0
+    return conn.execute(queries.RECORD_PUBLISH_FAILURES, {"ids": list(ids)}).rowcount
 
 
 def try_relay_lock(conn: Connection) -> bool:

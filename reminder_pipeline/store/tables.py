@@ -88,8 +88,9 @@ outbox = sa.Table(
     sa.Column("published_at", sa.DateTime(timezone=True), nullable=True),
     # INV-REM-2 in the database itself: at most one outbox row per reminder.
     sa.Column("reminder_id", UUID(as_uuid=True), nullable=True),
-    # How many times the relay handed the row to the producer: > 1 means a possible duplicate
-    # on the topic from the ack window (at-least-once), which consumers de-duplicate.
+    # Failed publish attempts: handed to the producer and not acknowledged (broker error,
+    # timeout, held back behind a failed row of its key). > 0 on a published row means a
+    # possible duplicate on the topic (at-least-once), which consumers de-duplicate.
     sa.Column("publish_attempts", sa.Integer, nullable=False, server_default="0"),
     sa.UniqueConstraint("reminder_id", name="uq_outbox_reminder_id"),
     sa.Index("ix_outbox_unpublished", "id", postgresql_where=sa.text("published_at IS NULL")),
