@@ -345,11 +345,15 @@ def _apply_sqlpayload() -> None:
 
     statement = text(APPLY_TRANSITIONS_SQL_PAYLOAD)
 
-    def transition_and_outbox(conn, candidate_ids, as_of, *, correlation_id=None, now=None):
+    def transition_and_outbox(conn, candidate_ids, as_of, *, correlation_id=None, now=None,
+                              held=None):
         now = now or cycle.now_utc()
         sent_at = max(now, as_of)
         outcome = cycle.BatchOutcome()
-        locked = repository.lock_candidates(conn, candidate_ids, as_of)
+        if held is not None and [r.reminder_id for r in held] == list(candidate_ids):
+            locked = list(held)
+        else:
+            locked = repository.lock_candidates(conn, candidate_ids, as_of)
         locked_ids = {r.reminder_id for r in locked}
         missing = [i for i in candidate_ids if i not in locked_ids]
         outcome.skipped_locked = repository.count_still_pending(conn, missing)
@@ -387,7 +391,85 @@ def _apply_sqlpayload() -> None:
                 else:
                     outcome.skipped.append(reminder)
         repository.record_poison(conn, outcome.poison, now)
-        cycle._log_outcome(outcome, correlation_id)
+        sent = [{"reminder_id": str(r.reminder_id), "event_id": str(r.event_id),
+                 "offset_minutes": r.offset_minutes, "tenant_id": str(r.tenant_id)}
+                for r in outcome.sent]
+        cycle._log_outcome(outcome, correlation_id, sent)
         return outcome
 
     cycle.transition_and_outbox = transition_and_outbox
+
+
+def _apply_switch() -> None:
+    import sys
+
+    sys.setswitchinterval(0.0005)
+
+
+def _apply_seqrelay() -> None:
+    """Measurement: the relay inline after each batch (as before the background relay)."""
+    from reminder_pipeline.messaging import relay as relay_mod
+
+    class Inline:
+        def __init__(self, engine, publisher, *, deadline, correlation_id=None):
+            import time as _t
+            self.args = (engine, publisher, deadline, correlation_id, _t)
+            self.result = relay_mod.RelayResult()
+
+        def notify(self):
+            engine, publisher, deadline, cid, _t = self.args
+            self.result.merge(relay_mod.relay_outbox(
+                engine, publisher, budget_seconds=max(deadline - _t.monotonic(), 1.0),
+                correlation_id=cid))
+
+        def finish(self, timeout=None):
+            return self.result
+
+        def abandon(self):
+            pass
+
+    from reminder_pipeline import cycle
+    cycle.BackgroundRelay = Inline
+
+
+def _apply_workers2() -> None:
+    """Measurement: two dispatch threads in one drain (sharing the background relay)."""
+    import threading
+    import time as _t
+
+    from reminder_pipeline import cycle
+    from reminder_pipeline.domain.model import CycleCounts
+    from reminder_pipeline.messaging.relay import BackgroundRelay, RelayResult
+
+    def drain(engine, as_of, batch_size, *, max_batches=1, budget_seconds=30.0,
+              correlation_id=None, publisher=None, started=None):
+        started = started if started is not None else _t.monotonic()
+        relay = (BackgroundRelay(engine, publisher, deadline=started + budget_seconds,
+                                 correlation_id=correlation_id) if publisher else None)
+        totals = CycleCounts()
+        lock = threading.Lock()
+        left = [max_batches]
+
+        def work():
+            while True:
+                with lock:
+                    if left[0] <= 0:
+                        return
+                    left[0] -= 1
+                outcome = cycle.dispatch_batch(engine, as_of, batch_size,
+                                               correlation_id=correlation_id)
+                with lock:
+                    totals.add(outcome.counts())
+                if relay is not None and outcome.outbox_rows:
+                    relay.notify()
+                if len(outcome.sent) + len(outcome.skipped) + len(outcome.poison) < batch_size:
+                    return
+
+        threads = [threading.Thread(target=work) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return totals, (relay.finish() if relay else RelayResult())
+
+    cycle.drain = drain

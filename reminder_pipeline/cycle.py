@@ -30,7 +30,7 @@ from .messaging.relay import BackgroundRelay, Publisher, RelayResult
 from .messaging.relay import relay_outbox as _relay_outbox
 from .observability import ledger, tracing
 from .store import repository
-from .store.repository import OutboxMessage
+from .store.repository import ClaimedMessage, OutboxMessage
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,8 @@ class BatchOutcome:
     outbox_rows: int = 0
     max_lateness_seconds: float | None = None
     lateness_seconds: list[float] = field(default_factory=list)
+    #: The outbox rows written, as the relay publishes them (for a drain's background relay).
+    messages: list[ClaimedMessage] = field(default_factory=list, repr=False)
 
     def counts(self) -> CycleCounts:
         """This batch as cycle counts."""
@@ -196,6 +198,10 @@ def transition_and_outbox(
         reminder, message = by_id[row.reminder_id]
         if row.status is ReminderStatus.SENT:
             outcome.sent.append(reminder)
+            if row.outbox_id is not None and message is not None:
+                outcome.messages.append(ClaimedMessage(row.outbox_id, contract.TOPIC,
+                                                       message.message_key, row.payload or "",
+                                                       message.headers))
             p = message.payload if message is not None else {}
             sent_ids.append({"reminder_id": p.get("ReminderId"), "event_id": p.get("EventId"),
                              "offset_minutes": reminder.offset_minutes,
@@ -336,8 +342,9 @@ def drain(
 
     Stops early when a batch comes back short (nothing more is due), or when the cycle's time
     budget is spent: what is left is picked up by the next cycle (the seed: oldest first).
-    With a publisher, the relay runs on a thread of its own (:class:`BackgroundRelay`) and
-    publishes batch k while batch k+1 is written; the returned relay result is its whole work.
+    With a publisher, the relay runs on a thread of its own (:class:`BackgroundRelay`): each
+    committed batch's outbox rows are handed to it and published while the next batch is
+    written; the returned relay result is its whole work.
     """
     started = started if started is not None else time.monotonic()
     counts = CycleCounts()
@@ -349,8 +356,8 @@ def drain(
         for _ in range(max_batches):
             outcome = dispatch_batch(engine, as_of, batch_size, correlation_id=correlation_id)
             counts.add(outcome.counts())
-            if relay is not None and outcome.outbox_rows:
-                relay.notify()
+            if relay is not None:
+                relay.hand_over(outcome.messages)
             selected = len(outcome.sent) + len(outcome.skipped) + len(outcome.poison) + outcome.gone
             if selected + outcome.skipped_locked < batch_size:
                 break

@@ -57,7 +57,15 @@ class JsonFormatter(logging.Formatter):
             data["exception"] = record.exc_info[0].__name__
         items = items_of(record)
         if items:
-            return "\n".join([_encode({**data, **item}) for item in items])
+            # The common part is encoded once; each item's own fields are appended to it.
+            head = _encode(data)[:-1]
+            lines = []
+            for item in items:
+                if not item or not data.keys().isdisjoint(item):
+                    lines.append(_encode({**data, **item}))
+                else:
+                    lines.append(head + "," + _encode(item)[1:])
+            return "\n".join(lines)
         return _encode(data)
 
 

@@ -74,7 +74,8 @@ def validate(payload: dict[str, Any]) -> None:
     """
     if not isinstance(payload, dict):
         raise ContractViolation("payload: is not an object")
-    if payload.keys() != _FIELD_SET:
+    # Fast path: the builder's dicts carry exactly the contract's keys in the contract's order.
+    if tuple(payload) != PAYLOAD_FIELDS and payload.keys() != _FIELD_SET:
         missing = [k for k in PAYLOAD_FIELDS if k not in payload]
         extra = sorted(str(k) for k in payload if k not in _FIELD_SET)
         raise ContractViolation(f"payload: missing {missing}, unexpected {extra}")

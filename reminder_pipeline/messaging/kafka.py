@@ -119,9 +119,11 @@ class KafkaPublisher:
                         on_delivery=on_delivery(message.id),
                     )
                     break
-                except BufferError:
+                except BufferError:  # the local queue is full: serve reports, then retry
                     self._producer.poll(0.05)
-            self._producer.poll(0)
+        # No poll(0) per message: each one releases and re-takes the GIL, and while another
+        # thread runs Python (the dispatcher, during a catch-up) every re-take waits for the
+        # interpreter's switch interval. The reports are served by flush() below.
         deadline = time.monotonic() + timeout
         while len(results) < len(messages) and time.monotonic() < deadline:
             self._producer.flush(min(1.0, max(deadline - time.monotonic(), 0.0)))

@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -67,6 +69,91 @@ def acknowledged_in_key_order(
     return ok
 
 
+@contextmanager
+def relay_lock(
+    engine: Engine, wait_seconds: float, correlation_id: str | None = None
+) -> Iterator[bool]:
+    """Hold the relay's session advisory lock for the block; yields False when another relay has it.
+
+    The lock lives on its own AUTOCOMMIT connection, so holding it never keeps a transaction (and
+    its snapshot) open while the broker is slow.
+    """
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as lock_conn:
+        if not repository.try_relay_lock(lock_conn) and not repository.wait_relay_lock(
+            lock_conn, wait_seconds
+        ):
+            event(log, logging.INFO, "relay busy in another process", run_id=correlation_id)
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            repository.release_relay_lock(lock_conn)
+
+
+def _publish_and_mark(
+    engine: Engine,
+    publisher: Publisher,
+    messages: Sequence[ClaimedMessage],
+    deadline: float,
+    result: RelayResult,
+    correlation_id: str | None,
+    on_acknowledged: Callable[[list[int]], None] | None = None,
+) -> bool:
+    """Produce ``messages``, mark the acknowledged ones (key order kept); False after a failure."""
+    results = publisher.publish(messages, timeout=max(deadline - time.monotonic(), 1.0))
+    ok = acknowledged_in_key_order(messages, results)
+    if on_acknowledged is not None:
+        on_acknowledged(ok)
+    failed = len(messages) - len(ok)
+    with engine.begin() as conn:
+        repository.mark_published(conn, ok)
+        if failed:
+            acknowledged = set(ok)
+            repository.record_publish_failures(
+                conn, [m.id for m in messages if m.id not in acknowledged]
+            )
+    result.batches += 1
+    result.published += len(ok)
+    if failed:
+        result.failed += failed
+        result.last_error = next((r.error for r in results if r.error), None)
+        event(log, logging.ERROR, "outbox publish failed; rows stay unpublished",
+              run_id=correlation_id, failed=failed, published=len(ok), error=result.last_error)
+        return False
+    return True
+
+
+def _publish_from_outbox(
+    engine: Engine,
+    publisher: Publisher,
+    *,
+    batch_size: int,
+    deadline: float,
+    result: RelayResult,
+    correlation_id: str | None,
+    on_acknowledged: Callable[[list[int]], None] | None = None,
+    stop: threading.Event | None = None,
+    seen: set[int] | None = None,
+) -> bool:
+    """Publish unpublished rows read from the outbox, oldest id first, until none are left.
+
+    Must run under :func:`relay_lock`. Returns False after a failed delivery (the rest waits).
+    ``seen`` collects the ids handed to the producer.
+    """
+    while time.monotonic() < deadline and not (stop is not None and stop.is_set()):
+        with engine.begin() as conn:
+            messages = repository.unpublished(conn, batch_size)
+        if not messages:
+            return True
+        if seen is not None:
+            seen.update(m.id for m in messages)
+        if not _publish_and_mark(engine, publisher, messages, deadline, result, correlation_id,
+                                 on_acknowledged):
+            return False
+    return True
+
+
 def relay_outbox(
     engine: Engine,
     publisher: Publisher,
@@ -92,55 +179,32 @@ def relay_outbox(
     """
     result = RelayResult()
     deadline = time.monotonic() + budget_seconds
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as lock_conn:
-        if not repository.try_relay_lock(lock_conn) and not repository.wait_relay_lock(
-            lock_conn, lock_wait_seconds
-        ):
+    with relay_lock(engine, lock_wait_seconds, correlation_id) as held:
+        if not held:
             result.busy = True
-            event(log, logging.INFO, "relay busy in another process", run_id=correlation_id)
             return result
-        try:
-            while time.monotonic() < deadline and not (stop is not None and stop.is_set()):
-                with engine.begin() as conn:
-                    messages = repository.unpublished(conn, batch_size)
-                if not messages:
-                    break
-                results = publisher.publish(messages, timeout=max(deadline - time.monotonic(), 1.0))
-                ok = acknowledged_in_key_order(messages, results)
-                if on_acknowledged is not None:
-                    on_acknowledged(ok)
-                failed = len(messages) - len(ok)
-                with engine.begin() as conn:
-                    repository.mark_published(conn, ok)
-                    if failed:
-                        acknowledged = set(ok)
-                        repository.record_publish_failures(
-                            conn, [m.id for m in messages if m.id not in acknowledged]
-                        )
-                result.batches += 1
-                result.published += len(ok)
-                if failed:
-                    result.failed += failed
-                    result.last_error = next((r.error for r in results if r.error), None)
-                    event(log, logging.ERROR, "outbox publish failed; rows stay unpublished",
-                          run_id=correlation_id, failed=failed, published=len(ok),
-                          error=result.last_error)
-                    break
-        finally:
-            repository.release_relay_lock(lock_conn)
+        _publish_from_outbox(engine, publisher, batch_size=batch_size, deadline=deadline,
+                             result=result, correlation_id=correlation_id,
+                             on_acknowledged=on_acknowledged, stop=stop)
     return result
 
 
 class BackgroundRelay:
-    """Relay passes on a thread of their own while the dispatcher writes its next batches.
+    """The relay of a multi-batch drain, on a thread of its own, fed the rows just written.
 
-    A catch-up otherwise alternates "write a batch" (Postgres busy, Python waiting) with "publish
-    it" (broker and Python busy): overlapping them roughly halves the wall time on two cores.
-    Correctness is the relay's own: the advisory lock keeps one publisher per database, a row is
-    marked only after its acknowledgement. :meth:`notify` after each committed batch;
-    :meth:`finish` publishes what is left (within the budget) and returns the merged result.
-    After a failed pass (broker down) it stops trying for this cycle: the rows stay unpublished
-    for the next one instead of each batch waiting out a delivery timeout.
+    A catch-up otherwise alternates "write a batch" (Postgres busy) with "publish it" (broker and
+    Python busy), and the relay would read back from the outbox every row the dispatcher has
+    just written. Here the dispatcher hands each committed batch's outbox rows over
+    (:meth:`hand_over`: ids from the insert's RETURNING, the payload as stored) and goes on
+    writing the next batch while this thread produces, waits for the acknowledgements and marks
+    the rows published. The relay's rules stay: it holds the advisory lock for the whole drain
+    (one publisher per database), publishes older unpublished rows from the outbox first, and
+    reads from the outbox again whenever an unpublished row older than a handed-over batch
+    exists (another instance's, or left by a failure), so rows still go out in id order; a row
+    is marked only after its acknowledgement. When the lock is busy (another relay is running)
+    it publishes nothing: the other relay finds the rows in the outbox. After a failed delivery
+    it stops for this cycle; the rows stay unpublished for the next pass.
+    :meth:`finish` waits for the hand-overs to be published and returns the result.
     """
 
     def __init__(
@@ -150,57 +214,86 @@ class BackgroundRelay:
         *,
         deadline: float,
         correlation_id: str | None = None,
+        batch_size: int = 1000,
+        lock_wait_seconds: float = 5.0,
     ) -> None:
         self._engine = engine
         self._publisher = publisher
         self._deadline = deadline
         self._correlation_id = correlation_id
-        self._wake = threading.Event()
-        self._closing = threading.Event()
+        self._batch_size = batch_size
+        self._lock_wait_seconds = lock_wait_seconds
+        self._queue: deque[list[ClaimedMessage]] = deque()
+        self._ready = threading.Condition()
+        self._closing = False
         self._stop = threading.Event()
-        self._lock = threading.Lock()
         self._result = RelayResult()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="outbox-relay", daemon=True)
         self._thread.start()
 
-    def notify(self) -> None:
-        """New outbox rows were committed."""
-        self._wake.set()
+    def hand_over(self, messages: Sequence[ClaimedMessage]) -> None:
+        """Outbox rows of a batch that just committed (any order; published in id order)."""
+        if messages:
+            with self._ready:
+                self._queue.append(sorted(messages, key=lambda m: m.id))
+                self._ready.notify()
+
+    def _next(self) -> list[ClaimedMessage] | None:
+        with self._ready:
+            while not self._queue and not self._closing:
+                self._ready.wait()
+            return self._queue.popleft() if self._queue else None
 
     def _run(self) -> None:
         try:
-            while True:
-                self._wake.wait()
-                self._wake.clear()
-                closing = self._closing.is_set()
-                remaining = self._deadline - time.monotonic()
-                if remaining <= 0:
+            with relay_lock(self._engine, self._lock_wait_seconds, self._correlation_id) as held:
+                if not held:
+                    self._result.busy = True
                     return
-                if self._stop.is_set():
-                    return
-                passed = relay_outbox(self._engine, self._publisher, budget_seconds=remaining,
-                                      correlation_id=self._correlation_id, stop=self._stop)
-                with self._lock:
-                    self._result.merge(passed)
-                if closing or passed.failed or passed.busy:
-                    return
+                self._publish()
         except BaseException as exc:  # handed to the dispatcher's thread by finish()
             self._error = exc
 
+    def _publish(self) -> None:
+        seen: set[int] = set()  # ids a read from the outbox already handed to the producer
+        common = {"publisher": self._publisher, "result": self._result,
+                  "correlation_id": self._correlation_id}
+        if not _publish_from_outbox(self._engine, batch_size=self._batch_size,
+                                    deadline=self._deadline, stop=self._stop, seen=seen, **common):
+            return
+        while (batch := self._next()) is not None:
+            if self._stop.is_set() or time.monotonic() >= self._deadline:
+                return
+            batch = [m for m in batch if m.id not in seen]
+            if not batch:
+                continue
+            with self._engine.begin() as conn:
+                older = repository.has_unpublished_before(conn, batch[0].id)
+            if older:
+                ok = _publish_from_outbox(self._engine, batch_size=self._batch_size,
+                                          deadline=self._deadline, stop=self._stop, seen=seen,
+                                          **common)
+            else:
+                ok = _publish_and_mark(self._engine, messages=batch, deadline=self._deadline,
+                                       **common)
+            if not ok:
+                return
+
     def finish(self, timeout: float | None = None) -> RelayResult:
-        """Publish what is left, stop the thread, return what it did (re-raising its error)."""
-        self._closing.set()
-        self._wake.set()
+        """Publish what was handed over, stop the thread, return what it did (re-raising its error)."""
+        with self._ready:
+            self._closing = True
+            self._ready.notify()
         self._thread.join(timeout)
         if self._error is not None:
             raise self._error
-        with self._lock:
-            return RelayResult().merge(self._result)
+        return RelayResult().merge(self._result)
 
     def abandon(self) -> None:
-        """The cycle is failing or stopping: no new relay batch (one in flight completes or not;
-        either way its rows are published at least once)."""
+        """The cycle is failing or stopping: no further relay batch (one in flight completes or
+        not; either way its rows are published at least once)."""
         self._stop.set()
-        self._closing.set()
-        self._wake.set()
+        with self._ready:
+            self._closing = True
+            self._ready.notify()

@@ -87,7 +87,8 @@ COUNT_DUE_UP_TO = text(
 )
 
 # Step 4 of the seed in one statement: every decided row moves Pending -> Sent/Skipped, and
-# each row that became Sent gets exactly one outbox row. The batch arrives as one jsonb array
+# each row that became Sent gets exactly one outbox row (its id and stored payload come back, so
+# a drain's relay can publish it without reading it again). The batch arrives as one jsonb array
 # (one json.dumps per batch; five text[] parameters cost a regex escape per payload quote). The outbox insert is fed from the
 # UPDATE's RETURNING, so a row that was no longer Pending produces no message, and the unique
 # index on outbox.reminder_id makes a second message for a reminder impossible (INV-REM-2).
@@ -114,12 +115,13 @@ APPLY_TRANSITIONS = text(
           FROM moved m JOIN decided d ON d.id = m.id
          WHERE m.status = 'Sent'
          ORDER BY m.due_at
-        RETURNING reminder_id
+        RETURNING id, reminder_id, CAST(payload AS text) AS payload
     )
     SELECT m.id, m.status,
-           EXTRACT(EPOCH FROM (m.sent_at - m.due_at)) AS lateness_seconds,
-           (SELECT count(*) FROM published) AS outbox_rows
+           CAST(EXTRACT(EPOCH FROM (m.sent_at - m.due_at)) AS float8) AS lateness_seconds,
+           p.id AS outbox_id, p.payload
       FROM moved m
+      LEFT JOIN published p ON p.reminder_id = m.id
     """
 )
 
@@ -199,6 +201,14 @@ MARK_PUBLISHED = text(
     """
     UPDATE outbox SET published_at = now()
      WHERE id = ANY(CAST(:ids AS bigint[])) AND published_at IS NULL
+    """
+)
+
+# Is any row older than :id still unpublished? (A drain's relay then reads from the outbox
+# instead of publishing its handed-over rows first: id order on the topic.)
+HAS_UNPUBLISHED_BEFORE = text(
+    """
+    SELECT EXISTS (SELECT 1 FROM outbox WHERE published_at IS NULL AND id < :id)
     """
 )
 

@@ -78,13 +78,15 @@ class OutboxMessage:
     headers: dict[str, str]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class AppliedTransition:
-    """One row that actually moved out of Pending."""
+    """One row that actually moved out of Pending (with its outbox row when it became Sent)."""
 
     reminder_id: uuid.UUID
     status: ReminderStatus
     lateness_seconds: float | None
+    outbox_id: int | None = None
+    payload: str | None = None
 
 
 def _finite(value: Any) -> float | None:
@@ -127,15 +129,9 @@ def apply_transitions(
         },
     ).all()
     applied = [
-        AppliedTransition(
-            reminder_id=r.id,
-            status=_STATUS[r.status],
-            lateness_seconds=_finite(r.lateness_seconds),
-        )
-        for r in rows
+        AppliedTransition(r[0], _STATUS[r[1]], _finite(r[2]), r[3], r[4]) for r in rows
     ]
-    outbox_rows = int(rows[0].outbox_rows) if rows else 0
-    return applied, outbox_rows
+    return applied, sum(1 for a in applied if a.outbox_id is not None)
 
 
 def record_poison(conn: Connection, poison: Sequence[PoisonRow], now: datetime) -> None:
@@ -211,6 +207,11 @@ def mark_published(conn: Connection, ids: Sequence[int]) -> int:
     if not ids:
         return 0
     return conn.execute(queries.MARK_PUBLISHED, {"ids": list(ids)}).rowcount
+
+
+def has_unpublished_before(conn: Connection, outbox_id: int) -> bool:
+    """Whether an outbox row with a smaller id is still unpublished."""
+    return bool(conn.execute(queries.HAS_UNPUBLISHED_BEFORE, {"id": outbox_id}).scalar_one())
 
 
 def record_publish_failures(conn: Connection, ids: Sequence[int]) -> int:
