@@ -8,8 +8,17 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
-# One encoder for every line (json.dumps with options builds a new encoder per call).
-_encode = json.JSONEncoder(default=str, ensure_ascii=False).encode
+import orjson
+
+
+def _encode(data: dict[str, Any]) -> str:
+    # orjson: UTF-8 as is, datetimes and UUIDs natively, anything else through str(); what it
+    # refuses (an int beyond 64 bits, a non-string key) goes through json, never an exception.
+    try:
+        return orjson.dumps(data, default=str).decode()
+    except (orjson.JSONEncodeError, TypeError):
+        return json.dumps(data, default=str, ensure_ascii=False)
+
 
 _RESERVED = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
 from ..logs import event
 from ..store import repository
@@ -72,27 +72,28 @@ def acknowledged_in_key_order(
 @contextmanager
 def relay_lock(
     engine: Engine, wait_seconds: float, correlation_id: str | None = None
-) -> Iterator[bool]:
-    """Hold the relay's session advisory lock for the block; yields False when another relay has it.
+) -> Iterator[Connection | None]:
+    """Hold the relay's session advisory lock for the block; yields None when another relay has it.
 
-    The lock lives on its own AUTOCOMMIT connection, so holding it never keeps a transaction (and
-    its snapshot) open while the broker is slow.
+    The lock lives on an AUTOCOMMIT connection, which the relay then uses for its statements
+    (each one atomic on its own): holding the lock never keeps a transaction, and its snapshot,
+    open while the broker is slow.
     """
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as lock_conn:
-        if not repository.try_relay_lock(lock_conn) and not repository.wait_relay_lock(
-            lock_conn, wait_seconds
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        if not repository.try_relay_lock(conn) and not repository.wait_relay_lock(
+            conn, wait_seconds
         ):
             event(log, logging.INFO, "relay busy in another process", run_id=correlation_id)
-            yield False
+            yield None
             return
         try:
-            yield True
+            yield conn
         finally:
-            repository.release_relay_lock(lock_conn)
+            repository.release_relay_lock(conn)
 
 
 def _publish_and_mark(
-    engine: Engine,
+    conn: Connection,
     publisher: Publisher,
     messages: Sequence[ClaimedMessage],
     deadline: float,
@@ -106,13 +107,12 @@ def _publish_and_mark(
     if on_acknowledged is not None:
         on_acknowledged(ok)
     failed = len(messages) - len(ok)
-    with engine.begin() as conn:
-        repository.mark_published(conn, ok)
-        if failed:
-            acknowledged = set(ok)
-            repository.record_publish_failures(
-                conn, [m.id for m in messages if m.id not in acknowledged]
-            )
+    repository.mark_published(conn, ok)
+    if failed:
+        acknowledged = set(ok)
+        repository.record_publish_failures(
+            conn, [m.id for m in messages if m.id not in acknowledged]
+        )
     result.batches += 1
     result.published += len(ok)
     if failed:
@@ -125,7 +125,7 @@ def _publish_and_mark(
 
 
 def _publish_from_outbox(
-    engine: Engine,
+    conn: Connection,
     publisher: Publisher,
     *,
     batch_size: int,
@@ -142,13 +142,12 @@ def _publish_from_outbox(
     ``seen`` collects the ids handed to the producer.
     """
     while time.monotonic() < deadline and not (stop is not None and stop.is_set()):
-        with engine.begin() as conn:
-            messages = repository.unpublished(conn, batch_size)
+        messages = repository.unpublished(conn, batch_size)
         if not messages:
             return True
         if seen is not None:
             seen.update(m.id for m in messages)
-        if not _publish_and_mark(engine, publisher, messages, deadline, result, correlation_id,
+        if not _publish_and_mark(conn, publisher, messages, deadline, result, correlation_id,
                                  on_acknowledged):
             return False
     return True
@@ -179,11 +178,11 @@ def relay_outbox(
     """
     result = RelayResult()
     deadline = time.monotonic() + budget_seconds
-    with relay_lock(engine, lock_wait_seconds, correlation_id) as held:
-        if not held:
+    with relay_lock(engine, lock_wait_seconds, correlation_id) as conn:
+        if conn is None:
             result.busy = True
             return result
-        _publish_from_outbox(engine, publisher, batch_size=batch_size, deadline=deadline,
+        _publish_from_outbox(conn, publisher, batch_size=batch_size, deadline=deadline,
                              result=result, correlation_id=correlation_id,
                              on_acknowledged=on_acknowledged, stop=stop)
     return result
@@ -247,19 +246,19 @@ class BackgroundRelay:
 
     def _run(self) -> None:
         try:
-            with relay_lock(self._engine, self._lock_wait_seconds, self._correlation_id) as held:
-                if not held:
+            with relay_lock(self._engine, self._lock_wait_seconds, self._correlation_id) as conn:
+                if conn is None:
                     self._result.busy = True
                     return
-                self._publish()
+                self._publish(conn)
         except BaseException as exc:  # handed to the dispatcher's thread by finish()
             self._error = exc
 
-    def _publish(self) -> None:
+    def _publish(self, conn: Connection) -> None:
         seen: set[int] = set()  # ids a read from the outbox already handed to the producer
         common = {"publisher": self._publisher, "result": self._result,
                   "correlation_id": self._correlation_id}
-        if not _publish_from_outbox(self._engine, batch_size=self._batch_size,
+        if not _publish_from_outbox(conn, batch_size=self._batch_size,
                                     deadline=self._deadline, stop=self._stop, seen=seen, **common):
             return
         while (batch := self._next()) is not None:
@@ -268,14 +267,12 @@ class BackgroundRelay:
             batch = [m for m in batch if m.id not in seen]
             if not batch:
                 continue
-            with self._engine.begin() as conn:
-                older = repository.has_unpublished_before(conn, batch[0].id)
-            if older:
-                ok = _publish_from_outbox(self._engine, batch_size=self._batch_size,
+            if repository.has_unpublished_before(conn, batch[0].id):
+                ok = _publish_from_outbox(conn, batch_size=self._batch_size,
                                           deadline=self._deadline, stop=self._stop, seen=seen,
                                           **common)
             else:
-                ok = _publish_and_mark(self._engine, messages=batch, deadline=self._deadline,
+                ok = _publish_and_mark(conn, messages=batch, deadline=self._deadline,
                                        **common)
             if not ok:
                 return

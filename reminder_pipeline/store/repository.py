@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import uuid
 from collections.abc import Iterable, Sequence
@@ -11,6 +10,7 @@ from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
+import orjson
 from sqlalchemy.engine import Connection
 
 from ..domain.model import DueReminder, EventStatus, PoisonRow, ReminderStatus
@@ -123,7 +123,7 @@ def apply_transitions(
     rows = conn.execute(
         queries.APPLY_TRANSITIONS,
         {
-            "batch": json.dumps(batch, separators=(",", ":"), ensure_ascii=False),
+            "batch": orjson.dumps(batch).decode(),
             "sent_at": sent_at,
             "topic": topic,
         },
