@@ -473,3 +473,24 @@ def _apply_workers2() -> None:
         return totals, (relay.finish() if relay else RelayResult())
 
     cycle.drain = drain
+
+
+def _apply_nogc() -> None:
+    """Measurement: the cyclic garbage collector off."""
+    import gc
+
+    gc.disable()
+
+
+def _apply_gcfreeze() -> None:
+    """Measurement: everything allocated before the drain moved out of the collector's sight."""
+    import gc
+
+    gc.freeze()
+
+
+def _apply_gcthreshold() -> None:
+    """Measurement: a young generation of 50k allocations instead of 700."""
+    import gc
+
+    gc.set_threshold(50_000, 20, 20)

@@ -105,8 +105,8 @@ class CycleCounts:
     batches: int = 0
     duration_ms: int = 0
     max_lateness_seconds: float | None = None
-    sent_ids: list[uuid.UUID] = field(default_factory=list, repr=False)
-    #: SentAt - DueAt of every row sent, for the lateness histogram (the SLO).
+    #: SentAt - DueAt of every row sent, for the lateness histogram (the SLO); floats only, so
+    #: a long drain keeps no per-row objects for the garbage collector to walk.
     lateness_seconds: list[float] = field(default_factory=list, repr=False)
 
     def add(self, other: CycleCounts) -> None:
@@ -123,7 +123,6 @@ class CycleCounts:
             self.max_lateness_seconds = max(
                 self.max_lateness_seconds or other.max_lateness_seconds, other.max_lateness_seconds
             )
-        self.sent_ids.extend(other.sent_ids)
         self.lateness_seconds.extend(other.lateness_seconds)
 
     def as_dict(self) -> dict[str, int | float | None]:
