@@ -6,9 +6,9 @@ no environment set.
 
 What is in it: the dispatcher asset with its five health checks; the jobs ``reminder_dispatch``,
 ``reminder_catch_up``, ``reminder_health_checks``, ``reminder_poison_rows`` and
-``outbox_retention``; the schedules ``reminder_dispatch_schedule`` and
-``reminder_health_schedule`` (every minute) and ``outbox_retention_schedule`` (daily); the
-sensor ``reminder_dispatch_failure_ledger``.
+``outbox_retention``; the schedules ``reminder_dispatch_schedule`` (every minute) and
+``outbox_retention_schedule`` (daily); the sensors ``reminder_health_sensor`` (the checks, every
+minute, no run) and ``reminder_dispatch_failure_ledger``.
 """
 
 from dagster import Definitions, EnvVar
@@ -23,12 +23,8 @@ from .defs.jobs import (
     reminder_poison_rows,
 )
 from .defs.resources import KafkaResource, PostgresResource
-from .defs.schedules import (
-    outbox_retention_schedule,
-    reminder_dispatch_schedule,
-    reminder_health_schedule,
-)
-from .defs.sensors import reminder_dispatch_failure_ledger
+from .defs.schedules import outbox_retention_schedule, reminder_dispatch_schedule
+from .defs.sensors import reminder_dispatch_failure_ledger, reminder_health_sensor
 
 
 def build_resources() -> dict:
@@ -49,7 +45,7 @@ defs = Definitions(
         reminder_poison_rows,
         outbox_retention,
     ],
-    schedules=[reminder_dispatch_schedule, reminder_health_schedule, outbox_retention_schedule],
-    sensors=[reminder_dispatch_failure_ledger],
+    schedules=[reminder_dispatch_schedule, outbox_retention_schedule],
+    sensors=[reminder_health_sensor, reminder_dispatch_failure_ledger],
     resources=build_resources(),
 )

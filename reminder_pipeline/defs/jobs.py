@@ -1,5 +1,6 @@
 """The jobs: ``reminder_dispatch`` (every minute) and ``reminder_catch_up`` over the same four ops,
-plus the small ones around them: ``reminder_health_checks`` (the asset checks, every minute),
+plus the small ones around them: ``reminder_health_checks`` (the asset checks on demand; the
+``reminder_health_sensor`` evaluates them every minute without a run),
 ``reminder_poison_rows`` (Launchpad) and ``outbox_retention`` (daily).
 
 Executor: ``in_process_executor``. The default multiprocess executor starts a Python process per
@@ -195,8 +196,8 @@ reminder_health_checks = define_asset_job(
     description=(
         "The seed's alerts as asset checks on calendar/reminder_dispatch (dispatch_liveness, "
         "no_overdue_reminders, dispatch_errors, outbox_backlog, lateness_slo), read from the "
-        "database. Runs every minute whether or not dispatch runs happen (that is what liveness "
-        "means); never limited by, nor blocking, the dispatch runs."
+        "database. On demand (Execute in the UI); reminder_health_sensor evaluates the same "
+        "checks every minute without a run. Never limited by, nor blocking, the dispatch runs."
     ),
     executor_def=in_process_executor,
     # A minute's evaluation takes well under a second; a hung one is failed before the next pile up.

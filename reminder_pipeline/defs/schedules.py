@@ -1,7 +1,8 @@
-"""The schedules: ``reminder_dispatch`` and the health checks every minute, outbox retention daily.
+"""The schedules: ``reminder_dispatch`` every minute, outbox retention daily.
 
-Each minute schedule skips a tick while a run of its own job is in flight, so slow runs never
-pile up in the queue.
+The dispatch schedule skips a tick while a dispatch or catch-up run is in flight, so slow runs
+never pile up in the queue. (The health checks are evaluated every minute by a sensor, not a
+scheduled run: ``defs/sensors.py``.)
 """
 
 from dagster import (
@@ -15,14 +16,7 @@ from dagster import (
     schedule,
 )
 
-from .jobs import (
-    CONCURRENCY_TAGS,
-    HEALTH_JOB_NAME,
-    KIND_TAG,
-    outbox_retention,
-    reminder_dispatch,
-    reminder_health_checks,
-)
+from .jobs import CONCURRENCY_TAGS, outbox_retention, reminder_dispatch
 
 #: QUEUED and NOT_STARTED included: otherwise, while one run is slow, every tick would queue one
 #: more run behind it and they would pile up.
@@ -48,23 +42,6 @@ def reminder_dispatch_schedule(context: ScheduleEvaluationContext):
     # By the concurrency tag rather than the job name: a catch-up run is a cycle too. The run
     # coordinator's limit would hold a new run anyway; skipping keeps the queue empty and says why.
     return _run_unless_in_flight(context, CONCURRENCY_TAGS, "the next tick dispatches what is left")
-
-
-@schedule(
-    name="reminder_health_schedule",
-    job=reminder_health_checks,
-    cron_schedule="* * * * *",
-    execution_timezone="UTC",
-    default_status=DefaultScheduleStatus.RUNNING,
-    description=(
-        "Evaluates the dispatcher's asset checks every minute, whether or not dispatch runs "
-        "happen (liveness); independent of the dispatch schedule and its concurrency limit."
-    ),
-)
-def reminder_health_schedule(context: ScheduleEvaluationContext):
-    """A health-check run per minute, or a SkipReason naming the one still in flight."""
-    return _run_unless_in_flight(context, {KIND_TAG: "health-checks"},
-                                 f"the next tick runs {HEALTH_JOB_NAME} again")
 
 
 #: 03:17 UTC: off the hour (when other cron jobs pile up) and in the quiet of the night.

@@ -1,4 +1,12 @@
-"""``reminder_dispatch_failure_ledger``: a failed dispatch run that recorded no cycle is recorded as a failed one.
+"""The sensors: the health checks every minute, and the ledger row of a dispatch run that failed early.
+
+``reminder_health_sensor`` evaluates the seed's alert conditions (:func:`health.evaluate`) once a
+minute in the daemon's code server and reports them as runless evaluations of the dispatcher's
+asset checks: the checks stay red or green in the UI whether or not dispatch runs happen (that is
+what liveness is about), and no run worker is started for them. A failed evaluation (database
+down) fails the sensor tick, which the UI shows; the checks keep their last verdict meanwhile.
+
+``reminder_dispatch_failure_ledger``: a failed dispatch run that recorded no cycle is recorded as a failed one.
 
 ``relay_outbox`` writes the run's ledger row itself (success, or Kafka refusing), just before it
 records the run's materialization. Every other way a run can fail leaves no row: a step failing
@@ -22,11 +30,15 @@ from dagster import (
     DagsterInstance,
     DefaultSensorStatus,
     RunFailureSensorContext,
+    SensorEvaluationContext,
+    SensorResult,
     run_failure_sensor,
+    sensor,
 )
 
-from ..observability import ledger
+from ..observability import health, ledger
 from .assets import DISPATCH_ASSET_KEY
+from .checks import check_evaluation
 from .jobs import reminder_catch_up, reminder_dispatch
 from .resources import PostgresResource
 
@@ -88,3 +100,26 @@ def reminder_dispatch_failure_ledger(context: RunFailureSensorContext, postgres:
     written = ledger.record_cycle(postgres.engine, run_id, None,
                                   started_at=_started_at(context.instance, run_id), error=kind)
     context.log.info(f"run {run_id} failed ({kind}): {'recorded' if written else 'NOT recorded'} in the ledger")
+
+
+#: How often the health checks are evaluated (the seed's alerts are minute-granular).
+HEALTH_INTERVAL_SECONDS = 60
+
+
+@sensor(
+    name="reminder_health_sensor",
+    minimum_interval_seconds=HEALTH_INTERVAL_SECONDS,
+    default_status=DefaultSensorStatus.RUNNING,
+    description=(
+        "Evaluates the dispatcher's five asset checks every minute (runless check evaluations), "
+        "whether or not dispatch runs happen; no run is launched."
+    ),
+)
+def reminder_health_sensor(context: SensorEvaluationContext, postgres: PostgresResource) -> SensorResult:
+    """One evaluation of every check, reported on the dispatcher asset."""
+    checks = health.evaluate(postgres.engine)
+    failing = [c.name for c in checks if not c.passed]
+    summary = f"failing: {', '.join(failing)}" if failing else "all passed"
+    context.log.info(f"{len(checks)} health checks evaluated; {summary}")
+    return SensorResult(asset_events=[check_evaluation(c) for c in checks],
+                        skip_reason=f"health checks evaluated ({summary}); no run needed")

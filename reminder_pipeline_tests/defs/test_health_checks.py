@@ -1,7 +1,8 @@
-"""The seed's alerts as asset checks on the dispatcher, evaluated by ``reminder_health_checks`` with no dispatch run needed.
+"""The seed's alerts as asset checks on the dispatcher: every minute from ``reminder_health_sensor``
+(no run), on demand from ``reminder_health_checks``; no dispatch run needed for either.
 
-The job runs against the real database; each check's verdict, severity and figures are read
-back from the run's ``AssetCheckEvaluation`` events.
+Both run against the real database; each check's verdict, severity and figures are read back from
+the ``AssetCheckEvaluation`` events.
 """
 
 from __future__ import annotations
@@ -13,24 +14,22 @@ import pytest
 from dagster import (
     AssetCheckKey,
     AssetCheckSeverity,
+    AssetCheckEvaluation,
     DagsterInstance,
-    DagsterRun,
-    DagsterRunStatus,
-    DefaultScheduleStatus,
-    RunRequest,
-    SkipReason,
-    build_schedule_context,
+    DefaultSensorStatus,
+    SensorResult,
+    build_sensor_context,
     instance_for_test,
 )
-from dagster._core.remote_origin import RegisteredCodeLocationOrigin, RemoteRepositoryOrigin
 
 from reminder_pipeline.definitions import defs
 from reminder_pipeline.defs.assets import DISPATCH_ASSET_KEY
 from reminder_pipeline.defs.checks import CHECKS
-from reminder_pipeline.defs.jobs import CONCURRENCY_TAG, CONCURRENCY_TAGS, HEALTH_JOB_NAME, KIND_TAG
+from reminder_pipeline.defs.jobs import CONCURRENCY_TAG, HEALTH_JOB_NAME, KIND_TAG
 from reminder_pipeline.defs.resources import PostgresResource
-from reminder_pipeline.defs.schedules import reminder_health_schedule
+from reminder_pipeline.defs.sensors import reminder_health_sensor
 from reminder_pipeline.observability import health
+from reminder_pipeline.services import free_port
 from reminder_pipeline_tests.support import make_due_event
 
 from . import resources_for
@@ -142,37 +141,46 @@ def test_the_job_is_outside_the_dispatch_concurrency_limit_and_in_process():
     assert job.executor_def.name == "in_process"
 
 
-# --- the every-minute schedule ----------------------------------------------------------------
+# --- the every-minute sensor -----------------------------------------------------------------
 
 
-def _add_run(instance: DagsterInstance, job_name: str, status: DagsterRunStatus, tags: dict) -> str:
-    origin = RemoteRepositoryOrigin(
-        RegisteredCodeLocationOrigin("reminder_pipeline"), "__repository__"
-    ).get_job_origin(job_name)
-    run = DagsterRun(job_name=job_name, status=status, remote_job_origin=origin, tags=tags)
-    instance.add_run(run)
-    return run.run_id
+def test_the_sensor_evaluates_every_check_each_minute_without_a_run(engine, database_url, instance):
+    assert reminder_health_sensor.minimum_interval_seconds == 60
+    assert reminder_health_sensor.default_status is DefaultSensorStatus.RUNNING
+    make_due_event(engine, minutes_overdue=30)  # overdue: the overdue check fails, the others do not
+    with build_sensor_context(
+        instance=instance, resources={"postgres": PostgresResource(database_url=database_url)}
+    ) as context:
+        result = reminder_health_sensor(context)
+    assert isinstance(result, SensorResult)
+    assert not result.run_requests  # a verdict, not a run
+    by_name = {e.check_name: e for e in result.asset_events}
+    assert list(by_name) == NAMES
+    assert all(isinstance(e, AssetCheckEvaluation) and e.asset_key == DISPATCH_ASSET_KEY
+               for e in result.asset_events)
+    assert not by_name["no_overdue_reminders"].passed
+    assert by_name["no_overdue_reminders"].severity is AssetCheckSeverity.ERROR
+    assert by_name["outbox_backlog"].passed
+    assert "no_overdue_reminders" in result.skip_reason.skip_message
+
+    # What the daemon does with them: runless evaluations, the checks' latest verdicts in the UI.
+    for evaluation in result.asset_events:
+        instance.report_runless_asset_event(evaluation)
+    key = AssetCheckKey(DISPATCH_ASSET_KEY, "no_overdue_reminders")
+    [record] = instance.event_log_storage.get_asset_check_execution_history(key, limit=1)
+    assert record.evaluation.passed is False
 
 
-def _tick(instance: DagsterInstance):
-    context = build_schedule_context(
-        instance=instance, scheduled_execution_time=datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
-    )
-    return reminder_health_schedule(context)
-
-
-def test_the_schedule_runs_every_minute_by_default_even_while_a_dispatch_run_is_in_flight(instance):
-    assert reminder_health_schedule.cron_schedule == "* * * * *"
-    assert reminder_health_schedule.execution_timezone == "UTC"
-    assert reminder_health_schedule.default_status is DefaultScheduleStatus.RUNNING
-    assert reminder_health_schedule.job_name == HEALTH_JOB_NAME
-    # A hung dispatch run is exactly when liveness must still be evaluated.
-    _add_run(instance, "reminder_dispatch", DagsterRunStatus.STARTED, CONCURRENCY_TAGS)
-    assert isinstance(_tick(instance), RunRequest)
-
-
-def test_the_schedule_skips_while_a_health_run_is_in_flight(instance):
-    run_id = _add_run(instance, HEALTH_JOB_NAME, DagsterRunStatus.QUEUED, {KIND_TAG: "health-checks"})
-    skipped = _tick(instance)
-    assert isinstance(skipped, SkipReason)
-    assert run_id in skipped.skip_message
+def test_the_sensor_tick_fails_when_the_database_is_unreachable(instance):
+    port = free_port()  # nothing listens there
+    url = f"postgresql+psycopg://u@127.0.0.1:{port}/x"
+    with pytest.raises(Exception) as info:
+        with build_sensor_context(instance=instance,
+                                  resources={"postgres": PostgresResource(database_url=url)}) as context:
+            reminder_health_sensor(context)
+    causes, error = [], info.value
+    while error is not None:
+        causes.append(error)
+        error = error.__cause__
+    # The resource refuses to start with a one-line Failure naming the setting (see resources.py).
+    assert any("DATABASE_URL" in str(c) and "refused" in str(c) for c in causes), causes

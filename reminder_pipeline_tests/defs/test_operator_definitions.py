@@ -13,7 +13,6 @@ from reminder_pipeline.defs.checks import CHECKS
 JOBS = {"reminder_dispatch", "reminder_catch_up", "reminder_health_checks",
         "reminder_poison_rows", "outbox_retention"}
 SCHEDULES = {"reminder_dispatch_schedule": "reminder_dispatch",
-             "reminder_health_schedule": "reminder_health_checks",
              "outbox_retention_schedule": "outbox_retention"}
 
 
@@ -24,9 +23,9 @@ def test_everything_loads_and_validates_without_any_environment(monkeypatch):
     repo = defs.get_repository_def()
     assert JOBS <= {j.name for j in repo.get_all_jobs()}
     assert {s.name: s.job_name for s in repo.schedule_defs} == SCHEDULES
-    [sensor] = repo.sensor_defs
-    assert sensor.name == "reminder_dispatch_failure_ledger"
-    assert sensor.default_status is DefaultSensorStatus.RUNNING
+    sensors = {s.name: s for s in repo.sensor_defs}
+    assert set(sensors) == {"reminder_health_sensor", "reminder_dispatch_failure_ledger"}
+    assert all(s.default_status is DefaultSensorStatus.RUNNING for s in sensors.values())
 
 
 def test_the_dispatcher_asset_has_its_five_checks_and_a_five_minute_freshness_policy():
