@@ -41,9 +41,7 @@ def check_validator(n: int = 5000) -> int:
         lambda p: None,
     ]
     disagreements = 0
-    import jsonschema  # noqa: F401 - the reference
-
-    reference = contract._validator()
+    reference = contract._validator()  # jsonschema over the shipped schema
     for _ in range(n):
         p = {
             "ReminderId": str(uuid.uuid4()), "EventId": str(uuid.uuid4()),
@@ -56,7 +54,7 @@ def check_validator(n: int = 5000) -> int:
             rng.choice(mutations)(p)
         ok_ref = not any(True for _ in reference.iter_errors(p))
         try:
-            _variants.fast_validate(p)
+            contract.validate(p)
             ok_fast = True
         except contract.ContractViolation:
             ok_fast = False
@@ -109,7 +107,7 @@ def check_sqlpayload(srv) -> tuple[int, int]:
 
 def main() -> int:
     bad = check_validator()
-    progress(f"fast validator vs jsonschema: {bad} disagreements over 5,000 payloads")
+    progress(f"contract.validate vs jsonschema: {bad} disagreements over 5,000 payloads")
     with servers() as srv:
         checked, mismatches = check_sqlpayload(srv)
     progress(f"sqlpayload vs build_payload: {mismatches} mismatches over {checked} payloads")

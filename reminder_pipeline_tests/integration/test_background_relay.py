@@ -1,0 +1,113 @@
+"""A drain's background relay: handed-over rows published once, in outbox id order, the relay's rules kept.
+
+Against the real database and broker. The relay of a multi-batch drain is fed each committed
+batch's outbox rows in memory; these tests pin what must not change because of that: every row
+published exactly once and marked, older unpublished rows (an earlier cycle's, another
+instance's) first, nothing published while another relay holds the lock.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections import Counter
+from datetime import timedelta
+
+from reminder_pipeline import cycle
+from reminder_pipeline.messaging.relay import BackgroundRelay
+from reminder_pipeline.store import queries
+
+from ..support import make_event, outbox_rows, reminders, utcnow
+
+
+def _events(engine, n: int, start_minutes: int = 50):
+    """``n`` events with two due reminders each (same key twice: per-key order is observable)."""
+    now = utcnow()
+    return [make_event(engine, start_at=now + timedelta(minutes=start_minutes + i % 5),
+                       offsets=(70, 65), now=now - timedelta(days=1)) for i in range(n)]
+
+
+def _assert_once_in_outbox_order(engine, kafka_reader, event_ids) -> None:
+    ids = [r["id"] for e in event_ids for r in reminders(engine, e)]
+    messages = kafka_reader.wait_for(ids)
+    assert Counter(m.value["ReminderId"] for m in messages) == Counter(str(i) for i in ids)
+    rows = outbox_rows(engine)
+    assert all(o["published_at"] is not None and o["publish_attempts"] == 0 for o in rows)
+    order = {str(o["reminder_id"]): o["id"] for o in rows}
+    by_key: dict[str, list[int]] = {}
+    for m in sorted(messages, key=lambda m: (m.partition, m.offset)):
+        by_key.setdefault(m.key, []).append(order[m.value["ReminderId"]])
+    for key, outbox_ids in by_key.items():
+        assert outbox_ids == sorted(outbox_ids), f"key {key} out of outbox order"
+
+
+def test_a_drain_publishes_every_batch_once_while_it_writes_the_next(engine, publisher, kafka_reader):
+    event_ids = _events(engine, 23)
+    counts, relay = cycle.drain(engine, utcnow(), 5, max_batches=100, publisher=publisher)
+    assert counts.sent == 46 and counts.batches == 10  # 9 full batches and a short last one
+    assert relay.published == 46 and relay.failed == 0 and not relay.busy
+    _assert_once_in_outbox_order(engine, kafka_reader, event_ids)
+
+
+def test_rows_an_earlier_cycle_left_unpublished_go_out_first(engine, publisher, kafka_reader):
+    earlier = _events(engine, 6)
+    cycle.drain(engine, utcnow(), 1000)  # written, never published (a broker outage, say)
+    assert all(o["published_at"] is None for o in outbox_rows(engine))
+    later = _events(engine, 6, start_minutes=40)
+    _, relay = cycle.drain(engine, utcnow(), 4, max_batches=100, publisher=publisher)
+    assert relay.published == 24
+    _assert_once_in_outbox_order(engine, kafka_reader, earlier + later)
+
+
+def test_an_older_unpublished_row_written_meanwhile_is_read_from_the_outbox_first(
+    engine, publisher, kafka_reader
+):
+    relay = BackgroundRelay(engine, publisher, deadline=time.monotonic() + 60)
+    try:
+        # Another instance commits a row (no hand-over: only the outbox knows it) ...
+        foreign = _events(engine, 1)
+        cycle.drain(engine, utcnow(), 1000)
+        foreign_ids = {o["id"] for o in outbox_rows(engine)}
+        # ... then this drain commits a batch and hands it over: its ids are newer.
+        ours = _events(engine, 3, start_minutes=40)
+        batch = cycle.dispatch_batch(engine, utcnow(), 1000)
+        assert len(batch.messages) == 6 and min(m.id for m in batch.messages) > max(foreign_ids)
+        relay.hand_over(batch.messages)
+    finally:
+        result = relay.finish(timeout=60)
+    assert result.published == 8  # the foreign 2 and our 6, each once
+    _assert_once_in_outbox_order(engine, kafka_reader, foreign + ours)
+
+
+def test_with_another_relay_holding_the_lock_nothing_is_published_and_rows_stay(engine, publisher):
+    _events(engine, 2)
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as other:
+        other.execute(queries.TRY_RELAY_LOCK, {"key": queries.RELAY_LOCK_KEY})
+        relay = BackgroundRelay(engine, publisher, deadline=time.monotonic() + 30,
+                                lock_wait_seconds=0.2)
+        batch = cycle.dispatch_batch(engine, utcnow(), 1000)
+        relay.hand_over(batch.messages)
+        result = relay.finish(timeout=30)
+        other.execute(queries.RELAY_UNLOCK, {"key": queries.RELAY_LOCK_KEY})
+    assert result.busy and result.published == 0
+    assert len(outbox_rows(engine)) == 4
+    assert all(o["published_at"] is None for o in outbox_rows(engine))  # the lock holder's work
+
+
+def test_the_drain_leaves_the_collector_as_it_found_it(engine, publisher):
+    _events(engine, 2)
+    before = gc.get_threshold()
+    cycle.drain(engine, utcnow(), 1, max_batches=10, publisher=publisher)
+    assert gc.get_threshold() == before
+
+
+def test_the_due_columns_map_onto_due_reminder_in_order(engine):
+    """Rows become DueReminder positionally (repository.select_due_for_update_skip_locked)."""
+    from dataclasses import fields
+
+    from reminder_pipeline.domain.model import DueReminder
+
+    with engine.begin() as conn:
+        result = conn.execute(queries.SELECT_DUE_FOR_UPDATE_SKIP_LOCKED,
+                              {"as_of": utcnow(), "batch_size": 1})
+        assert list(result.keys()) == [f.name for f in fields(DueReminder)]
