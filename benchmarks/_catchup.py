@@ -153,7 +153,8 @@ def verify(srv: Servers, db: str) -> dict:
     return result
 
 
-def catchup(srv: Servers, rows: int, batch_size: int = 1000, variants: list[str] | None = None) -> dict:
+def catchup(srv: Servers, rows: int, batch_size: int = 1000, variants: list[str] | None = None,
+            dagster: bool = True) -> dict:
     """Figure 1: our run_cycle between two runs of the raw limit, each on an identical copy of one backlog.
 
     Bracketing (raw, pipeline, [proposals...], raw) and averaging the two raw runs keeps the ratio
@@ -164,12 +165,13 @@ def catchup(srv: Servers, rows: int, batch_size: int = 1000, variants: list[str]
     tpl = prepare_template(srv, "catchup_tpl", rows)
     out: dict = {"rows": rows, "raw_runs": [], "variant_runs": [], "order": []}
     opts = {"batch_size": batch_size, "max_batches": 1000, "budget_seconds": 3600.0}
-    plan = [("raw", ""), ("pipeline", "")] + [("pipeline", v) for v in (variants or [])] + [("raw", "")]
+    plan = ([("raw", ""), ("pipeline", "")] + [("pipeline", v) for v in (variants or [])]
+            + ([("dagster", "")] if dagster else []) + [("raw", "")])
     for i, (mode, variant) in enumerate(plan):
         db = srv.create_database(f"catchup_{i}", template=tpl)
         srv.checkpoint()
-        label = ("catch-up raw limit" if mode == "raw" else "catch-up run_cycle") + (
-            f" [{variant}]" if variant else "")
+        label = {"raw": "catch-up raw limit", "pipeline": "catch-up run_cycle",
+                 "dagster": "catch-up reminder_catch_up run"}[mode] + (f" [{variant}]" if variant else "")
         run = run_workers(srv, db, mode, 1, dict(opts, variants=variant), label, rows)
         res = run.results[0]
         res["rows_per_s"] = res["rows"] / res["elapsed_s"]
@@ -181,6 +183,8 @@ def catchup(srv: Servers, rows: int, batch_size: int = 1000, variants: list[str]
         out["order"].append(res)
         if mode == "raw":
             out["raw_runs"].append(res)
+        elif mode == "dagster":
+            out["dagster"] = res
         elif variant:
             out["variant_runs"].append(res)
         else:

@@ -93,6 +93,50 @@ def run_pipeline(opts: dict) -> dict:
     }
 
 
+# --- the same drain as a Dagster run ------------------------------------------------------------
+
+
+def run_dagster(opts: dict) -> dict:
+    """``reminder_catch_up`` executed in this process (its in-process executor) on a throwaway
+    instance configured like dagster.yaml's ``python_logs`` (the package's INFO lines go into the
+    run's event log). Timed from ``execute_in_process`` to its return: the run's own overhead
+    (event log, step outputs, the materialization) included, the run worker's start excluded."""
+    from dagster import instance_for_test
+
+    from reminder_pipeline.definitions import defs
+    from reminder_pipeline.defs.resources import KafkaResource, PostgresResource
+
+    job = defs.resolve_job_def("reminder_catch_up")
+    resources = {"postgres": PostgresResource(database_url=opts["url"]),
+                 "kafka": KafkaResource(bootstrap_servers=opts["bootstrap"])}
+    overrides = {"python_logs": {"managed_python_loggers": ["reminder_pipeline"],
+                                 "python_log_level": "INFO"},
+                 "telemetry": {"enabled": False}}
+    with instance_for_test(overrides=overrides) as instance:
+        rss_before = _rss_mb()
+        _wait_go()
+        started_wall = time.time()
+        t0 = time.perf_counter()
+        result = job.execute_in_process(
+            run_config={"batch_size": opts["batch_size"], "max_batches": opts["max_batches"],
+                        "budget_seconds": min(opts["budget_seconds"], 240.0)},
+            instance=instance, resources=resources, raise_on_error=True,
+        )
+        elapsed = time.perf_counter() - t0
+        ended_wall = time.time()
+        [materialization] = result.asset_materializations_for_node("relay_outbox")
+        meta = {k: v.value for k, v in materialization.metadata.items()}
+        events = len(instance.all_logs(result.run_id))
+    sent, skipped = int(meta["sent_count"]), int(meta["skipped_count"])
+    return {
+        "mode": "dagster", "rows": sent + skipped, "sent": sent, "skipped": skipped,
+        "published": int(meta["published_count"]), "batches": int(meta.get("batches", 0)),
+        "event_log_entries": events, "elapsed_s": elapsed, "started_wall": started_wall,
+        "ended_wall": ended_wall, "rss_before_mb": rss_before, "rss_end_mb": _rss_mb(),
+        "peak_rss_mb": _peak_mb(),
+    }
+
+
 # --- the raw set-based limit ----------------------------------------------------------------
 
 # One statement per batch: lock the oldest due rows (SKIP LOCKED), move them Sent/Skipped from
@@ -239,7 +283,8 @@ def run_raw(opts: dict) -> dict:
 def main() -> int:
     opts = json.loads(sys.argv[1])
     mode = opts["mode"]
-    result = run_pipeline(opts) if mode == "pipeline" else run_raw(opts)
+    runners = {"pipeline": run_pipeline, "raw": run_raw, "dagster": run_dagster}
+    result = runners[mode](opts)
     result["pid"] = os.getpid()
     print("result " + json.dumps(result), flush=True)
     return 0

@@ -137,10 +137,21 @@ def fig_catchup(srv, args, rows: list[Row], details: dict) -> None:
         f"{pipe['peak_rss_mb'] / raw_rss:.2f}x",
         _verdict(pipe["peak_rss_mb"] <= 200),
     ))
+    dag = res.get("dagster")
+    if dag is not None:
+        r = dag["rows_per_s"] / raw_rate
+        rows.append(Row(
+            f"1. the same as a reminder_catch_up Dagster run (in process, {dag['batches']} batches)",
+            ">= 0.70x raw",
+            f"{fmt_rate(dag['rows_per_s'])} rows/s ({dag['elapsed_s']:.1f}s)",
+            f"raw {fmt_rate(raw_rate)} rows/s",
+            f"{r:.2f}x",
+            _verdict(r >= 0.70 and dag["verify"]["exactly_once"]),
+        ))
     for v in res.get("variant_runs", []):
         r = v["rows_per_s"] / raw_rate
         rows.append(Row(
-            f"1. (proposal) catch-up with {','.join(v['variants'])}",
+            f"1. (variant) catch-up with {','.join(v['variants'])}",
             ">= 0.70x raw",
             f"{fmt_rate(v['rows_per_s'])} rows/s ({v['elapsed_s']:.1f}s)",
             f"raw {fmt_rate(raw_rate)} rows/s",
@@ -309,6 +320,8 @@ def print_details(details: dict) -> None:
             extra = ""
             if r["mode"] == "raw":
                 extra = f" db {r['db_s']:.1f}s, produce {r['produce_s']:.1f}s, mark {r['mark_s']:.1f}s"
+            elif r["mode"] == "dagster":
+                extra = f" event-log entries {r['event_log_entries']:,}"
             label = r["mode"] + (f" [{','.join(r.get('variants') or [])}]" if r.get("variants") else "")
             print(f"  {label:58} {r['rows']:>7,} rows {r['elapsed_s']:6.1f}s "
                   f"{fmt_rate(r['rows_per_s']):>6} rows/s  peak RSS {r['peak_rss_mb']:.0f} MB "

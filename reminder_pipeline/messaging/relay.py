@@ -159,7 +159,7 @@ def relay_outbox(
     *,
     batch_size: int = 1000,
     budget_seconds: float = 30.0,
-    lock_wait_seconds: float = 5.0,
+    lock_wait_seconds: float = 1.0,
     correlation_id: str | None = None,
     on_acknowledged: Callable[[list[int]], None] | None = None,
     stop: threading.Event | None = None,
@@ -168,7 +168,11 @@ def relay_outbox(
 
     One relay publishes per database at a time (a session advisory lock, held on a connection
     with no transaction open): a single writer keeps each key's messages in outbox order on the
-    topic. A second relay waits up to ``lock_wait_seconds`` and then leaves the work to the first.
+    topic. A second relay waits up to ``lock_wait_seconds`` and then leaves the work to the first:
+    the holder keeps reading until the outbox has nothing unpublished (a drain's relay checks for
+    older rows before each batch), so the wait only has to cover a holder that read its last,
+    empty batch just before this relay's rows committed; a second is plenty, and a longer wait
+    only made parallel catch-ups end late.
     A row is marked published only after its delivery report succeeded; a crash in between
     publishes it again (at least once). A row handed over but not acknowledged gets one more
     ``outbox.publish_attempts`` (failed attempts).
@@ -214,7 +218,7 @@ class BackgroundRelay:
         deadline: float,
         correlation_id: str | None = None,
         batch_size: int = 1000,
-        lock_wait_seconds: float = 5.0,
+        lock_wait_seconds: float = 1.0,
     ) -> None:
         self._engine = engine
         self._publisher = publisher

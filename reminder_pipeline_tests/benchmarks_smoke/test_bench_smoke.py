@@ -24,6 +24,7 @@ def test_bench_quick_prints_the_table() -> None:
         assert header in out
     assert "1. catch-up 2,000 rows" in out
     assert "1. catch-up peak RSS" in out
+    assert "reminder_catch_up Dagster run" in out
     assert "3. due query p99" in out
     assert "3. due query plan uses the partial index" in out
     assert "ERROR" not in out
