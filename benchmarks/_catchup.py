@@ -172,7 +172,11 @@ def catchup(srv: Servers, rows: int, batch_size: int = 1000, variants: list[str]
         srv.checkpoint()
         label = {"raw": "catch-up raw limit", "pipeline": "catch-up run_cycle",
                  "dagster": "catch-up reminder_catch_up run"}[mode] + (f" [{variant}]" if variant else "")
-        run = run_workers(srv, db, mode, 1, dict(opts, variants=variant), label, rows)
+        extra = {}
+        if mode == "dagster":
+            dagster_db = srv.create_database(f"catchup_{i}_dagster")
+            extra["dagster_pg_url"] = srv.url(dagster_db, driver="psycopg2")
+        run = run_workers(srv, db, mode, 1, dict(opts, variants=variant, **extra), label, rows)
         res = run.results[0]
         res["rows_per_s"] = res["rows"] / res["elapsed_s"]
         res["polled_peak_rss_mb"] = run.polled_peak_rss_mb
@@ -190,6 +194,8 @@ def catchup(srv: Servers, rows: int, batch_size: int = 1000, variants: list[str]
         else:
             out["pipeline"] = res
         srv.drop_database(db)
+        if mode == "dagster":
+            srv.drop_database(dagster_db)
     srv.drop_database(tpl)
     return out
 

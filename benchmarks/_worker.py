@@ -98,8 +98,8 @@ def run_pipeline(opts: dict) -> dict:
 
 def run_dagster(opts: dict) -> dict:
     """``reminder_catch_up`` executed in this process (its in-process executor) on a throwaway
-    instance configured like dagster.yaml's ``python_logs`` (the package's INFO lines go into the
-    run's event log). Timed from ``execute_in_process`` to its return: the run's own overhead
+    instance configured like dagster.yaml (storage in PostgreSQL, ``python_logs``: the package's
+    INFO lines go into the run's event log). Timed from ``execute_in_process`` to its return: the run's own overhead
     (event log, step outputs, the materialization) included, the run worker's start excluded."""
     from dagster import instance_for_test
 
@@ -112,6 +112,8 @@ def run_dagster(opts: dict) -> dict:
     overrides = {"python_logs": {"managed_python_loggers": ["reminder_pipeline"],
                                  "python_log_level": "INFO"},
                  "telemetry": {"enabled": False}}
+    if opts.get("dagster_pg_url"):  # Dagster's storage in PostgreSQL, as dagster.yaml has it
+        overrides["storage"] = {"postgres": {"postgres_url": opts["dagster_pg_url"]}}
     with instance_for_test(overrides=overrides) as instance:
         rss_before = _rss_mb()
         _wait_go()

@@ -149,13 +149,15 @@ def transition_and_outbox(
     correlation_id: str | None = None,
     now: datetime | None = None,
     held: Sequence[DueReminder] | None = None,
+    log_preface: Sequence[dict] = (),
 ) -> BatchOutcome:
     """Steps 3-4 in ``conn``'s transaction: lock and re-read the candidates, decide, write.
 
     ``held``: the candidates as :func:`select_due_batch` read them *in this same transaction*
     (``dispatch_batch``). They are locked FOR UPDATE by it since, so nothing can have changed
     them and they are not locked and read a second time. Anything else (a selection from an
-    earlier transaction, a Dagster step) must leave it None.
+    earlier transaction, a Dagster step) must leave it None. ``log_preface``: log lines (fields,
+    with their ``msg``) written in the same record as the batch's per-reminder lines.
 
     Sent rows get ``sent_at`` (the clock at this write, never earlier than ``as_of``) and exactly
     one outbox row each; Skipped rows publish nothing. A poison row (its payload cannot be built
@@ -214,7 +216,7 @@ def transition_and_outbox(
                 )
         else:
             outcome.skipped.append(reminder)
-    _log_outcome(outcome, correlation_id, sent_ids)
+    _log_outcome(outcome, correlation_id, sent_ids, log_preface)
     return outcome
 
 
@@ -265,15 +267,21 @@ def _apply(
     return applied
 
 
-def _log_outcome(outcome: BatchOutcome, correlation_id: str | None, sent: list[dict]) -> None:
-    # Each item: a log line (one record per batch, a line per item) and an event on the cycle
-    # span, with the same identifiers. The span keeps the first MAX_ITEM_EVENTS events.
-    # ``sent``: the ids of the sent rows, as strings already (taken from their payloads).
+def _log_outcome(
+    outcome: BatchOutcome, correlation_id: str | None, sent: list[dict], preface: Sequence[dict] = ()
+) -> None:
+    # Each reminder: a log line and an event on the cycle span, with the same identifiers. The
+    # lines of a batch go out as one record (logs.events): one line each in the JSON stream, one
+    # entry in a Dagster run's event log (where every entry costs a database connection). The
+    # span keeps the first MAX_ITEM_EVENTS events. ``sent``: the sent rows' ids, as strings
+    # already (from their payloads).
     skipped = [{"reminder_id": str(r.reminder_id), "event_id": str(r.event_id),
                 "event_status": r.event_status, "tenant_id": str(r.tenant_id)}
                for r in outcome.skipped]
-    events(log, logging.INFO, "reminder sent", sent, run_id=correlation_id)
-    events(log, logging.INFO, "reminder skipped", skipped, run_id=correlation_id)
+    lines = list(preface)
+    lines += [{"msg": "reminder sent", **ids} for ids in sent]
+    lines += [{"msg": "reminder skipped", **ids} for ids in skipped]
+    events(log, logging.INFO, "batch written", lines, run_id=correlation_id)
     tracing.item_events("reminder sent", sent)
     tracing.item_events("reminder skipped", skipped)
     for p in outcome.poison:
@@ -293,10 +301,12 @@ def dispatch_batch(
     """Select and transition one batch in a single transaction (locks held from select to commit)."""
     with engine.begin() as conn:
         selection = select_due_batch(conn, as_of, batch_size)
-        event(log, logging.INFO, "batch selected", run_id=correlation_id,
-              count=len(selection.candidates), skipped_locked=selection.skipped_locked)
+        # Logged with the batch's reminder lines (one record): nothing is logged for a batch
+        # that rolls back but "cycle failed".
+        selected = {"msg": "batch selected", "count": len(selection.candidates),
+                    "skipped_locked": selection.skipped_locked}
         outcome = transition_and_outbox(conn, selection.ids, as_of, correlation_id=correlation_id,
-                                        held=selection.candidates)
+                                        held=selection.candidates, log_preface=[selected])
         outcome.skipped_locked += selection.skipped_locked
         return outcome
 

@@ -55,27 +55,28 @@ class JsonFormatter(logging.Formatter):
     """Formats a record as one JSON object: ts, level, logger, msg and the structured fields."""
 
     def format(self, record: logging.LogRecord) -> str:
-        data: dict[str, Any] = {
+        head: dict[str, Any] = {
             "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,
-            "msg": record.getMessage(),
         }
-        data.update(fields_of(record))
-        if record.exc_info and record.exc_info[0] is not None:
-            data["exception"] = record.exc_info[0].__name__
+        message = record.getMessage()
+        fields = fields_of(record)
         items = items_of(record)
-        if items:
-            # The common part is encoded once; each item's own fields are appended to it.
-            head = _encode(data)[:-1]
-            lines = []
-            for item in items:
-                if not item or not data.keys().isdisjoint(item):
-                    lines.append(_encode({**data, **item}))
-                else:
-                    lines.append(head + "," + _encode(item)[1:])
-            return "\n".join(lines)
-        return _encode(data)
+        if not items:
+            data = {**head, "msg": message, **fields}
+            if record.exc_info and record.exc_info[0] is not None:
+                data["exception"] = record.exc_info[0].__name__
+            return _encode(data)
+        # A batch record (events): a line per item, with the item's own "msg" if it has one;
+        # the ts/level/logger part is encoded once.
+        prefix = _encode(head)[:-1] + ","
+        lines = []
+        for item in items:
+            body = {"msg": message, **fields}
+            body.update(item)
+            lines.append(prefix + _encode(body)[1:])
+        return "\n".join(lines)
 
 
 def configure(level: int = logging.INFO, stream: Any = None) -> None:

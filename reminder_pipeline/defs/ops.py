@@ -155,12 +155,15 @@ class _FieldsInMessage(logging.Handler):
         items = items_of(record)
         if (fields or items) and not getattr(record, "_fields_rendered", False):
             message = record.getMessage()
-            # A batch record (logs.events) becomes one event-log entry with a line per item.
-            record.msg = "\n".join(
-                f"{message} " + " ".join(f"{k}={v}" for k, v in {**fields, **item}.items()
-                                         if v is not None)
-                for item in (items or [{}])
-            )
+            # A batch record (logs.events) becomes one event-log entry with a line per item,
+            # each under its own message when it has one.
+            lines = []
+            for item in items or [{}]:
+                merged = {**fields, **item}
+                text = merged.pop("msg", message)
+                lines.append(f"{text} " + " ".join(f"{k}={v}" for k, v in merged.items()
+                                                   if v is not None))
+            record.msg = "\n".join(lines)
             record.args = ()
             record._fields_rendered = True
 
