@@ -75,7 +75,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rate", type=float, default=50.0, help="steady-state reminders due per minute")
     p.add_argument("--without-schedules", default="",
                    help="schedules to stop for the whole Dagster phase (comma-separated), "
-                        "e.g. reminder_health_schedule, to measure what they cost")
+                        "e.g. outbox_retention_schedule, to measure what they cost")
     p.add_argument("--variants", default="",
                    help="also run the catch-up with prototyped fixes (benchmarks/_variants.py), "
                         "e.g. 'all' or 'validate,jsonb'; several runs separated by ';'")
