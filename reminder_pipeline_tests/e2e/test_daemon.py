@@ -19,7 +19,7 @@ import psutil
 import psycopg
 import pytest
 import sqlalchemy as sa
-from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+from dagster import AssetCheckKey, DagsterInstance, DagsterRunStatus, RunsFilter
 from dagster._core.storage.tags import SCHEDULE_NAME_TAG, SCHEDULED_EXECUTION_TIME_TAG
 from dagster_graphql import DagsterGraphQLClient, DagsterGraphQLClientError
 from sqlalchemy.engine import make_url
@@ -178,6 +178,14 @@ def test_the_daemon_dispatches_on_schedule(
             r.dagster_run.run_id for r in runs
         }
         timings["runs"] = [_timings(r) for r in _scheduled_runs(instance, FINISHED)]
+
+        # The health sensor evaluated the checks in the daemon (the first tick comes right after
+        # start; runs have happened since), as runless evaluations: no health-check run at all.
+        liveness = AssetCheckKey(DISPATCH_ASSET_KEY, "dispatch_liveness")
+        history = instance.event_log_storage.get_asset_check_execution_history(liveness, limit=5)
+        assert history, "reminder_health_sensor reported no check evaluation"
+        assert all(record.run_id == "" for record in history)  # runless
+        assert not instance.get_run_records(filters=RunsFilter(job_name="reminder_health_checks"))
 
         # Terminated from the UI mid-transaction: the batch rolls back whole and its locks are
         # free at once for another dispatcher. A trigger stalls the outbox insert so the run is
