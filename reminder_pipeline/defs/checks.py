@@ -86,28 +86,26 @@ def check_metadata(check: health.HealthCheck) -> dict[str, MetadataValue]:
     return out
 
 
+def _verdict(check: health.HealthCheck) -> dict:
+    """What a result and a runless evaluation of the check say, as their common arguments."""
+    return {
+        "asset_key": DISPATCH_ASSET_KEY,
+        "check_name": check.name,
+        "passed": check.passed,
+        "severity": _SEVERITY.get(check.severity, AssetCheckSeverity.ERROR),
+        "description": check.description,
+        "metadata": check_metadata(check),
+    }
+
+
 def check_result(check: health.HealthCheck) -> AssetCheckResult:
-    """One health verdict as the result of the check of the same name."""
-    return AssetCheckResult(
-        asset_key=DISPATCH_ASSET_KEY,
-        check_name=check.name,
-        passed=check.passed,
-        severity=_SEVERITY.get(check.severity, AssetCheckSeverity.ERROR),
-        description=check.description,
-        metadata=check_metadata(check),
-    )
+    """One health verdict as the result of the check of the same name (the check job)."""
+    return AssetCheckResult(**_verdict(check))
 
 
 def check_evaluation(check: health.HealthCheck) -> AssetCheckEvaluation:
     """The same verdict as a runless evaluation (what the health sensor reports)."""
-    return AssetCheckEvaluation(
-        asset_key=DISPATCH_ASSET_KEY,
-        check_name=check.name,
-        passed=check.passed,
-        severity=_SEVERITY.get(check.severity, AssetCheckSeverity.ERROR),
-        description=check.description,
-        metadata=check_metadata(check),
-    )
+    return AssetCheckEvaluation(**_verdict(check))
 
 
 @multi_asset_check(

@@ -236,11 +236,27 @@ class BackgroundRelay:
         self._thread.start()
 
     def hand_over(self, messages: Sequence[ClaimedMessage]) -> None:
-        """Outbox rows of a batch that just committed (any order; published in id order)."""
-        if messages:
+        """Outbox rows of a batch that just committed (any order; published in id order).
+
+        Dropped when this relay has stopped (lock busy, a failed delivery, an error): the rows
+        are in the outbox, where the next relay pass finds them, and a drain that goes on
+        through a broker outage must not pile every batch up in memory.
+        """
+        if messages and self.running:
             with self._ready:
                 self._queue.append(sorted(messages, key=lambda m: m.id))
                 self._ready.notify()
+
+    @property
+    def running(self) -> bool:
+        """Whether the relay thread still publishes what is handed over."""
+        return self._thread.is_alive() and not self._stop.is_set()
+
+    @property
+    def queued(self) -> int:
+        """Handed-over batches not yet taken up by the thread."""
+        with self._ready:
+            return len(self._queue)
 
     def _next(self) -> list[ClaimedMessage] | None:
         with self._ready:
@@ -257,6 +273,9 @@ class BackgroundRelay:
                 self._publish(conn)
         except BaseException as exc:  # handed to the dispatcher's thread by finish()
             self._error = exc
+        finally:
+            with self._ready:  # anything handed over meanwhile is in the outbox already
+                self._queue.clear()
 
     def _publish(self, conn: Connection) -> None:
         seen: set[int] = set()  # ids a read from the outbox already handed to the producer
