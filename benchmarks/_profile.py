@@ -19,6 +19,7 @@ import psycopg
 
 from reminder_pipeline import cycle, logs
 from reminder_pipeline.db import make_engine
+from reminder_pipeline.domain.model import CycleCounts
 from reminder_pipeline.messaging.kafka import KafkaPublisher, ensure_topic
 from reminder_pipeline.store import migrate
 
@@ -35,6 +36,9 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=35)
     parser.add_argument("--no-cprofile", action="store_true",
                         help="no cProfile (e.g. under py-spy, which also sees the relay thread)")
+    parser.add_argument("--dagster", action="store_true",
+                        help="run the drain as a reminder_catch_up Dagster run (in process, "
+                             "PostgreSQL storage, python_logs as dagster.yaml) instead of run_cycle")
     args = parser.parse_args()
     with servers(stat_statements=True) as srv:
         ensure_topic(srv.kafka)
@@ -55,13 +59,17 @@ def main() -> int:
         t0 = time.perf_counter()
         if not args.no_cprofile:
             profiler.enable()
-        report = cycle.run_cycle(engine, publisher, batch_size=args.batch_size,
-                                 max_batches=10_000, budget_seconds=3600)
+        if args.dagster:
+            c = _dagster_run(srv, db, args.batch_size, args.rows, profiler if not args.no_cprofile
+                             else None)
+        else:
+            c = cycle.run_cycle(engine, publisher, batch_size=args.batch_size,
+                                max_batches=10_000, budget_seconds=3600).counts
         profiler.disable()
         elapsed = time.perf_counter() - t0
-        c = report.counts
+        published = c.published
         print(f"variant={args.variant}: {c.sent + c.skipped:,} rows in {elapsed:.2f}s = "
-              f"{(c.sent + c.skipped) / elapsed:,.0f} rows/s (published {report.relay.published})")
+              f"{(c.sent + c.skipped) / elapsed:,.0f} rows/s (published {published})")
         if not args.no_cprofile:
             buf = io.StringIO()
             pstats.Stats(profiler, stream=buf).sort_stats("cumulative").print_stats(args.top)
@@ -82,6 +90,42 @@ def main() -> int:
         publisher.close()
         engine.dispose()
     return 0
+
+
+def _dagster_run(srv, db: str, batch_size: int, rows: int, profiler) -> CycleCounts:
+    """``reminder_catch_up`` in this process, on an instance configured like dagster.yaml."""
+    from dagster import instance_for_test
+
+    from reminder_pipeline.definitions import defs
+    from reminder_pipeline.defs.resources import KafkaResource, PostgresResource
+
+    job = defs.resolve_job_def("reminder_catch_up")
+    dagster_db = srv.create_database("profile_dagster")
+    overrides = {"python_logs": {"managed_python_loggers": ["reminder_pipeline"],
+                                 "python_log_level": "INFO"},
+                 "telemetry": {"enabled": False},
+                 "storage": {"postgres": {"postgres_url": srv.url(dagster_db, driver="psycopg2")}}}
+    with instance_for_test(overrides=overrides) as instance:
+        if profiler is not None:
+            profiler.enable()
+        result = job.execute_in_process(
+            run_config={"batch_size": batch_size, "max_batches": rows // batch_size + 2,
+                        "budget_seconds": 240.0},
+            instance=instance, raise_on_error=True,
+            resources={"postgres": PostgresResource(database_url=srv.url(db)),
+                       "kafka": KafkaResource(bootstrap_servers=srv.bootstrap_servers)},
+        )
+        [m] = result.asset_materializations_for_node("relay_outbox")
+        entries = instance.all_logs(result.run_id)
+        kinds: dict[str, int] = {}
+        for e in entries:
+            key = e.dagster_event.event_type_value if e.is_dagster_event else \
+                (e.user_message or "").split(" ")[0:2]
+            kinds[str(key)] = kinds.get(str(key), 0) + 1
+        progress(f"event-log entries: {len(entries)}: {kinds}")
+    meta = {k: v.value for k, v in m.metadata.items()}
+    return CycleCounts(sent=int(meta["sent_count"]), skipped=int(meta["skipped_count"]),
+                             published=int(meta["published_count"]))
 
 
 if __name__ == "__main__":

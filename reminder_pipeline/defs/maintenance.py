@@ -21,7 +21,7 @@ from pydantic import Field, ValidationInfo, field_validator
 from .. import retention
 from ..logs import event
 from ..store import repository
-from .ops import fields_in_event_log
+from .event_log import fields_in_event_log
 from .resources import PostgresResource
 
 log = logging.getLogger("reminder_pipeline.dagster")

@@ -21,8 +21,6 @@ names the run's cycle span and its row in the metrics ledger. ``relay_outbox`` w
 
 import logging
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Optional
@@ -42,12 +40,13 @@ from pydantic import Field, field_validator
 from .. import cycle
 from ..config import DEFAULT_BATCH_SIZE, MAX_BATCH_SIZE
 from ..domain.model import Action, CycleCounts, Decision
-from ..logs import event, fields_of, items_of
+from ..logs import event
 from ..messaging.relay import RelayResult
 from ..messaging.relay import relay_outbox as relay_pending_outbox
 from ..observability import ledger, tracing
 from ..store import repository
 from .assets import DISPATCH_ASSET_KEY
+from .event_log import fields_in_event_log
 from .resources import KafkaResource, PostgresResource
 
 log = logging.getLogger("reminder_pipeline.dagster")
@@ -139,81 +138,6 @@ class DispatchOutcome:
     started_at: float
     counts: CycleCounts = field(default_factory=CycleCounts)
     relay: RelayResult = field(default_factory=RelayResult)
-
-
-class _FieldsInMessage(logging.Handler):
-    """Puts a structured record's fields (ids and counts only) into its Dagster event-log line.
-
-    The package logs a fixed message plus ``extra={"fields": ...}``; Dagster's handler keeps only
-    the message, so without this the event log would say "reminder sent" without the id. It is a
-    handler placed just before Dagster's (whose ``filter`` ignores added filters), so handlers
-    before it (a JSON stream) still see the plain record.
-    """
-
-    def emit(self, record: logging.LogRecord) -> None:
-        fields = fields_of(record)
-        items = items_of(record)
-        if (fields or items) and not getattr(record, "_fields_rendered", False):
-            message = record.getMessage()
-            # A batch record (logs.events) becomes one event-log entry with a line per item,
-            # each under its own message when it has one; a large batch's per-reminder lines
-            # are summarized.
-            summary = None
-            per_reminder = [i for i in items if "reminder_id" in i]
-            if len(per_reminder) > EVENT_LOG_ITEM_LINES:
-                items = [i for i in items if "reminder_id" not in i]
-                summary = _summary(message, fields, per_reminder)
-            lines = []
-            for item in items or ([] if summary else [{}]):
-                merged = {**fields, **item}
-                text = merged.pop("msg", message)
-                lines.append(f"{text} " + " ".join(f"{k}={v}" for k, v in merged.items()
-                                                   if v is not None))
-            if summary:
-                lines.append(summary)
-            record.msg = "\n".join(lines)
-            record.args = ()
-            record._fields_rendered = True
-
-
-#: A batch record with more per-reminder lines than this (a catch-up's batches; the seed's cycle
-#: is 200) is summarized in the Dagster event log: counts per message, the first and last
-#: reminder ids. Every line is still in the process's JSON log stream. Writing 1,000-line
-#: entries took a catch-up run from the drain's speed to ~0.85 of it, and 40 MB of memory
-#: (benchmarks/README.md).
-EVENT_LOG_ITEM_LINES = 200
-
-
-def _summary(message: str, fields: dict, items: list[dict]) -> str:
-    counts: dict[str, int] = {}
-    for item in items:
-        text = item.get("msg", message)
-        counts[text] = counts.get(text, 0) + 1
-    parts = ", ".join(f"{text} x{n}" for text, n in counts.items())
-    common = " ".join(f"{k}={v}" for k, v in fields.items() if v is not None)
-    first, last = items[0].get("reminder_id"), items[-1].get("reminder_id")
-    return (f"{parts} {common} (reminder_id {first} .. {last}; a line per reminder is in the "
-            "process's JSON log)")
-
-
-@contextmanager
-def fields_in_event_log() -> Iterator[None]:
-    """For the step's duration: render fields for the step's Dagster handler (a new one per step)."""
-    from dagster._core.log_manager import DagsterLogHandler  # no public name for the handler type
-
-    logger = logging.getLogger("reminder_pipeline")
-    position = next(
-        (i for i, h in enumerate(logger.handlers) if isinstance(h, DagsterLogHandler)), None
-    )
-    if position is None:  # python_logs does not manage the package logger: nothing to do
-        yield
-        return
-    renderer = _FieldsInMessage()
-    logger.handlers.insert(position, renderer)
-    try:
-        yield
-    finally:
-        logger.removeHandler(renderer)
 
 
 # --- the ops --------------------------------------------------------------------------------------
