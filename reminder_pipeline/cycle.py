@@ -72,7 +72,7 @@ class Selection:
     skipped_locked: int = 0
 
     @property
-    def ids(self) -> list[uuid.UUID]:
+    def ids(self) -> list[str]:
         """Candidate reminder ids, oldest first."""
         return [c.reminder_id for c in self.candidates]
 
@@ -143,7 +143,7 @@ def _is_data_error(error: sa_exc.DBAPIError) -> bool:
 
 def transition_and_outbox(
     conn: Connection,
-    candidate_ids: Sequence[uuid.UUID],
+    candidate_ids: Sequence[str],
     as_of: datetime,
     *,
     correlation_id: str | None = None,

@@ -44,14 +44,18 @@ class EventOrigin(StrEnum):
 
 @dataclass(frozen=True)
 class DueReminder:
-    """A due reminder row joined with the fields of its event the payload needs (no PII)."""
+    """A due reminder row joined with the fields of its event the payload needs (no PII).
 
-    reminder_id: uuid.UUID
-    event_id: uuid.UUID
-    tenant_id: uuid.UUID
-    owner_user_id: uuid.UUID
-    client_user_id: uuid.UUID | None
-    appointment_id: uuid.UUID | None
+    Ids are the canonical text of the database's uuid values (lower-case, hyphenated), as the
+    payload carries them.
+    """
+
+    reminder_id: str
+    event_id: str
+    tenant_id: str
+    owner_user_id: str
+    client_user_id: str | None
+    appointment_id: str | None
     kind: str
     event_status: str
     start_at: datetime
@@ -85,9 +89,9 @@ class Decision:
 class PoisonRow:
     """A row whose payload cannot be built or breaks the contract: left Pending, logged, counted."""
 
-    reminder_id: uuid.UUID
-    event_id: uuid.UUID
-    tenant_id: uuid.UUID | None
+    reminder_id: str
+    event_id: str
+    tenant_id: str | None
     error: str
 
 

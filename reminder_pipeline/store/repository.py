@@ -38,7 +38,7 @@ def select_due_for_update_skip_locked(
 
 
 def count_due_not_ours(
-    conn: Connection, as_of: datetime, upper: datetime, ours: Sequence[uuid.UUID]
+    conn: Connection, as_of: datetime, upper: datetime, ours: Sequence[str]
 ) -> int:
     """Due Pending rows up to ``upper`` that we do not hold: locked by another instance.
 
@@ -50,7 +50,7 @@ def count_due_not_ours(
 
 
 def lock_candidates(
-    conn: Connection, ids: Sequence[uuid.UUID], as_of: datetime
+    conn: Connection, ids: Sequence[str], as_of: datetime
 ) -> list[DueReminder]:
     """Re-read and lock the given candidates that are still Pending and due."""
     if not ids:
@@ -61,7 +61,7 @@ def lock_candidates(
     return [DueReminder(*r) for r in rows]
 
 
-def count_still_pending(conn: Connection, ids: Iterable[uuid.UUID]) -> int:
+def count_still_pending(conn: Connection, ids: Iterable[str]) -> int:
     """How many of ``ids`` are still Pending (committed state, no lock taken)."""
     ids = list(ids)
     if not ids:
@@ -82,7 +82,7 @@ class OutboxMessage:
 class AppliedTransition:
     """One row that actually moved out of Pending (with its outbox row when it became Sent)."""
 
-    reminder_id: uuid.UUID
+    reminder_id: str
     status: ReminderStatus
     lateness_seconds: float | None
     outbox_id: int | None = None
@@ -99,7 +99,7 @@ def _finite(value: Any) -> float | None:
 
 def apply_transitions(
     conn: Connection,
-    transitions: Sequence[tuple[uuid.UUID, ReminderStatus, OutboxMessage | None]],
+    transitions: Sequence[tuple[str, ReminderStatus, OutboxMessage | None]],
     *,
     topic: str,
     sent_at: datetime,

@@ -63,13 +63,13 @@ def test_a_valid_payload_parses_into_typed_fields() -> None:
 
 def test_the_producers_payload_is_accepted_by_the_consumer() -> None:
     due = DueReminder(
-        reminder_id=uuid.uuid4(), event_id=uuid.uuid4(), tenant_id=uuid.uuid4(),
-        owner_user_id=uuid.uuid4(), client_user_id=None, appointment_id=uuid.uuid4(),
+        reminder_id=str(uuid.uuid4()), event_id=str(uuid.uuid4()), tenant_id=str(uuid.uuid4()),
+        owner_user_id=str(uuid.uuid4()), client_user_id=None, appointment_id=str(uuid.uuid4()),
         kind="Showing", event_status="Planned", start_at=START, time_zone="Asia/Tokyo",
         offset_minutes=1440, due_at=START - timedelta(days=1),
     )
     reminder = parse_reminder(raw(build_payload(due)))
-    assert (reminder.reminder_id, reminder.start_at, reminder.kind) == (due.reminder_id, START, "Showing")
+    assert (str(reminder.reminder_id), reminder.start_at, reminder.kind) == (due.reminder_id, START, "Showing")
 
 
 def test_unknown_extra_fields_and_absent_optional_fields_are_accepted() -> None:

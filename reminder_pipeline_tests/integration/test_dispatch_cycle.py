@@ -121,7 +121,7 @@ def test_partial_failure_excludes_the_poison_row_and_commits_the_rest(engine, pu
         retry = cycle.transition_and_outbox(
             conn, cycle.select_due_batch(conn, later, 200).ids, later, now=later
         )
-    assert [p.reminder_id for p in retry.poison] == [poison_row["id"]]
+    assert [p.reminder_id for p in retry.poison] == [str(poison_row["id"])]
     assert reminders(engine, poison)[0]["attempts"] == 2
 
 

@@ -98,7 +98,7 @@ def test_arbitrary_rows_never_crash_break_the_contract_or_leak(engine, batch):
     assert len(outcome.sent) + len(outcome.skipped) + len(outcome.poison) == len(ids)
     with engine.connect() as conn:
         outbox = conn.execute(sa.text("SELECT payload::text AS p, headers::text AS h FROM outbox")).all()
-        rows = {r.id: r for r in conn.execute(
+        rows = {str(r.id): r for r in conn.execute(
             sa.select(event_reminders.c.id, event_reminders.c.status, event_reminders.c.attempts,
                       event_reminders.c.last_error))}
     assert len(outbox) == len(outcome.sent)

@@ -16,10 +16,10 @@ from reminder_pipeline.domain.transitions import TransitionError, check_transiti
 
 def reminder(**overrides) -> DueReminder:
     base = DueReminder(
-        reminder_id=uuid.uuid4(),
-        event_id=uuid.uuid4(),
-        tenant_id=uuid.uuid4(),
-        owner_user_id=uuid.uuid4(),
+        reminder_id=str(uuid.uuid4()),
+        event_id=str(uuid.uuid4()),
+        tenant_id=str(uuid.uuid4()),
+        owner_user_id=str(uuid.uuid4()),
         client_user_id=None,
         appointment_id=None,
         kind="Meeting",
@@ -58,7 +58,7 @@ def test_only_pending_rows_move_and_terminal_states_stay():
 
 
 def test_payload_has_exactly_the_contract_fields_and_validates():
-    r = reminder(client_user_id=uuid.uuid4(), appointment_id=uuid.uuid4())
+    r = reminder(client_user_id=str(uuid.uuid4()), appointment_id=str(uuid.uuid4()))
     payload = build_payload(r)
     assert tuple(payload) == contract.PAYLOAD_FIELDS
     assert payload["EventId"] == str(r.event_id)
