@@ -175,6 +175,15 @@ def fig_dueq(srv, args, rows: list[Row], details: dict) -> None:
         f"{res['seqscan_ms'] / res['p99_ms']:.1f}x faster",
         _verdict(res["p99_ms"] <= 12 and res["uses_index"]),
     ))
+    nj = res["nojoin"]
+    rows.append(Row(
+        "3. due query, event_reminders alone (no event columns)",
+        "-",
+        f"p99 {nj['p99_ms']:.1f} ms (p50 {nj['p50_ms']:.1f})",
+        "alternating with the row above",
+        f"join costs {res['p50_ms'] - nj['p50_ms']:.1f} ms p50",
+        "INFO",
+    ))
     rows.append(Row(
         "3. due query plan uses the partial index",
         "index scan",
