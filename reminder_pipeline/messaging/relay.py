@@ -219,6 +219,7 @@ class BackgroundRelay:
         correlation_id: str | None = None,
         batch_size: int = 1000,
         lock_wait_seconds: float = 1.0,
+        max_queued: int = 2,
     ) -> None:
         self._engine = engine
         self._publisher = publisher
@@ -226,6 +227,7 @@ class BackgroundRelay:
         self._correlation_id = correlation_id
         self._batch_size = batch_size
         self._lock_wait_seconds = lock_wait_seconds
+        self.max_queued = max_queued
         self._queue: deque[list[ClaimedMessage]] = deque()
         self._ready = threading.Condition()
         self._closing = False
@@ -238,14 +240,21 @@ class BackgroundRelay:
     def hand_over(self, messages: Sequence[ClaimedMessage]) -> None:
         """Outbox rows of a batch that just committed (any order; published in id order).
 
-        Dropped when this relay has stopped (lock busy, a failed delivery, an error): the rows
-        are in the outbox, where the next relay pass finds them, and a drain that goes on
-        through a broker outage must not pile every batch up in memory.
+        Waits while :attr:`max_queued` batches are already waiting: a dispatcher never runs
+        more than that far ahead of its relay (memory stays bounded, and when the relay falls
+        behind, e.g. publishing the rows of several parallel dispatchers, this process's CPU
+        goes to it). Dropped when this relay has stopped (lock busy, a failed delivery, an
+        error): the rows are in the outbox, where the next relay pass finds them, and a drain
+        that goes on through a broker outage must not pile every batch up in memory.
         """
-        if messages and self.running:
-            with self._ready:
+        if not messages:
+            return
+        with self._ready:
+            while self.running and len(self._queue) >= self.max_queued:
+                self._ready.wait(0.5)  # woken when the thread takes a batch or ends
+            if self.running:
                 self._queue.append(sorted(messages, key=lambda m: m.id))
-                self._ready.notify()
+                self._ready.notify_all()
 
     @property
     def running(self) -> bool:
@@ -262,7 +271,9 @@ class BackgroundRelay:
         with self._ready:
             while not self._queue and not self._closing:
                 self._ready.wait()
-            return self._queue.popleft() if self._queue else None
+            batch = self._queue.popleft() if self._queue else None
+            self._ready.notify_all()  # a dispatcher waiting for room
+            return batch
 
     def _run(self) -> None:
         try:
@@ -276,6 +287,8 @@ class BackgroundRelay:
         finally:
             with self._ready:  # anything handed over meanwhile is in the outbox already
                 self._queue.clear()
+                self._stop.set()  # not running any more: hand_over drops, and stops waiting
+                self._ready.notify_all()
 
     def _publish(self, conn: Connection) -> None:
         seen: set[int] = set()  # ids a read from the outbox already handed to the producer

@@ -9,6 +9,7 @@ instance's) first, nothing published while another relay holds the lock.
 from __future__ import annotations
 
 import gc
+import threading
 import time
 from collections import Counter
 from datetime import timedelta
@@ -99,6 +100,48 @@ def test_with_another_relay_holding_the_lock_nothing_is_published_and_rows_stay(
     assert not relay.running and relay.queued == 0
     assert len(outbox_rows(engine)) == 6
     assert all(o["published_at"] is None for o in outbox_rows(engine))  # the lock holder's work
+
+
+class _HeldPublisher:
+    """The real publisher, held at each publish until released: a relay falling behind."""
+
+    def __init__(self, publisher) -> None:
+        self._publisher = publisher
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def publish(self, messages, timeout):
+        self.entered.set()
+        assert self.release.wait(60)
+        return self._publisher.publish(messages, timeout)
+
+
+def test_a_dispatcher_waits_for_a_relay_that_falls_behind_and_nothing_is_lost(
+    engine, publisher, kafka_reader
+):
+    event_ids = _events(engine, 5)  # 10 due rows: 5 batches of 2
+    held = _HeldPublisher(publisher)
+    relay = BackgroundRelay(engine, held, deadline=time.monotonic() + 120, max_queued=2)
+    try:
+        relay.hand_over(cycle.dispatch_batch(engine, utcnow(), 2).messages)
+        assert held.entered.wait(30)  # the thread took the first batch and is publishing it
+        for _ in range(2):
+            relay.hand_over(cycle.dispatch_batch(engine, utcnow(), 2).messages)
+        assert relay.queued == 2
+        fourth = cycle.dispatch_batch(engine, utcnow(), 2).messages
+        waiting = threading.Thread(target=relay.hand_over, args=(fourth,))
+        waiting.start()
+        waiting.join(0.5)
+        assert waiting.is_alive() and relay.queued == 2  # no third batch waits in memory
+        held.release.set()
+        waiting.join(30)
+        assert not waiting.is_alive()
+        relay.hand_over(cycle.dispatch_batch(engine, utcnow(), 2).messages)
+    finally:
+        held.release.set()
+        result = relay.finish(timeout=60)
+    assert result.published == 10 and result.failed == 0
+    _assert_once_in_outbox_order(engine, kafka_reader, event_ids)
 
 
 def test_the_drain_leaves_the_collector_as_it_found_it(engine, publisher):
