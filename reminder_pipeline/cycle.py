@@ -143,7 +143,7 @@ def _is_data_error(error: sa_exc.DBAPIError) -> bool:
 
 def transition_and_outbox(
     conn: Connection,
-    candidate_ids: Sequence[str],
+    candidate_ids: Sequence[str | uuid.UUID],
     as_of: datetime,
     *,
     correlation_id: str | None = None,
@@ -168,6 +168,9 @@ def transition_and_outbox(
     now = now or now_utc()
     sent_at = max(now, as_of)
     outcome = BatchOutcome()
+    # Ids are text; a selection pickled by an older version (a step re-executed from the UI
+    # after an upgrade) may still hold uuid.UUIDs.
+    candidate_ids = [str(i) for i in candidate_ids]
     if held is not None and [r.reminder_id for r in held] == list(candidate_ids):
         locked = list(held)
     else:

@@ -46,24 +46,16 @@ def _line(message: str, fields: dict[str, Any]) -> str:
     return " ".join([message, *(f"{k}={v}" for k, v in fields.items() if v is not None)])
 
 
-class _Folded:
-    """Batch records held back from the event log: their per-message counts and reminder range."""
+class _Tally:
+    """Per-message counts of log lines and the range of reminder ids they name."""
 
     def __init__(self) -> None:
-        self.records = 0
         self.counts: dict[str, int] = {}
-        self.fields: dict[str, Any] = {}
         self.first_id: Any = None
         self.last_id: Any = None
-        self.last: logging.LogRecord | None = None
 
-    def add(self, record: logging.LogRecord) -> None:
-        message = record.getMessage()
-        if not self.records:
-            self.fields = fields_of(record)
-        self.records += 1
-        self.last = record
-        for item in items_of(record):
+    def add(self, message: str, items: list[dict[str, Any]]) -> None:
+        for item in items:
             text = item.get("msg", message)
             self.counts[text] = self.counts.get(text, 0) + 1
             if "reminder_id" in item:
@@ -71,29 +63,45 @@ class _Folded:
                     self.first_id = item["reminder_id"]
                 self.last_id = item["reminder_id"]
 
+    def line(self, fields: dict[str, Any]) -> str:
+        parts = ", ".join(f"{text} x{n}" for text, n in self.counts.items())
+        return (f"{_line(parts, fields)} "
+                f"(reminder_id {self.first_id} .. {self.last_id}; {_JSON_LOG_NOTE})")
+
+
+class _Folded:
+    """Batch records held back from the event log: their per-message counts and reminder range."""
+
+    def __init__(self) -> None:
+        self.records = 0
+        self.tally = _Tally()
+        self.fields: dict[str, Any] = {}
+        self.last: logging.LogRecord | None = None
+
+    def add(self, record: logging.LogRecord) -> None:
+        if not self.records:
+            self.fields = fields_of(record)
+        self.records += 1
+        self.last = record
+        self.tally.add(record.getMessage(), items_of(record))
+
     def record(self) -> logging.LogRecord:
         """One record standing for everything held back (the last one's logger, level, thread)."""
         assert self.last is not None
-        parts = ", ".join(f"{text} x{n}" for text, n in self.counts.items())
         batches = f"{self.records} more batch{'es' if self.records > 1 else ''}"
-        text = (f"{batches}: {_line(parts, self.fields)} "
-                f"(reminder_id {self.first_id} .. {self.last_id}; {_JSON_LOG_NOTE})")
         last = self.last
-        folded = logging.LogRecord(last.name, last.levelno, last.pathname, last.lineno, text,
-                                   (), None, last.funcName)
+        folded = logging.LogRecord(last.name, last.levelno, last.pathname, last.lineno,
+                                   f"{batches}: {self.tally.line(self.fields)}", (), None,
+                                   last.funcName)
         folded.fields = {}
         folded._fields_rendered = True
         return folded
 
 
 def _summary(message: str, fields: dict, items: list[dict]) -> str:
-    counts: dict[str, int] = {}
-    for item in items:
-        text = item.get("msg", message)
-        counts[text] = counts.get(text, 0) + 1
-    parts = ", ".join(f"{text} x{n}" for text, n in counts.items())
-    first, last = items[0].get("reminder_id"), items[-1].get("reminder_id")
-    return f"{_line(parts, fields)} (reminder_id {first} .. {last}; {_JSON_LOG_NOTE})"
+    tally = _Tally()
+    tally.add(message, items)
+    return tally.line(fields)
 
 
 def render(record: logging.LogRecord) -> None:

@@ -231,6 +231,7 @@ class BackgroundRelay:
         self._queue: deque[list[ClaimedMessage]] = deque()
         self._ready = threading.Condition()
         self._closing = False
+        self._publishing = False  # the lock is held: hand-overs beyond max_queued wait
         self._stop = threading.Event()
         self._result = RelayResult()
         self._error: BaseException | None = None
@@ -240,17 +241,18 @@ class BackgroundRelay:
     def hand_over(self, messages: Sequence[ClaimedMessage]) -> None:
         """Outbox rows of a batch that just committed (any order; published in id order).
 
-        Waits while :attr:`max_queued` batches are already waiting: a dispatcher never runs
-        more than that far ahead of its relay (memory stays bounded, and when the relay falls
-        behind, e.g. publishing the rows of several parallel dispatchers, this process's CPU
-        goes to it). Dropped when this relay has stopped (lock busy, a failed delivery, an
+        Waits while :attr:`max_queued` batches are already waiting for a relay that holds the
+        lock: a dispatcher never runs more than that far ahead of its relay (memory stays
+        bounded, and when the relay falls behind, e.g. publishing the rows of several parallel
+        dispatchers, this process's CPU goes to it). While the relay still waits for the lock
+        (at most ``lock_wait_seconds``) nothing waits: it may never get it. Dropped when this relay has stopped (lock busy, a failed delivery, an
         error): the rows are in the outbox, where the next relay pass finds them, and a drain
         that goes on through a broker outage must not pile every batch up in memory.
         """
         if not messages:
             return
         with self._ready:
-            while self.running and len(self._queue) >= self.max_queued:
+            while self.running and self._publishing and len(self._queue) >= self.max_queued:
                 self._ready.wait(0.5)  # woken when the thread takes a batch or ends
             if self.running:
                 self._queue.append(sorted(messages, key=lambda m: m.id))
@@ -281,6 +283,8 @@ class BackgroundRelay:
                 if conn is None:
                     self._result.busy = True
                     return
+                with self._ready:
+                    self._publishing = True
                 self._publish(conn)
         except BaseException as exc:  # handed to the dispatcher's thread by finish()
             self._error = exc

@@ -92,9 +92,10 @@ COUNT_DUE_UP_TO = text(
 # Step 4 of the seed in one statement: every decided row moves Pending -> Sent/Skipped, and
 # each row that became Sent gets exactly one outbox row (its id and stored payload come back, so
 # a drain's relay can publish it without reading it again). The batch arrives as one jsonb array
-# (one json.dumps per batch; five text[] parameters cost a regex escape per payload quote). The outbox insert is fed from the
-# UPDATE's RETURNING, so a row that was no longer Pending produces no message, and the unique
-# index on outbox.reminder_id makes a second message for a reminder impossible (INV-REM-2).
+# (one orjson dump per batch; five text[] parameters cost a regex escape per payload quote). The
+# outbox insert is fed from the UPDATE's RETURNING, so a row that was no longer Pending produces
+# no message, and the unique index on outbox.reminder_id makes a second message for a reminder
+# impossible (INV-REM-2).
 APPLY_TRANSITIONS = text(
     """
     WITH decided AS (

@@ -144,6 +144,26 @@ def test_a_dispatcher_waits_for_a_relay_that_falls_behind_and_nothing_is_lost(
     _assert_once_in_outbox_order(engine, kafka_reader, event_ids)
 
 
+def test_hand_overs_do_not_wait_while_the_relay_waits_for_the_lock(engine, publisher, kafka_reader):
+    event_ids = _events(engine, 3)  # 6 due rows: 3 batches of 2
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as other:
+        other.execute(queries.TRY_RELAY_LOCK, {"key": queries.RELAY_LOCK_KEY})
+        relay = BackgroundRelay(engine, publisher, deadline=time.monotonic() + 120,
+                                lock_wait_seconds=60, max_queued=1)
+        try:
+            batches = [cycle.dispatch_batch(engine, utcnow(), 2).messages for _ in range(3)]
+            handing = threading.Thread(target=lambda: [relay.hand_over(b) for b in batches])
+            handing.start()
+            handing.join(30)
+            assert not handing.is_alive()  # the relay may never get the lock: nobody waits on it
+            assert relay.queued == 3
+            other.execute(queries.RELAY_UNLOCK, {"key": queries.RELAY_LOCK_KEY})
+        finally:
+            result = relay.finish(timeout=60)
+    assert result.published == 6 and not result.busy
+    _assert_once_in_outbox_order(engine, kafka_reader, event_ids)
+
+
 def test_the_drain_leaves_the_collector_as_it_found_it(engine, publisher):
     _events(engine, 2)
     before = gc.get_threshold()

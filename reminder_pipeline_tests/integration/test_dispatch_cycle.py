@@ -238,3 +238,16 @@ def test_the_schema_refuses_unknown_statuses(engine):
         with engine.begin() as conn:
             conn.execute(sa.text("UPDATE event_reminders SET status = 'Sent'"))  # no sent_at
     assert reminders(engine, event_id)[0]["status"] == "Pending"
+
+
+def test_a_selection_holding_uuid_objects_is_written_and_counted_as_text_ids(engine):
+    """A step re-executed from the UI after an upgrade loads a selection pickled with uuid.UUIDs."""
+    event_id = make_due_event(engine)
+    [row] = reminders(engine, event_id)
+    as_of = utcnow()
+    with engine.begin() as conn:
+        outcome = cycle.transition_and_outbox(conn, [uuid.UUID(str(row["id"]))], as_of)
+    assert [r.reminder_id for r in outcome.sent] == [str(row["id"])]
+    assert (outcome.skipped_locked, outcome.gone) == (0, 0)
+    [out] = outbox_rows(engine)
+    assert out["reminder_id"] == row["id"]
