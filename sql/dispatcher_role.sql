@@ -26,7 +26,8 @@ GRANT SELECT (id, tenant_id, owner_user_id, client_user_id, appointment_id, kind
 -- (FOR UPDATE needs UPDATE on at least one column.)
 REVOKE ALL ON event_reminders FROM reminder_dispatcher;
 GRANT SELECT ON event_reminders TO reminder_dispatcher;
-GRANT UPDATE (status, sent_at, updated_at, attempts, last_error, next_attempt_at)
+GRANT UPDATE (status, sent_at, updated_at, attempts, last_error, next_attempt_at,
+               reserved_by, reserved_until)
     ON event_reminders TO reminder_dispatcher;
 
 -- Outbox: write rows, mark them published, purge them after the retention.

@@ -108,14 +108,16 @@ APPLY_TRANSITIONS = text(
                sent_at = CASE WHEN d.status = 'Sent' THEN CAST(:sent_at AS timestamptz) END,
                updated_at = now(),
                last_error = NULL,
-               next_attempt_at = NULL
+               next_attempt_at = NULL,
+               reserved_by = NULL,
+               reserved_until = NULL
           FROM decided d
          WHERE r.id = d.id AND r.status = 'Pending'
         RETURNING r.id, r.status, r.sent_at, r.due_at
     ),
     published AS (
-        INSERT INTO outbox (topic, message_key, payload, headers, reminder_id)
-        SELECT :topic, d.message_key, d.payload, d.headers, m.id
+        INSERT INTO outbox (topic, message_key, payload, headers, reminder_id, due_at)
+        SELECT :topic, d.message_key, d.payload, d.headers, m.id, m.due_at
           FROM moved m JOIN decided d ON d.id = m.id
          WHERE m.status = 'Sent'
          ORDER BY m.due_at
@@ -138,6 +140,8 @@ RECORD_POISON = text(
            last_error = p.error,
            next_attempt_at = CAST(:now AS timestamptz)
                + make_interval(secs => LEAST(:cap_seconds, :base_seconds * power(2, LEAST(r.attempts, 20)))),
+           reserved_by = NULL,
+           reserved_until = NULL,
            updated_at = now()
       FROM unnest(CAST(:ids AS uuid[]), CAST(:errors AS text[])) AS p(id, error)
      WHERE r.id = p.id AND r.status = 'Pending'
