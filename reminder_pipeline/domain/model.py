@@ -107,6 +107,8 @@ class CycleCounts:
     published: int = 0
     publish_failed: int = 0
     batches: int = 0
+    #: Reminders sent with the fallback zone (their event's TimeZone was not a canonical IANA name).
+    time_zone_fallbacks: int = 0
     duration_ms: int = 0
     max_lateness_seconds: float | None = None
     #: SentAt - DueAt of every row sent, for the lateness histogram (the SLO); floats only, so
@@ -123,6 +125,7 @@ class CycleCounts:
         self.published += other.published
         self.publish_failed += other.publish_failed
         self.batches += other.batches
+        self.time_zone_fallbacks += other.time_zone_fallbacks
         if other.max_lateness_seconds is not None:
             self.max_lateness_seconds = max(
                 self.max_lateness_seconds or other.max_lateness_seconds, other.max_lateness_seconds
@@ -140,6 +143,7 @@ class CycleCounts:
             "publish_failed": self.publish_failed,
             "selected": self.selected,
             "batches": self.batches,
+            "time_zone_fallbacks": self.time_zone_fallbacks,
             "duration_ms": self.duration_ms,
             "max_lateness_seconds": self.max_lateness_seconds,
         }
