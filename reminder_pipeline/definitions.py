@@ -5,8 +5,9 @@ a run starts, so these definitions load (webserver, ``dagster definitions valida
 no environment set.
 
 What is in it: the dispatcher asset with its five health checks; the jobs ``reminder_dispatch``,
-``reminder_catch_up``, ``reminder_health_checks``, ``reminder_poison_rows`` and
-``outbox_retention``; the schedules ``reminder_dispatch_schedule`` (every minute) and
+``reminder_catch_up``, ``reminder_health_checks``, ``reminder_poison_rows``,
+``outbox_retention`` and ``reminder_republish`` (the daily-partitioned re-publish back-fill, with
+its asset ``calendar/reminder_due_republished``); the schedules ``reminder_dispatch_schedule`` (every minute) and
 ``outbox_retention_schedule`` (daily); the sensors ``reminder_health_sensor`` (the checks, every
 minute, no run) and ``reminder_dispatch_failure_ledger``.
 """
@@ -22,6 +23,7 @@ from .defs.jobs import (
     reminder_health_checks,
     reminder_poison_rows,
 )
+from .defs.republish import reminder_due_republished, reminder_republish
 from .defs.resources import KafkaResource, PostgresResource
 from .defs.schedules import outbox_retention_schedule, reminder_dispatch_schedule
 from .defs.sensors import reminder_dispatch_failure_ledger, reminder_health_sensor
@@ -36,7 +38,7 @@ def build_resources() -> dict:
 
 
 defs = Definitions(
-    assets=[reminder_dispatch_asset],
+    assets=[reminder_dispatch_asset, reminder_due_republished],
     asset_checks=[reminder_dispatch_health],
     jobs=[
         reminder_dispatch,
@@ -44,6 +46,7 @@ defs = Definitions(
         reminder_health_checks,
         reminder_poison_rows,
         outbox_retention,
+        reminder_republish,
     ],
     schedules=[reminder_dispatch_schedule, outbox_retention_schedule],
     sensors=[reminder_health_sensor, reminder_dispatch_failure_ledger],

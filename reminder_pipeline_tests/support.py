@@ -7,7 +7,8 @@ import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
+from datetime import time as clock_time
 from typing import Any
 
 import sqlalchemy as sa
@@ -157,3 +158,72 @@ class KafkaReader:
     def close(self) -> None:
         """Close the consumer."""
         self._consumer.close()
+
+
+def make_event_due_on(
+    engine: Engine, day: date, hour: float, *, offsets: Iterable[int] = (60,), **kw: Any
+) -> uuid.UUID:
+    """An event whose earliest reminder is due on ``day`` at ``hour`` UTC (created 10 days before)."""
+    offsets = tuple(offsets)
+    first_due = datetime.combine(day, clock_time(0), tzinfo=UTC) + timedelta(hours=hour)
+    start_at = first_due + timedelta(minutes=max(offsets))
+    return make_event(engine, start_at=start_at, offsets=offsets,
+                      now=first_due - timedelta(days=10), **kw)
+
+
+def wait_for_republished(
+    reader: KafkaReader, reminder_ids: Iterable[uuid.UUID | str], count: int, timeout: float = 30.0
+) -> list[ReadMessage]:
+    """Re-published messages (``republished-by-run`` header) of ``reminder_ids``, once ``count`` arrived."""
+    from reminder_pipeline.republish import HEADER_REPUBLISHED_BY_RUN
+
+    wanted = {str(r) for r in reminder_ids}
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [m for m in reader.for_reminders(wanted) if HEADER_REPUBLISHED_BY_RUN in m.headers]
+        if len(found) >= count or time.monotonic() > deadline:
+            return found
+        reader._poll(0.5)
+
+
+@dataclass
+class PublishedDays:
+    """Reminders due on two past days, dispatched and published by real cycles (the back-fill's input)."""
+
+    days: tuple[date, date]
+    published: dict[date, list[str]]  # reminder ids of the day's published outbox rows
+    unpublished: str  # due on the first day, its outbox row not published (the relay's)
+    day_before: str  # published, due the day before the first: never part of the back-fill
+
+
+def publish_two_days(engine: Engine, publisher: Any, now: datetime) -> PublishedDays:
+    """Reminders on ``now`` - 2 and - 1 days (several per key, one key on both days), all sent and published."""
+    first, second = (now - timedelta(days=2)).date(), (now - timedelta(days=1)).date()
+    events = [
+        make_event_due_on(engine, first, 0.0),  # the day's first instant belongs to it
+        make_event_due_on(engine, first, 9, offsets=(120, 60, 30)),  # one key, three reminders
+        make_event_due_on(engine, first, 6, offsets=(1440, 60)),  # one key, due on both days
+        make_event_due_on(engine, first, 23.99),
+        make_event_due_on(engine, second, 0.0),
+        make_event_due_on(engine, second, 14, offsets=(90, 45)),
+        make_event_due_on(engine, second, 23.5, client_user_id=uuid.uuid4()),
+    ]
+    before = make_event_due_on(engine, first - timedelta(days=1), 23.9)
+    from reminder_pipeline import cycle
+
+    report = cycle.run_cycle(engine, publisher, batch_size=1000)
+    assert report.counts.failed == 0 and report.relay.failed == 0
+    unpublished = make_event_due_on(engine, first, 12)
+    cycle.run_cycle(engine, None, batch_size=1000)  # written to the outbox, never relayed
+    published: dict[date, list[str]] = {first: [], second: []}
+    for row in outbox_rows(engine):
+        assert row["due_at"] is not None
+        if row["published_at"] is not None and row["due_at"].date() in published:
+            published[row["due_at"].date()].append(str(row["reminder_id"]))
+    assert [len(published[first]), len(published[second])] == [6, 5], events
+    return PublishedDays(
+        days=(first, second),
+        published=published,
+        unpublished=str(reminders(engine, unpublished)[0]["id"]),
+        day_before=str(reminders(engine, before)[0]["id"]),
+    )

@@ -384,3 +384,44 @@ def reminders_of_event(conn: Connection, event_id: uuid.UUID) -> list[dict[str, 
 def outbox_rows(conn: Connection) -> list[dict[str, Any]]:
     """All outbox rows in id order (for tests and the CLI)."""
     return [dict(r._mapping) for r in conn.execute(sa.select(outbox).order_by(outbox.c.id))]
+
+
+# --- re-publish back-fill ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DayBounds:
+    """A DueAt day's outbox rows: the published id range and how many are (un)published."""
+
+    first_id: int | None
+    last_id: int | None
+    published: int
+    unpublished: int
+
+
+def republish_day_bounds(conn: Connection, day_start: datetime, day_end: datetime) -> DayBounds:
+    """The published id range and counts of the outbox rows due in ``[day_start, day_end)``."""
+    row = conn.execute(
+        queries.REPUBLISH_DAY_BOUNDS, {"day_start": day_start, "day_end": day_end}
+    ).one()
+    return DayBounds(row.first_id, row.last_id, int(row.published), int(row.unpublished))
+
+
+def published_of_day(
+    conn: Connection,
+    day_start: datetime,
+    day_end: datetime,
+    *,
+    after_id: int,
+    last_id: int,
+    limit: int,
+) -> list[ClaimedMessage]:
+    """Up to ``limit`` published rows due in ``[day_start, day_end)`` with ``after_id < id <= last_id``, in id order."""
+    rows = conn.execute(
+        queries.SELECT_PUBLISHED_OF_DAY,
+        {"day_start": day_start, "day_end": day_end, "after_id": after_id,
+         "last_id": last_id, "limit": limit},
+    ).all()
+    return [
+        ClaimedMessage(r.id, r.topic, r.message_key, r.payload, dict(r.headers or {})) for r in rows
+    ]

@@ -1,0 +1,189 @@
+"""The re-publish back-fill: ``reminder_republish``, one run per DueAt day, picked in the UI's back-fill dialog.
+
+A partitioned op job (``DailyPartitionsDefinition``, UTC) whose one op calls
+:func:`reminder_pipeline.republish.republish_day` and records a materialization of the partition
+of ``calendar/reminder_due_republished`` with the day's counts. An op job rather than an
+``@asset``: a back-fill launched from an asset's page runs Dagster's implicit asset job, which
+carries none of a job's tags, so the concurrency limit and the max runtime below would not hold;
+here the job is the only way to launch it (its *Partitions* tab → *Launch backfill*, or the
+Launchpad for one day), and the asset shows which days were re-published.
+
+Runs carry ``reminder_pipeline/concurrency=republish`` (never ``dispatch``: a back-fill must not
+hold up the schedule), limited to one at a time in ``dagster.yaml``: the days of a back-fill then
+go out one after another in order (a key's reminders can fall on two days, e.g. offsets of a day
+and an hour), and a live relay waiting for the advisory lock waits behind one chunk at most.
+"""
+
+# No ``from __future__ import annotations``: Dagster reads the op's annotations at definition time.
+
+from datetime import UTC, date, datetime, timedelta
+
+from dagster import (
+    AssetKey,
+    AssetMaterialization,
+    AssetSpec,
+    Config,
+    DailyPartitionsDefinition,
+    Failure,
+    MetadataValue,
+    OpExecutionContext,
+    in_process_executor,
+    job,
+    op,
+)
+from dagster._core.storage.tags import BACKFILL_ID_TAG, USER_TAG
+from pydantic import Field
+
+from .. import republish, retention
+from ..domain import contract
+from .event_log import fields_in_event_log
+from .jobs import CONCURRENCY_TAG, KIND_TAG
+from .maintenance import MAX_RETENTION_HOURS
+from .resources import KafkaResource, PostgresResource
+
+REPUBLISH_JOB_NAME = "reminder_republish"
+REPUBLISH_ASSET_KEY = AssetKey(["calendar", "reminder_due_republished"])
+REPUBLISH_CONCURRENCY_VALUE = "republish"
+#: A large day (100k messages) takes well under a minute; the rest is room for waiting on the
+#: relay lock behind a catch-up drain (up to 240 s) and for a slow broker.
+REPUBLISH_MAX_RUNTIME_SECONDS = 1800
+
+#: The first DueAt day with rows a re-publish can find: outbox.due_at came with schema 0003
+#: (2026-11-30), which filled it for the rows still in the outbox, i.e. published in the 168 h
+#: before; anything due earlier had been purged. Earlier partitions would only ever be refused.
+PARTITIONS_START = "2026-11-23"
+
+#: One partition per UTC day (365 a year), up to and including today (end_offset=1): a consumer
+#: may have lost this morning's messages. Days past the retention stay listed and are refused.
+republish_partitions = DailyPartitionsDefinition(
+    start_date=PARTITIONS_START, timezone="UTC", end_offset=1
+)
+
+reminder_due_republished = AssetSpec(
+    key=REPUBLISH_ASSET_KEY,
+    description=(
+        "Per DueAt day (UTC): the already published ReminderDueEvents of that day re-published "
+        f"from the outbox to {contract.TOPIC} for a consumer that lost them (consumers "
+        "de-duplicate by ReminderId). Materialized by the job reminder_republish, one "
+        "partition per day; republished_count says how many went out."
+    ),
+    group_name="calendar",
+    kinds={"postgres", "kafka"},
+    partitions_def=republish_partitions,
+    metadata={
+        "topic": contract.TOPIC,
+        "job": REPUBLISH_JOB_NAME,
+        "header": republish.HEADER_REPUBLISHED_BY_RUN,
+    },
+)
+
+
+class RepublishConfig(Config):
+    """How far back days may go, and how the day is sent (the defaults suit a back-fill)."""
+
+    retention_hours: float = Field(
+        default=retention.DEFAULT_RETENTION.total_seconds() / 3600,
+        ge=1,
+        le=MAX_RETENTION_HOURS,
+        description=(
+            "The outbox retention outbox_retention applies (default 168): days starting before "
+            "now minus this are refused, their rows may already be purged."
+        ),
+    )
+    chunk_size: int = Field(
+        default=republish.DEFAULT_CHUNK_SIZE,
+        ge=1,
+        le=10_000,
+        description="Messages per chunk; the relay lock is held for one chunk at a time.",
+    )
+    publish_timeout_seconds: float = Field(
+        default=republish.DEFAULT_PUBLISH_TIMEOUT_SECONDS,
+        ge=1,
+        le=600,
+        description="How long a chunk waits for its delivery reports.",
+    )
+    lock_wait_seconds: float = Field(
+        default=republish.DEFAULT_LOCK_WAIT_SECONDS,
+        ge=1,
+        le=1200,
+        description="How long a chunk waits for the relay lock (a catch-up holds it up to 240 s).",
+    )
+
+
+@op(description="Re-publish the day's already published outbox messages, in outbox id order.")
+def republish_day(
+    context: OpExecutionContext,
+    config: RepublishConfig,
+    postgres: PostgresResource,
+    kafka: KafkaResource,
+) -> None:
+    """One partition (a UTC DueAt day): refused, failed plainly, or materialized with its counts."""
+    day = date.fromisoformat(context.partition_key)
+    tags = context.run.tags
+    requester = republish.Requester(context.run_id, tags.get(BACKFILL_ID_TAG), tags.get(USER_TAG))
+    keep = timedelta(hours=config.retention_hours)
+    now = datetime.now(UTC)
+    with fields_in_event_log():
+        try:
+            republish.admit_day(day, requester, keep, now)  # before touching the broker
+        except republish.RepublishRefused as refused:
+            raise Failure(description=str(refused), allow_retries=False) from None
+        publisher = kafka.ready_publisher()
+        if publisher is None:
+            raise Failure(description=f"re-publish of {day}: {kafka.topic_error()}")
+        try:
+            report = republish.republish_day(
+                postgres.engine,
+                publisher,
+                day,
+                requester,
+                retention=keep,
+                now=now,
+                chunk_size=config.chunk_size,
+                publish_timeout_seconds=config.publish_timeout_seconds,
+                lock_wait_seconds=config.lock_wait_seconds,
+            )
+        except republish.RepublishFailed as failed:
+            raise Failure(
+                description=str(failed), metadata={"republished_count": failed.republished}
+            ) from None
+    context.log_event(
+        AssetMaterialization(
+            asset_key=REPUBLISH_ASSET_KEY,
+            partition=context.partition_key,
+            description=f"{report.republished} messages due on {day} re-published",
+            metadata={
+                "republished_count": MetadataValue.int(report.republished),
+                "unpublished_count": MetadataValue.int(report.unpublished),
+                "chunks": MetadataValue.int(report.chunks),
+                "duration_ms": MetadataValue.int(report.duration_ms),
+                "first_outbox_id": MetadataValue.int(report.first_outbox_id or 0),
+                "last_outbox_id": MetadataValue.int(report.last_outbox_id or 0),
+                "retention_hours": MetadataValue.float(float(config.retention_hours)),
+                "backfill_id": MetadataValue.text(requester.backfill_id or ""),
+            },
+        )
+    )
+
+
+@job(
+    name=REPUBLISH_JOB_NAME,
+    description=(
+        "Re-publish back-fill for a consumer that lost messages: pick DueAt days (UTC) on the "
+        "Partitions tab and Launch backfill. Each day's already published messages go out again "
+        "from the outbox, in outbox id order, exactly as stored plus a republished-by-run header "
+        "(consumers de-duplicate by ReminderId). Days past the outbox retention (168 h) or in "
+        "the future are refused; unpublished rows are left to the relay. To drain Pending "
+        "reminders after an outage, use reminder_catch_up instead."
+    ),
+    partitions_def=republish_partitions,
+    executor_def=in_process_executor,
+    tags={
+        CONCURRENCY_TAG: REPUBLISH_CONCURRENCY_VALUE,
+        KIND_TAG: "back-fill",
+        "dagster/max_runtime": str(REPUBLISH_MAX_RUNTIME_SECONDS),
+    },
+)
+def reminder_republish():
+    """One step: the day's re-publish."""
+    republish_day()

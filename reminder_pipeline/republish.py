@@ -1,0 +1,273 @@
+"""Re-publish one DueAt day's already published messages from the outbox, for a consumer that lost them.
+
+The back-fill's plain use case (the Dagster job ``reminder_republish`` wraps it, one run per day).
+What it sends are the stored messages: topic, key (= EventId), payload text and headers exactly as
+the outbox holds them, plus one header, ``republished-by-run`` (the run that re-published it), so a
+consumer's logs and traces tell a re-publish from the original. Consumers de-duplicate by
+ReminderId, so a reminder they did receive is not delivered twice.
+
+Rules:
+
+* Only days whose rows are all still in the outbox: a day that starts before ``now - retention`` is
+  refused (``outbox_retention`` deletes rows published before that, so the day could only be
+  re-published in part), and so is a day in the future. A message is published at or after its
+  DueAt, so no row of a later day can have been purged.
+* Only published rows, read, never written: unpublished rows are the relay's, and the back-fill
+  changes no row's published state.
+* Outbox id order, chunk after chunk: each key's messages go out in the order the relay sent them.
+  Each chunk is produced under the relay's advisory lock (one publisher per database), so
+  re-published messages never interleave with a live relay's batch; the lock is released between
+  chunks, so a live relay waiting for it gets it before the next chunk.
+* A failed delivery stops the day with :class:`RepublishFailed`, naming how many were
+  re-published; running the day again is safe.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from datetime import time as clock_time
+from typing import NoReturn
+
+from sqlalchemy.engine import Engine
+
+from .logs import event
+from .messaging.relay import Publisher, relay_lock
+from .retention import DEFAULT_RETENTION
+from .store import repository
+from .store.repository import ClaimedMessage
+
+log = logging.getLogger(__name__)
+
+#: The header added to every re-published message: the id of the run that re-published it.
+HEADER_REPUBLISHED_BY_RUN = "republished-by-run"
+
+DEFAULT_CHUNK_SIZE = 500
+#: Long enough for the producer's own delivery timeout (15 s by default) and its retries.
+DEFAULT_PUBLISH_TIMEOUT_SECONDS = 120.0
+#: A catch-up drain holds the relay lock for its whole run (up to 240 s): wait that out.
+DEFAULT_LOCK_WAIT_SECONDS = 300.0
+
+
+class RepublishRefused(ValueError):
+    """The day cannot be re-published (past the outbox retention, or in the future); one line."""
+
+
+class RepublishFailed(RuntimeError):
+    """A delivery failed or the relay lock stayed busy; ``republished`` messages went out before."""
+
+    def __init__(self, message: str, republished: int) -> None:
+        super().__init__(message)
+        self.republished = republished
+
+
+@dataclass(frozen=True)
+class Requester:
+    """Who asked: the run, the back-fill it belongs to and the user, when Dagster knows them."""
+
+    run_id: str
+    backfill_id: str | None = None
+    user: str | None = None
+
+    def log_fields(self) -> dict[str, str]:
+        """The identifiers for a log line (absent ones left out)."""
+        fields = {"run_id": self.run_id, "backfill_id": self.backfill_id, "user": self.user}
+        return {k: v for k, v in fields.items() if v}
+
+
+@dataclass(frozen=True)
+class RepublishReport:
+    """What re-publishing one day did."""
+
+    day: date
+    republished: int
+    unpublished: int
+    chunks: int
+    first_outbox_id: int | None
+    last_outbox_id: int | None
+    duration_ms: int
+
+
+def day_window(day: date) -> tuple[datetime, datetime]:
+    """The UTC interval ``[start, end)`` of a DueAt day."""
+    start = datetime.combine(day, clock_time(0), tzinfo=UTC)
+    return start, start + timedelta(days=1)
+
+
+def oldest_day(retention: timedelta, now: datetime) -> date:
+    """The first day whose rows are all still inside the outbox retention at ``now``."""
+    cutoff = now - retention
+    start, _ = day_window(cutoff.date())
+    return cutoff.date() if start >= cutoff else cutoff.date() + timedelta(days=1)
+
+
+def check_day(
+    day: date, retention: timedelta = DEFAULT_RETENTION, now: datetime | None = None
+) -> None:
+    """Refuse a day in the future or past the outbox retention, with one line naming both."""
+    now = now or datetime.now(UTC)
+    start, _ = day_window(day)
+    if start > now:
+        raise RepublishRefused(
+            f"re-publish of {day} refused: the day is in the future "
+            f"(now {now:%Y-%m-%d %H:%M} UTC); nothing has been published for it yet"
+        )
+    if day < oldest_day(retention, now):
+        hours = retention.total_seconds() / 3600
+        raise RepublishRefused(
+            f"re-publish of {day} refused: the day is past the outbox retention ({hours:g} h); "
+            f"rows published before {now - retention:%Y-%m-%d %H:%M} UTC may already be purged, "
+            f"so it cannot be re-published whole (oldest day now: {oldest_day(retention, now)})"
+        )
+
+
+def admit_day(
+    day: date,
+    requester: Requester,
+    retention: timedelta = DEFAULT_RETENTION,
+    now: datetime | None = None,
+) -> None:
+    """:func:`check_day`, logging a refusal with who asked (before any read or publish)."""
+    try:
+        check_day(day, retention, now)
+    except RepublishRefused as refused:
+        event(
+            log,
+            logging.WARNING,
+            "republish refused",
+            **requester.log_fields(),
+            day=day.isoformat(),
+            retention_hours=retention.total_seconds() / 3600,
+            reason=str(refused),
+        )
+        raise
+
+
+def _marked(message: ClaimedMessage, run_id: str) -> ClaimedMessage:
+    """The stored message with the re-publish header added (the row itself is not changed)."""
+    headers = {**message.headers, HEADER_REPUBLISHED_BY_RUN: run_id}
+    return ClaimedMessage(message.id, message.topic, message.message_key, message.payload, headers)
+
+
+def republish_day(
+    engine: Engine,
+    publisher: Publisher,
+    day: date,
+    requester: Requester,
+    *,
+    retention: timedelta = DEFAULT_RETENTION,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    publish_timeout_seconds: float = DEFAULT_PUBLISH_TIMEOUT_SECONDS,
+    lock_wait_seconds: float = DEFAULT_LOCK_WAIT_SECONDS,
+    now: datetime | None = None,
+) -> RepublishReport:
+    """Re-publish the published outbox messages due on ``day`` (UTC), in outbox id order.
+
+    The day's id range is read once at the start: for today, that is the messages published
+    before the run began. Raises :class:`RepublishRefused` before any read or publish for a day
+    out of range, :class:`RepublishFailed` when a delivery fails or the relay lock stays busy
+    for ``lock_wait_seconds``.
+    """
+    who = requester.log_fields()
+    hours = retention.total_seconds() / 3600
+    admit_day(day, requester, retention, now)
+    started = time.monotonic()
+    start, end = day_window(day)
+    with engine.connect() as conn:
+        bounds = repository.republish_day_bounds(conn, start, end)
+    event(
+        log,
+        logging.INFO,
+        "republish started",
+        **who,
+        day=day.isoformat(),
+        retention_hours=hours,
+        published_rows=bounds.published,
+        unpublished_rows=bounds.unpublished,
+        first_outbox_id=bounds.first_id,
+        last_outbox_id=bounds.last_id,
+    )
+    republished = chunks = 0
+    last_sent: int | None = None
+    after = (bounds.first_id or 0) - 1
+    while bounds.last_id is not None:
+        with engine.connect() as conn:
+            chunk = repository.published_of_day(
+                conn, start, end, after_id=after, last_id=bounds.last_id, limit=chunk_size
+            )
+        if not chunk:
+            break
+        after = chunk[-1].id
+        messages = [_marked(m, requester.run_id) for m in chunk]
+        with relay_lock(engine, lock_wait_seconds, requester.run_id) as lock:
+            if lock is None:
+                _fail(
+                    f"re-publish of {day} stopped: the relay lock stayed busy for "
+                    f"{lock_wait_seconds:g} s; {republished} of the day's {bounds.published} "
+                    "messages were re-published; launch the day again",
+                    republished,
+                    who,
+                    day,
+                )
+            results = publisher.publish(messages, timeout=publish_timeout_seconds)
+        delivered = sum(1 for r in results if r.error is None)
+        republished += delivered
+        chunks += 1
+        if delivered < len(messages):
+            error = next((r.error for r in results if r.error is not None), "no delivery report")
+            _fail(
+                f"re-publish of {day} failed: {len(messages) - delivered} messages not delivered "
+                f"({error}); {republished} of the day's {bounds.published} messages were "
+                "re-published; launch the day again (consumers de-duplicate by ReminderId)",
+                republished,
+                who,
+                day,
+            )
+        last_sent = chunk[-1].id
+        event(
+            log,
+            logging.DEBUG,
+            "republish chunk",
+            **who,
+            day=day.isoformat(),
+            republished=delivered,
+            first_outbox_id=chunk[0].id,
+            last_outbox_id=last_sent,
+        )
+    report = RepublishReport(
+        day,
+        republished,
+        bounds.unpublished,
+        chunks,
+        bounds.first_id,
+        last_sent,
+        int((time.monotonic() - started) * 1000),
+    )
+    event(
+        log,
+        logging.INFO,
+        "republish completed",
+        **who,
+        day=day.isoformat(),
+        republished=republished,
+        unpublished_rows=bounds.unpublished,
+        chunks=chunks,
+        duration_ms=report.duration_ms,
+    )
+    return report
+
+
+def _fail(message: str, republished: int, who: dict[str, str], day: date) -> NoReturn:
+    """Log the failure with the requester's ids, then raise it."""
+    event(
+        log,
+        logging.ERROR,
+        "republish failed",
+        **who,
+        day=day.isoformat(),
+        republished=republished,
+        reason=message,
+    )
+    raise RepublishFailed(message, republished)
