@@ -192,12 +192,17 @@ class PublishedDays:
 
     days: tuple[date, date]
     published: dict[date, list[str]]  # reminder ids of the day's published outbox rows
-    unpublished: str  # due on the first day, its outbox row not published (the relay's)
+    unpublished: str | None  # due on the first day, its outbox row not published (the relay's)
     day_before: str  # published, due the day before the first: never part of the back-fill
 
 
-def publish_two_days(engine: Engine, publisher: Any, now: datetime) -> PublishedDays:
-    """Reminders on ``now`` - 2 and - 1 days (several per key, one key on both days), all sent and published."""
+def publish_two_days(
+    engine: Engine, publisher: Any, now: datetime, *, with_unpublished: bool = True
+) -> PublishedDays:
+    """Reminders on ``now`` - 2 and - 1 days (several per key, one key on both days), sent and published.
+
+    ``with_unpublished`` adds one more due on the first day whose outbox row is not published.
+    """
     first, second = (now - timedelta(days=2)).date(), (now - timedelta(days=1)).date()
     events = [
         make_event_due_on(engine, first, 0.0),  # the day's first instant belongs to it
@@ -213,7 +218,7 @@ def publish_two_days(engine: Engine, publisher: Any, now: datetime) -> Published
 
     report = cycle.run_cycle(engine, publisher, batch_size=1000)
     assert report.counts.failed == 0 and report.relay.failed == 0
-    unpublished = make_event_due_on(engine, first, 12)
+    unpublished = make_event_due_on(engine, first, 12) if with_unpublished else None
     cycle.run_cycle(engine, None, batch_size=1000)  # written to the outbox, never relayed
     published: dict[date, list[str]] = {first: [], second: []}
     for row in outbox_rows(engine):
@@ -224,6 +229,6 @@ def publish_two_days(engine: Engine, publisher: Any, now: datetime) -> Published
     return PublishedDays(
         days=(first, second),
         published=published,
-        unpublished=str(reminders(engine, unpublished)[0]["id"]),
+        unpublished=str(reminders(engine, unpublished)[0]["id"]) if unpublished else None,
         day_before=str(reminders(engine, before)[0]["id"]),
     )

@@ -87,7 +87,8 @@ def test_the_shipped_instance_config_is_the_root_one_and_valid(monkeypatch):
     dagster_instance_config(str(ROOT_INSTANCE_YAML.parent), ROOT_INSTANCE_YAML.name)  # schema check
     assert config["storage"]["postgres"]["postgres_url"] == {"env": "DAGSTER_PG_URL"}
     assert config["concurrency"]["runs"]["tag_concurrency_limits"] == [
-        {"key": CONCURRENCY_TAG, "value": CONCURRENCY_VALUE, "limit": 1}
+        {"key": CONCURRENCY_TAG, "value": CONCURRENCY_VALUE, "limit": 1},
+        {"key": CONCURRENCY_TAG, "value": "republish", "limit": 1},  # reminder_republish
     ]
     assert config["run_queue"]["dequeue_interval_seconds"] == 1
     assert config["run_monitoring"]["enabled"] is True

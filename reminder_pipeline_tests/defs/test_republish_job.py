@@ -1,0 +1,112 @@
+"""The ``reminder_republish`` job executed in process for one partition, on the real database and broker.
+
+A day's published messages go out again and the partition of ``calendar/reminder_due_republished``
+records how many; the run's log names the run, the back-fill and the user from the run's tags; a
+day past the configured retention fails the run with the one-line refusal and no materialization.
+Its definition: daily UTC partitions up to today, its own concurrency tag (never the dispatch one),
+limited to one run at a time in the shipped instance config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+import yaml
+from dagster import DagsterInstance, DailyPartitionsDefinition, instance_for_test
+
+from reminder_pipeline.definitions import defs
+from reminder_pipeline.defs.jobs import CONCURRENCY_TAG, CONCURRENCY_VALUE
+from reminder_pipeline.defs.republish import (
+    REPUBLISH_ASSET_KEY,
+    REPUBLISH_CONCURRENCY_VALUE,
+    REPUBLISH_JOB_NAME,
+    reminder_republish,
+)
+from reminder_pipeline.orchestrator import INSTANCE_YAML
+from reminder_pipeline.republish import HEADER_REPUBLISHED_BY_RUN
+from reminder_pipeline_tests.support import (
+    outbox_rows,
+    publish_two_days,
+    utcnow,
+    wait_for_republished,
+)
+
+from . import instance_overrides, log_messages, materializations, metadata_values, resources_for
+
+
+@pytest.fixture
+def instance() -> Iterator[DagsterInstance]:
+    """A throwaway instance with the shipped python_logs settings."""
+    with instance_for_test(overrides=instance_overrides()) as instance:
+        yield instance
+
+
+def test_one_partition_republishes_its_day_and_records_the_count(
+    database_url, engine, publisher, kafka_settings, kafka_reader, instance
+):
+    days = publish_two_days(engine, publisher, utcnow())
+    day = days.days[1]
+    before = [(r["id"], r["published_at"]) for r in outbox_rows(engine)]
+    result = reminder_republish.execute_in_process(
+        instance=instance,
+        resources=resources_for(database_url, kafka_settings),
+        partition_key=day.isoformat(),
+        tags={"dagster/backfill": "bf-test", "user": "operator@example.com"},
+    )
+    assert result.success
+    [materialization] = materializations(result.all_events)
+    assert materialization.asset_key == REPUBLISH_ASSET_KEY
+    assert materialization.partition == day.isoformat()
+    values = metadata_values(materialization)
+    assert values["republished_count"] == len(days.published[day]) == 5
+    assert values["unpublished_count"] == 0
+    assert values["backfill_id"] == "bf-test"
+    sent = wait_for_republished(kafka_reader, days.published[day], 5)
+    assert {m.headers[HEADER_REPUBLISHED_BY_RUN] for m in sent} == {result.run_id}
+    assert sorted(m.value["ReminderId"] for m in sent) == sorted(days.published[day])
+    assert [(r["id"], r["published_at"]) for r in outbox_rows(engine)] == before
+    # Who, what, when: in the run's event log, ids only.
+    [done] = [m for m in log_messages(instance, result.run_id) if "republish completed" in m]
+    for part in (f"run_id={result.run_id}", "backfill_id=bf-test", "user=operator@example.com",
+                 f"day={day}", "republished=5"):
+        assert part in done
+
+
+def test_a_partition_past_the_retention_fails_with_the_refusal(
+    database_url, engine, publisher, kafka_settings, kafka_reader, instance
+):
+    days = publish_two_days(engine, publisher, utcnow())
+    day = days.days[0]
+    result = reminder_republish.execute_in_process(
+        instance=instance,
+        resources=resources_for(database_url, kafka_settings),
+        partition_key=day.isoformat(),
+        run_config={"ops": {"republish_day": {"config": {"retention_hours": 24}}}},
+        raise_on_error=False,
+    )
+    assert not result.success
+    [failure] = [e for e in result.all_events if e.is_step_failure]
+    description = failure.step_failure_data.user_failure_data.description
+    assert description.startswith(f"re-publish of {day} refused: the day is past the outbox "
+                                  "retention (24 h)")
+    assert "\n" not in description
+    assert not materializations(result.all_events)
+    assert not wait_for_republished(kafka_reader, days.published[day], 1, timeout=1.0)
+
+
+def test_the_job_is_daily_utc_up_to_today_and_never_blocks_a_cycle():
+    job = defs.get_job_def(REPUBLISH_JOB_NAME)
+    partitions = job.partitions_def
+    assert isinstance(partitions, DailyPartitionsDefinition) and partitions.timezone == "UTC"
+    keys = partitions.get_partition_keys()
+    today = utcnow().date()
+    assert keys[-1] == today.isoformat()
+    assert (today - timedelta(days=7)).isoformat() in keys
+    assert job.tags[CONCURRENCY_TAG] == REPUBLISH_CONCURRENCY_VALUE != CONCURRENCY_VALUE
+    assert int(job.tags["dagster/max_runtime"]) > 300
+    limits = yaml.safe_load(INSTANCE_YAML.read_text())["concurrency"]["runs"]["tag_concurrency_limits"]
+    assert {"key": CONCURRENCY_TAG, "value": REPUBLISH_CONCURRENCY_VALUE, "limit": 1} in limits
+    asset = defs.resolve_asset_graph().get(REPUBLISH_ASSET_KEY)
+    assert asset.partitions_def == partitions
