@@ -18,6 +18,7 @@ and an hour), and a live relay waiting for the advisory lock waits behind one ch
 
 from datetime import UTC, date, datetime, timedelta
 
+import pydantic
 from dagster import (
     AssetKey,
     AssetMaterialization,
@@ -37,7 +38,7 @@ from pydantic import Field
 from .. import republish, retention
 from ..domain import contract
 from .event_log import fields_in_event_log
-from .jobs import CONCURRENCY_TAG, KIND_TAG
+from .jobs import CONCURRENCY_TAG, KIND_TAG, describe_validation_error
 from .maintenance import MAX_RETENTION_HOURS
 from .resources import KafkaResource, PostgresResource
 
@@ -110,14 +111,24 @@ class RepublishConfig(Config):
     )
 
 
-@op(description="Re-publish the day's already published outbox messages, in outbox id order.")
+# The schema comes from RepublishConfig, but its limits are checked here, with a one-line refusal:
+# a partitioned job cannot take the config mapping that checks the other jobs' config at launch.
+@op(
+    description="Re-publish the day's already published outbox messages, in outbox id order.",
+    config_schema=RepublishConfig.to_config_schema(),
+)
 def republish_day(
-    context: OpExecutionContext,
-    config: RepublishConfig,
-    postgres: PostgresResource,
-    kafka: KafkaResource,
+    context: OpExecutionContext, postgres: PostgresResource, kafka: KafkaResource
 ) -> None:
     """One partition (a UTC DueAt day): refused, failed plainly, or materialized with its counts."""
+    try:
+        config = RepublishConfig(**context.op_config)
+    except pydantic.ValidationError as error:
+        raise Failure(
+            description=f"{REPUBLISH_JOB_NAME} run config refused: "
+            f"{describe_validation_error(error)}",
+            allow_retries=False,
+        ) from None
     day = date.fromisoformat(context.partition_key)
     tags = context.run.tags
     requester = republish.Requester(context.run_id, tags.get(BACKFILL_ID_TAG), tags.get(USER_TAG))

@@ -69,8 +69,13 @@ def test_one_partition_republishes_its_day_and_records_the_count(
     assert [(r["id"], r["published_at"]) for r in outbox_rows(engine)] == before
     # Who, what, when: in the run's event log, ids only.
     [done] = [m for m in log_messages(instance, result.run_id) if "republish completed" in m]
-    for part in (f"run_id={result.run_id}", "backfill_id=bf-test", "user=operator@example.com",
-                 f"day={day}", "republished=5"):
+    for part in (
+        f"run_id={result.run_id}",
+        "backfill_id=bf-test",
+        "user=operator@example.com",
+        f"day={day}",
+        "republished=5",
+    ):
         assert part in done
 
 
@@ -89,8 +94,9 @@ def test_a_partition_past_the_retention_fails_with_the_refusal(
     assert not result.success
     [failure] = [e for e in result.all_events if e.is_step_failure]
     description = failure.step_failure_data.user_failure_data.description
-    assert description.startswith(f"re-publish of {day} refused: the day is past the outbox "
-                                  "retention (24 h)")
+    assert description.startswith(
+        f"re-publish of {day} refused: the day is past the outbox retention (24 h)"
+    )
     assert "\n" not in description
     assert not materializations(result.all_events)
     assert not wait_for_republished(kafka_reader, days.published[day], 1, timeout=1.0)
@@ -106,7 +112,27 @@ def test_the_job_is_daily_utc_up_to_today_and_never_blocks_a_cycle():
     assert (today - timedelta(days=7)).isoformat() in keys
     assert job.tags[CONCURRENCY_TAG] == REPUBLISH_CONCURRENCY_VALUE != CONCURRENCY_VALUE
     assert int(job.tags["dagster/max_runtime"]) > 300
-    limits = yaml.safe_load(INSTANCE_YAML.read_text())["concurrency"]["runs"]["tag_concurrency_limits"]
+    limits = yaml.safe_load(INSTANCE_YAML.read_text())["concurrency"]["runs"][
+        "tag_concurrency_limits"
+    ]
     assert {"key": CONCURRENCY_TAG, "value": REPUBLISH_CONCURRENCY_VALUE, "limit": 1} in limits
     asset = defs.resolve_asset_graph().get(REPUBLISH_ASSET_KEY)
     assert asset.partitions_def == partitions
+
+
+def test_a_bad_config_value_is_refused_in_one_line_before_anything_is_read(
+    database_url, kafka_settings, instance
+):
+    result = reminder_republish.execute_in_process(
+        instance=instance,
+        resources=resources_for(database_url, kafka_settings),
+        partition_key=utcnow().date().isoformat(),
+        run_config={"ops": {"republish_day": {"config": {"chunk_size": 0}}}},
+        raise_on_error=False,
+    )
+    [failure] = [e for e in result.all_events if e.is_step_failure]
+    assert failure.step_failure_data.user_failure_data.description == (
+        "reminder_republish run config refused: chunk_size=0: "
+        "Input should be greater than or equal to 1"
+    )
+    assert not [m for m in log_messages(instance, result.run_id) if "republish" in m]

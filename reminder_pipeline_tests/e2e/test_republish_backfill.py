@@ -10,6 +10,7 @@ both days is on the topic again, once, stamped with its day's run.
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from reminder_pipeline.services import free_port
 from reminder_pipeline_tests.support import publish_two_days, utcnow, wait_for_republished
 
 from .test_daemon import dagster_storage_url  # noqa: F401 - the fixture, shared
+from .ui import CHROMIUM_FLAGS, chromium_path
 
 pytestmark = [pytest.mark.slow]
 
@@ -68,8 +70,15 @@ def _wait_for_backfill(stack: orchestrator.DagsterStack, backfill_id: str) -> di
 
 
 def test_a_two_day_backfill_launched_as_from_the_ui_republishes_both_days(
-    engine, database_url, publisher, kafka_settings, kafka_reader, dagster_storage_url,  # noqa: F811
-    tmp_path: Path, monkeypatch,
+    engine,
+    database_url,
+    publisher,
+    kafka_settings,
+    kafka_reader,
+    dagster_storage_url,  # noqa: F811
+    tmp_path: Path,
+    artifacts_dir: Path,
+    monkeypatch,
 ):
     # No unpublished row here: a scheduled cycle's relay would publish it during the test.
     days = publish_two_days(engine, publisher, utcnow(), with_unpublished=False)
@@ -85,22 +94,32 @@ def test_a_two_day_backfill_launched_as_from_the_ui_republishes_both_days(
         monkeypatch.setenv("DAGSTER_PG_URL", dagster_storage_url)
         instance = DagsterInstance.from_config(str(home))
         partitions = [day.isoformat() for day in days.days]
-        launched = stack.graphql(LAUNCH_BACKFILL, {"backfillParams": {
-            "selector": {
-                "partitionSetName": f"{REPUBLISH_JOB_NAME}_partition_set",
-                "repositorySelector": {"repositoryName": "__repository__",
-                                       "repositoryLocationName": orchestrator.LOCATION_NAME},
+        launched = stack.graphql(
+            LAUNCH_BACKFILL,
+            {
+                "backfillParams": {
+                    "selector": {
+                        "partitionSetName": f"{REPUBLISH_JOB_NAME}_partition_set",
+                        "repositorySelector": {
+                            "repositoryName": "__repository__",
+                            "repositoryLocationName": orchestrator.LOCATION_NAME,
+                        },
+                    },
+                    "partitionNames": partitions,
+                    "fromFailure": False,
+                    "tags": [],
+                }
             },
-            "partitionNames": partitions,
-            "fromFailure": False,
-            "tags": [],
-        }})["launchPartitionBackfill"]
+        )["launchPartitionBackfill"]
         assert launched["__typename"] == "LaunchBackfillSuccess", launched
         backfill_id = launched["backfillId"]
 
         backfill = _wait_for_backfill(stack, backfill_id)
-        assert backfill == {"__typename": "PartitionBackfill", "status": "COMPLETED_SUCCESS",
-                            "numPartitions": 2}
+        assert backfill == {
+            "__typename": "PartitionBackfill",
+            "status": "COMPLETED_SUCCESS",
+            "numPartitions": 2,
+        }
 
         runs = sorted(
             instance.get_run_records(filters=RunsFilter(tags={"dagster/backfill": backfill_id})),
@@ -113,16 +132,56 @@ def test_a_two_day_backfill_launched_as_from_the_ui_republishes_both_days(
         run_of_day = {r.dagster_run.tags["dagster/partition"]: r.dagster_run.run_id for r in runs}
 
         records = instance.fetch_materializations(REPUBLISH_ASSET_KEY, limit=10).records
-        counts = {r.partition_key: r.asset_materialization.metadata["republished_count"].value
-                  for r in records}
+        counts = {
+            r.partition_key: r.asset_materialization.metadata["republished_count"].value
+            for r in records
+        }
         assert counts == {day.isoformat(): len(days.published[day]) for day in days.days}
         assert {r.run_id for r in records} == set(run_of_day.values())
 
         for day in days.days:
-            sent = wait_for_republished(kafka_reader, days.published[day],
-                                        len(days.published[day]))
+            sent = wait_for_republished(kafka_reader, days.published[day], len(days.published[day]))
             assert sorted(m.value["ReminderId"] for m in sent) == sorted(days.published[day])
             assert {m.headers[HEADER_REPUBLISHED_BY_RUN] for m in sent} == {
-                run_of_day[day.isoformat()]}
+                run_of_day[day.isoformat()]
+            }
+        if chromium_path():  # where an operator does this: the job's Partitions tab
+            shots = _backfill_dialog_in_the_ui(stack.url, artifacts_dir, partitions)
+            assert all(p.stat().st_size > 10_000 for p in shots)
     finally:
         stack.stop()
+
+
+def _backfill_dialog_in_the_ui(base_url: str, artifacts: Path, partitions: list[str]) -> list[Path]:
+    """The job's Partitions tab opens the back-fill dialog, which takes the two days (not submitted)."""
+    from playwright.sync_api import expect, sync_playwright
+
+    expect.set_options(timeout=60_000)
+    shots: list[Path] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": 1440, "height": 1000})
+            page.set_default_timeout(60_000)
+            page.goto(
+                f"{base_url}/locations/{orchestrator.LOCATION_NAME}/jobs/"
+                f"{REPUBLISH_JOB_NAME}/partitions"
+            )
+            launch = page.get_by_role("button", name=re.compile("Launch backfill"))
+            expect(launch.first).to_be_visible()
+            shots.append(artifacts / "ui-republish-partitions.png")
+            page.screenshot(path=str(shots[-1]), full_page=True)
+            launch.first.click()
+            dialog = page.get_by_role("dialog").first
+            expect(dialog).to_be_visible()
+            # Days already re-published count as completed, which the dialog leaves out unless
+            # asked: an operator sending them again ticks "Completed" (the README says so).
+            dialog.get_by_text(re.compile(r"^Completed")).first.click()
+            dialog.get_by_role("textbox").first.fill(", ".join(partitions))
+            dialog.get_by_role("textbox").first.press("Enter")
+            expect(dialog.get_by_role("button", name="Submit 2 runs")).to_be_enabled()
+            shots.append(artifacts / "ui-republish-backfill-dialog.png")
+            page.screenshot(path=str(shots[-1]), full_page=True)
+        finally:
+            browser.close()
+    return shots
