@@ -61,8 +61,9 @@ def _live_relay(engine, stop: threading.Event, waits: list[float]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.republish",
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.republish", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--per-day", type=int, default=50_000, help="messages per day")
     parser.add_argument("--days", type=int, default=7, help="days of outbox (the retention)")
     parser.add_argument("--chunk-size", type=int, default=500, help="re-publish chunk size")
@@ -77,9 +78,16 @@ def main(argv: list[str] | None = None) -> None:
         ensure_topic(srv.kafka)
         progress(f"seeding {args.days} days x {args.per_day:,} outbox rows")
         with engine.begin() as conn:
-            conn.execute(sa.text(SEED), {"first": first, "per_day": args.per_day,
-                                         "total": args.days * args.per_day,
-                                         "unpublished_from": start, "unpublished_to": end})
+            conn.execute(
+                sa.text(SEED),
+                {
+                    "first": first,
+                    "per_day": args.per_day,
+                    "total": args.days * args.per_day,
+                    "unpublished_from": start,
+                    "unpublished_to": end,
+                },
+            )
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.exec_driver_sql("VACUUM ANALYZE outbox")
         publisher = KafkaPublisher(srv.kafka)
@@ -94,8 +102,9 @@ def main(argv: list[str] | None = None) -> None:
             live.start()
             try:
                 t0 = time.monotonic()
-                report = republish_day(engine, publisher, day, Requester("bench"),
-                                       chunk_size=args.chunk_size)
+                report = republish_day(
+                    engine, publisher, day, Requester("bench"), chunk_size=args.chunk_size
+                )
                 elapsed = time.monotonic() - t0
             finally:
                 stop.set()
@@ -104,14 +113,20 @@ def main(argv: list[str] | None = None) -> None:
             publisher.close()
             engine.dispose()
     rate = report.republished / elapsed
-    print(f"one day of {args.per_day:,} messages ({args.days} days in the outbox), "
-          f"chunk {args.chunk_size}")
+    print(
+        f"one day of {args.per_day:,} messages ({args.days} days in the outbox), "
+        f"chunk {args.chunk_size}"
+    )
     print(f"  baseline, relay_outbox of the day's rows:  {fmt_rate(baseline)}/s")
-    print(f"  republish_day:                             {fmt_rate(rate)}/s "
-          f"({report.republished:,} in {elapsed:.1f} s, {report.chunks} chunks; "
-          f"{rate / baseline:.2f}x the relay)")
-    print(f"  live relay's wait for the lock meanwhile:  max {max(waits) * 1000:.0f} ms, "
-          f"median {statistics.median(waits) * 1000:.0f} ms over {len(waits)} passes")
+    print(
+        f"  republish_day:                             {fmt_rate(rate)}/s "
+        f"({report.republished:,} in {elapsed:.1f} s, {report.chunks} chunks; "
+        f"{rate / baseline:.2f}x the relay)"
+    )
+    print(
+        f"  live relay's wait for the lock meanwhile:  max {max(waits) * 1000:.0f} ms, "
+        f"median {statistics.median(waits) * 1000:.0f} ms over {len(waits)} passes"
+    )
 
 
 if __name__ == "__main__":
