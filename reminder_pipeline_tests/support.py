@@ -22,6 +22,9 @@ from reminder_pipeline.store.tables import calendar_events, event_reminders, out
 PII_TITLE = "Secret deal with Ivanov"
 PII_DESCRIPTION = "Call +7 900 000-00-00 about the flat on Tverskaya"
 PII_LOCATION = "Tverskaya 1, apt 42"
+#: A kind longer than the contract's 64 characters: the row's message breaks the contract, so the
+#: row is a poison row (excluded, left Pending with a back-off, retried later).
+POISON_KIND = "K" * 65
 
 
 def utcnow() -> datetime:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
+from typing import Any
 
 
 class ReminderStatus(StrEnum):
@@ -83,6 +83,15 @@ class Decision:
     def target_status(self) -> ReminderStatus:
         """The terminal status the row moves to."""
         return ReminderStatus.SENT if self.action is Action.SEND else ReminderStatus.SKIPPED
+
+
+@dataclass(frozen=True)
+class OutboxMessage:
+    """What goes into the outbox for one Sent row: key (= EventId), contract payload, headers."""
+
+    message_key: str
+    payload: dict[str, Any]
+    headers: dict[str, str]
 
 
 @dataclass(frozen=True)

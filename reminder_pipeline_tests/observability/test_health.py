@@ -16,7 +16,7 @@ from reminder_pipeline import cycle
 from reminder_pipeline.domain.model import CycleCounts
 from reminder_pipeline.observability import health, ledger
 
-from ..support import make_due_event
+from ..support import POISON_KIND, make_due_event
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,7 +67,7 @@ def test_pending_rows_due_over_five_minutes_ago_fail_the_overdue_check(engine):
 
 
 def test_errors_fail_only_when_sustained_over_cycles(engine, publisher):
-    make_due_event(engine, minutes_overdue=1, time_zone="Mars/Olympus_Mons")
+    make_due_event(engine, minutes_overdue=1, kind=POISON_KIND)
     cycle.run_cycle(engine, publisher)  # one poison row: one cycle with an error
     first = health.errors(engine, datetime.now(UTC))
     assert first.passed
