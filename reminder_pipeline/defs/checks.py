@@ -48,9 +48,10 @@ CHECKS: dict[str, tuple[str, str]] = {
         health.RUNBOOK_OVERDUE,
     ),
     "dispatch_errors": (
-        (f"Errors (failed cycles, poison rows, refused deliveries) in fewer than "
-         f"{health.ERRORS_MIN_CYCLES} cycles of the last "
-         f"{health.ERRORS_WINDOW.total_seconds() / _MIN:.0f} minutes."),
+        (f"No reminder held back by repeated failures (>= {health.POISON_MIN_ATTEMPTS} attempts), "
+         f"and errors (failed cycles, failing rows, refused deliveries) not going on for "
+         f"{health.ERRORS_WINDOW.total_seconds() / _MIN:.0f} minutes without a "
+         f"{health.ERRORS_GAP.total_seconds() / _MIN:.0f}-minute gap."),
         health.RUNBOOK_ERRORS,
     ),
     "outbox_backlog": (

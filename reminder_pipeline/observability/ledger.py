@@ -139,6 +139,7 @@ def build_record(
         lateness_count=len(lateness),
         lateness_buckets=bucket_counts(lateness, LATENESS_BUCKETS),
         error_kind=_kind(error),
+        time_zone_fallbacks=counts.time_zone_fallbacks,
     )
 
 
