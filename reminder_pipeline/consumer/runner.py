@@ -271,7 +271,8 @@ class ReminderConsumer:
 
     def held_partitions(self) -> list[int]:
         """Partitions stopped on a message that waits for a retry."""
-        return sorted(partition for _topic, partition in self._held)
+        # A snapshot: another thread (a test, a health probe) may ask while the loop runs.
+        return sorted(partition for _topic, partition in list(self._held))
 
     # -- the loop --------------------------------------------------------------------------------
 
