@@ -460,10 +460,12 @@ class ReminderConsumer:
         self.metrics.last_notified.set(now.timestamp())
         since_due = _seconds_since(due_at(reminder), now)
         since_message = _seconds_since(_message_time(message), now)
+        # Early counts as on time (0): a reminder notified before its DueAt is not late, and a
+        # negative observation would make the histogram's _sum step back.
         if since_due is not None:
-            self.metrics.due_to_notified.observe(since_due)
+            self.metrics.due_to_notified.observe(max(since_due, 0.0))
         if since_message is not None:
-            self.metrics.message_to_notified.observe(since_message)
+            self.metrics.message_to_notified.observe(max(since_message, 0.0))
         # Warned once per reminder, when it is notified (not on each failed delivery attempt).
         if mapped.time_zone_fallback:
             self.stats.time_zone_fallbacks += 1
