@@ -64,6 +64,27 @@ def make_due_event(engine: Engine, *, minutes_overdue: float = 1, offsets=(60,),
     return make_event(engine, start_at=start_at, offsets=offsets, now=created, **kw)
 
 
+def bulk_due(engine: Engine, n: int) -> None:
+    """``n`` due reminders of ``n`` live events, inserted set-based for speed."""
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                """
+                WITH ev AS (
+                    INSERT INTO calendar_events (id, tenant_id, owner_user_id, kind, start_at, time_zone)
+                    SELECT gen_random_uuid(), gen_random_uuid(), gen_random_uuid(), 'Task',
+                           now() + interval '30 minutes', 'UTC'
+                      FROM generate_series(1, :n)
+                    RETURNING id
+                )
+                INSERT INTO event_reminders (id, calendar_event_id, offset_minutes, due_at)
+                SELECT gen_random_uuid(), id, 60, now() - random() * interval '10 minutes' FROM ev
+                """
+            ),
+            {"n": n},
+        )
+
+
 def reminders(engine: Engine, event_id: uuid.UUID | None = None) -> list[dict[str, Any]]:
     """Reminder rows (of one event, or all), oldest due first."""
     query = sa.select(event_reminders).order_by(event_reminders.c.due_at)

@@ -242,3 +242,43 @@ def test_a_relay_only_reexecution_counts_what_it_published_not_the_sends_again(
     )
     assert second["lateness_count"] == 0  # the lateness was the first run's
     assert sum(r["sent"] for r in (first, second)) == 3
+
+
+def test_three_runs_through_a_broker_outage_keep_liveness_and_publish_once_it_returns(
+    engine, database_url, kafka_settings, kafka_reader, instance
+):
+    """The outage as the daemon would see it: three runs with the broker unreachable, then one
+    with it back. Rows are Sent and liveness advances throughout; the outbox backlog shows the
+    outage; the first run after it publishes everything, each message once."""
+    from collections import Counter
+
+    dead_broker = f"127.0.0.1:{free_port()}"
+    events, runs = [], []
+    for minutes in (3, 2, 1):
+        events.append(make_due_event(engine, minutes_overdue=minutes))
+        runs.append(reminder_dispatch.execute_in_process(
+            instance=instance, resources=resources_for(database_url, dead_broker, **SHORT_KAFKA),
+            raise_on_error=False,
+        ))
+        assert not runs[-1].success  # plainly failed: Kafka publish failed
+        rows = ledger_rows(engine)
+        assert rows[-1]["succeeded"] is True and rows[-1]["sent"] == 1
+        assert health.liveness(engine, rows[-1]["finished_at"]).passed
+    assert [r["status"] for e in events for r in reminders(engine, e)] == ["Sent"] * 3
+    assert [o["published_at"] for o in outbox_rows(engine)] == [None] * 3
+    assert [r["finished_at"] for r in ledger_rows(engine)] == sorted(
+        r["finished_at"] for r in ledger_rows(engine))
+    assert health.outbox_backlog(engine, ledger_rows(engine)[-1]["finished_at"]).metadata[
+        "unpublished"] == 3
+
+    back = reminder_dispatch.execute_in_process(
+        instance=instance, resources=resources_for(database_url, kafka_settings)
+    )
+    assert back.success
+    assert all(o["published_at"] is not None for o in outbox_rows(engine))
+    ids = [reminders(engine, e)[0]["id"] for e in events]
+    kafka_reader.wait_for(ids)
+    kafka_reader.drain()
+    # Nothing reached the dead broker, so no duplicate: the ack window was never open.
+    assert Counter(m.value["ReminderId"] for m in kafka_reader.for_reminders(ids)) == Counter(
+        {str(i): 1 for i in ids})
