@@ -61,7 +61,7 @@ class AsOfInFutureError(ValueError):
 
 
 def now_utc() -> datetime:
-    """The system clock, in UTC (the seed's AsOf)."""
+    """The system clock, in UTC (the design's AsOf)."""
     return datetime.now(UTC)
 
 
@@ -207,7 +207,7 @@ class BatchOutcome:
         )
 
 
-# --- the seed's steps in the caller's transaction -----------------------------------------------
+# --- the design's steps in the caller's transaction -----------------------------------------------
 
 
 def select_due_batch(conn: Connection, as_of: datetime, batch_size: int) -> Selection:
@@ -237,7 +237,7 @@ def transition_and_outbox(
 ) -> BatchOutcome:
     """Step 3 in ``conn``'s transaction: lock and re-read the candidates, decide, write.
 
-    The seed's rule: the candidates are locked again here (FOR UPDATE SKIP LOCKED) and re-read
+    The design's rule: the candidates are locked again here (FOR UPDATE SKIP LOCKED) and re-read
     with their event; only what is still Pending and due, and not reserved by another run, is
     decided, on *that* state (:func:`~reminder_pipeline.domain.plan.plan_batch`), and written by
     one set-based statement: Sent rows get ``sent_at`` (the clock now, never before ``as_of``)

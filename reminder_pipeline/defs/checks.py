@@ -1,4 +1,4 @@
-"""The seed's alerts as asset checks on ``calendar/reminder_dispatch``, one per :func:`health.evaluate` result.
+"""The design's alerts as asset checks on ``calendar/reminder_dispatch``, one per :func:`health.evaluate` result.
 
 The conditions live in :mod:`reminder_pipeline.observability.health` (the same thresholds as the
 Prometheus rules); this module only turns their verdicts into ``AssetCheckResult``s with the
@@ -117,7 +117,7 @@ def check_evaluation(check: health.HealthCheck) -> AssetCheckEvaluation:
         for name, (text, runbook) in CHECKS.items()
     ],
     can_subset=True,
-    description="The seed's alert conditions, read from the database (health.evaluate).",
+    description="The design's alert conditions, read from the database (health.evaluate).",
 )
 def reminder_dispatch_health(
     context: AssetCheckExecutionContext, postgres: PostgresResource

@@ -61,7 +61,7 @@ CATCH_UP_MAX_RUNTIME_SECONDS = 285
 
 
 class DispatchRunConfig(CycleConfig):
-    """Run config of ``reminder_dispatch``: the seed's cycle (one batch of 200, 30 s budget)."""
+    """Run config of ``reminder_dispatch``: the design's cycle (one batch of 200, 30 s budget)."""
 
     budget_seconds: float = Field(
         default=30.0, ge=1.0, le=DISPATCH_MAX_BUDGET_SECONDS,
@@ -125,7 +125,7 @@ def _validated_config(
 
 @graph(description="select_due_batch → resolve_event_status → transition_and_outbox → relay_outbox")
 def dispatch_cycle():
-    """The seed's cycle as four steps."""
+    """The design's cycle as four steps."""
     relay_outbox(transition_and_outbox(resolve_event_status(select_due_batch())))
 
 
@@ -163,7 +163,7 @@ reminder_health_checks = define_asset_job(
     name=HEALTH_JOB_NAME,
     selection=AssetSelection.checks_for_assets(DISPATCH_ASSET_KEY),
     description=(
-        "The seed's alerts as asset checks on calendar/reminder_dispatch (dispatch_liveness, "
+        "The design's alerts as asset checks on calendar/reminder_dispatch (dispatch_liveness, "
         "no_overdue_reminders, dispatch_errors, outbox_backlog, lateness_slo), read from the "
         "database. On demand (Execute in the UI); reminder_health_sensor evaluates the same "
         "checks every minute without a run. Never limited by, nor blocking, the dispatch runs."

@@ -47,7 +47,7 @@ class CycleConfig(Config):
     )
     max_batches: int = Field(
         default=1, ge=1, le=MAX_BATCHES,
-        description="Batches per run (1 = the seed's cycle); more drains a backlog, batch after "
+        description="Batches per run (1 = the design's cycle); more drains a backlog, batch after "
                     "batch, publishing as it goes, until the time budget is spent.",
     )
     budget_seconds: float = Field(

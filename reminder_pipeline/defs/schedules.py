@@ -2,7 +2,7 @@
 
 The dispatch schedule skips a tick while as many dispatch or catch-up runs are in flight as the
 instance's run-concurrency limit for the dispatch tag allows (dagster.yaml; 1 by default, the
-seed's no-overlap rule), so slow runs never pile up in the queue.
+design's no-overlap rule), so slow runs never pile up in the queue.
 """
 
 from dagster import (
@@ -45,7 +45,7 @@ def dispatch_concurrency_limit(context: ScheduleEvaluationContext) -> int:
     cron_schedule="* * * * *",
     execution_timezone="UTC",
     default_status=DefaultScheduleStatus.RUNNING,
-    description="The seed's 60 s cycle; a tick is skipped while the dispatch runs allowed at once "
+    description="The design's 60 s cycle; a tick is skipped while the dispatch runs allowed at once "
                 "(dagster.yaml's limit for the dispatch tag, 1 by default) are queued or running.",
 )
 def reminder_dispatch_schedule(context: ScheduleEvaluationContext):

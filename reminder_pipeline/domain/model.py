@@ -106,7 +106,7 @@ class PoisonRow:
 
 @dataclass
 class CycleCounts:
-    """The seed's cycle result plus what operators need to see; merged across batches."""
+    """The design's cycle result plus what operators need to see; merged across batches."""
 
     selected: int = 0
     sent: int = 0

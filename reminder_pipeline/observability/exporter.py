@@ -1,4 +1,4 @@
-"""The metrics endpoint: the seed's Prometheus metrics, computed from the database on each scrape.
+"""The metrics endpoint: the design's Prometheus metrics, computed from the database on each scrape.
 
 ``reminder-pipeline metrics`` (and ``reminder-pipeline up``) serve ``/metrics`` over HTTP. There
 is no in-process state: counters and histograms are ``totals + SUM(detail)`` over the per-cycle

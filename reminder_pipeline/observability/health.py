@@ -1,4 +1,4 @@
-"""The seed's alert conditions as plain functions over the database: what the Dagster asset checks show.
+"""The design's alert conditions as plain functions over the database: what the Dagster asset checks show.
 
 Each check reads the live tables or the metrics ledger (never a process's memory), so it gives
 the same answer whichever process evaluates it, and it can be evaluated when no dispatch run
@@ -24,9 +24,9 @@ RUNBOOK_OVERDUE = RUNBOOK_DISPATCH + "#overdue-pending-reminders"
 RUNBOOK_ERRORS = RUNBOOK_DISPATCH + "#errors-sustained"
 RUNBOOK_LATENESS = RUNBOOK_DISPATCH + "#lateness-slo-burn"
 
-#: No successful cycle for longer than this: the dispatcher is not running (seed: > 5 min).
+#: No successful cycle for longer than this: the dispatcher is not running (docs/design.md: > 5 min).
 LIVENESS_SECONDS = 300.0
-#: A Pending row due longer ago than this: the worker lags or hangs (seed: older than 5 min).
+#: A Pending row due longer ago than this: the worker lags or hangs (docs/design.md: older than 5 min).
 OVERDUE_SECONDS = 300.0
 #: Errors are sustained when they have gone on this long with no gap of ERRORS_GAP or more:
 #: what the alert's ``rate(calendar_reminder_dispatch_errors_total[5m]) > 0`` for ``10m`` sees.
@@ -36,7 +36,7 @@ ERRORS_GAP = timedelta(minutes=5)
 POISON_MIN_ATTEMPTS = metrics_repository.POISON_MIN_ATTEMPTS
 #: The oldest unpublished outbox row may be this old before the backlog check fails.
 OUTBOX_LAG_SECONDS = 120.0
-#: The seed's delivery SLO: SentAt - DueAt at p95 within 2 minutes, over this window.
+#: The design's delivery SLO: SentAt - DueAt at p95 within 2 minutes, over this window.
 LATENESS_SLO_SECONDS = 120.0
 LATENESS_WINDOW = timedelta(minutes=15)
 

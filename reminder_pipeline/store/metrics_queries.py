@@ -149,7 +149,7 @@ LATENESS_BUCKETS_SINCE = text(
     """
 )
 
-# Pending rows whose DueAt is older than :cutoff (the seed's "worker lags/hangs" alert); walks
+# Pending rows whose DueAt is older than :cutoff (the design's "worker lags/hangs" alert); walks
 # the due query's partial index, so it stays cheap however many terminal rows there are.
 OVERDUE = text(
     """

@@ -1,9 +1,9 @@
 """Every SQL statement of the dispatcher, named. Bind parameters only; no string formatting of values.
 
-The hot statements are written for the plans measured in ``shared/POSTGRES-NOTES.md``: the due
-query walks the partial index ``ix_event_reminders_status_due_at`` in ``due_at`` order and stops
-after ``LIMIT`` locked rows; batches of ids are passed as arrays (``= ANY``/``unnest``) so the
-planner keeps primary-key index scans instead of hash joins.
+The hot statements are written for the plans measured in ``benchmarks/README.md``: the due query
+walks the partial index ``ix_event_reminders_status_due_at`` in ``(due_at, id)`` order and stops
+after ``LIMIT`` locked rows (an EXPLAIN test keeps it so); batches of ids are passed as arrays
+(``= ANY``/``jsonb``) so the planner keeps primary-key index scans instead of hash joins.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ _DUE_NAMES = ", ".join(
                  "offset_minutes", "due_at", "attempts")
 )
 
-# Step 1 of the seed: due rows, oldest first, at most :batch_size, each locked FOR UPDATE; rows
+# Step 1 of the cycle (docs/design.md): due rows, oldest first, at most :batch_size, each locked FOR UPDATE; rows
 # locked by another instance (or by an event's cancel/reschedule cascade in flight) are skipped
 # without waiting, and counted. One row per taken reminder (the DueReminder columns, then the
 # count); when nothing was taken, one row of NULLs carrying the count.
@@ -125,7 +125,7 @@ RESERVE_DUE = text(
 # The writing step's re-read: the candidates again, locked in *this* transaction, still
 # Pending, still due, and not reserved by another run (:reserved_by is the run that selected
 # them; its own reservation does not hold it back). Its result, not the selection's, decides
-# send or skip, so a cancel that committed after the selection wins (the seed's "conflict
+# send or skip, so a cancel that committed after the selection wins (the design's "conflict
 # resolved by re-reading").
 LOCK_CANDIDATES_SKIP_LOCKED = text(
     f"""
@@ -160,7 +160,7 @@ COUNT_STILL_PENDING = text(
     """
 )
 
-# Step 4 of the seed in one statement: every decided row moves Pending -> Sent/Skipped, and
+# Step 3 of the cycle in one statement: every decided row moves Pending -> Sent/Skipped, and
 # each row that became Sent gets exactly one outbox row (its id and stored payload come back, so
 # a drain's relay can publish it without reading it again). The batch arrives as one jsonb array
 # (one orjson dump per batch; five text[] parameters cost a regex escape per payload quote). The
@@ -202,7 +202,7 @@ APPLY_TRANSITIONS = text(
     """
 )
 
-# A poison row stays Pending (the seed) but backs off exponentially, so a head of poison rows
+# A poison row stays Pending (docs/design.md) but backs off exponentially, so a head of poison rows
 # can never starve the healthy rows behind it: 30 s, 60 s, 120 s, ... capped at :cap_seconds.
 RECORD_POISON = text(
     """
