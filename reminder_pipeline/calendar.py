@@ -1,7 +1,7 @@
 """The calendar side: creating, cancelling, completing and rescheduling events with their reminder rows.
 
 Each call is one transaction. Cancel and complete lock the event's Pending rows before touching
-them, like the seed's cascade: a dispatcher holding a row makes the cascade wait, and a row the
+them, like the design's cascade: a dispatcher holding a row makes the cascade wait, and a row the
 cascade holds is skipped by the dispatcher (SKIP LOCKED).
 """
 

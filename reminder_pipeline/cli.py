@@ -175,6 +175,8 @@ def cmd_consume(args: argparse.Namespace) -> int:
         dedup_path=Path(args.dedup_path) if args.dedup_path else None,
         once=args.once,
         bootstrap_servers=servers,
+        metrics_port=args.metrics_port,
+        locale=args.locale,
     )
 
 
@@ -314,6 +316,10 @@ def build_parser() -> argparse.ArgumentParser:
     consume.add_argument("--group-id", default="notifications-reference")
     consume.add_argument("--dedup-path", help="SQLite file of delivered ReminderIds (durable de-duplication)")
     consume.add_argument("--once", action="store_true", help="exit when the topic is idle")
+    consume.add_argument("--metrics-port", type=int, default=None,
+                         help="serve the consumer's Prometheus metrics on this port")
+    consume.add_argument("--locale", choices=("en", "ru"), default="en",
+                         help="language of the reminder texts (default en)")
     consume.set_defaults(func=cmd_consume)
     metrics = sub.add_parser("metrics", help="serve Prometheus metrics on REMINDER_METRICS_PORT")
     metrics.set_defaults(func=cmd_metrics)

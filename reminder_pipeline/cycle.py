@@ -1,44 +1,59 @@
-"""The dispatch cycle of the seed, as plain calls: one per Dagster op, plus a whole cycle for the CLI.
+"""One dispatch cycle: ``select_due_batch → resolve_event_status → transition_and_outbox → relay_outbox``.
 
-``select_due_batch → resolve_event_status → transition_and_outbox → relay_outbox``.
+This module owns a cycle; the CLI and the Dagster ops are adapters over these calls, which take
+and return plain records:
 
-The rule that keeps this correct whatever runs the steps: the step that writes
-(:func:`transition_and_outbox`) locks the candidates again in its own transaction, re-reads the
-row and event status under that lock and decides on *that*. Selection may run in an earlier
-transaction (separate Dagster steps, a re-execution from the UI days later): a row that was
-cancelled, sent by another instance or locked since then is simply not written.
+* :func:`start` - the cycle's settings and clock (``cycle started``);
+* :func:`select` - step 1 as a Dagster op runs it: due rows reserved for the run, in a short
+  transaction of its own, so concurrent runs take disjoint batches;
+* :func:`resolve` - step 2: the selected rows' event status, send or skip (a preview);
+* :func:`write` - step 3: lock and re-read, decide on that state, write set-based; then, when
+  the cycle may drain more batches, go on selecting and writing (each batch one transaction);
+* :func:`finish` - step 4: publish what is unpublished, measure the backlog, record the cycle
+  (``cycle completed``, the metrics ledger);
+* :func:`run_cycle` - all of it in one process (CLI, demo, tests), each batch selected and
+  written in one transaction.
+
+The rule that keeps a cycle correct whatever runs its steps, and whenever: the writing step
+(:func:`transition_and_outbox`) locks the candidates again in its own transaction, re-reads
+each row and its event under that lock and decides on *that* (docs/design.md). Log lines and
+span events of a batch are emitted after its transaction committed: nothing but database work
+happens while its rows are locked.
 """
 
 from __future__ import annotations
 
-import gc
 import logging
 import time
 import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
-from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, Engine
 
 from .domain import contract
 from .domain.model import Action, CycleCounts, Decision, DueReminder, PoisonRow, ReminderStatus
-from .domain.payload import PayloadError, build_payload
-from .domain.transitions import decide_all
-from .logs import event, events
-from .messaging.relay import BackgroundRelay, Publisher, RelayResult
-from .messaging.relay import relay_outbox as _relay_outbox
+from .domain.plan import plan_batch
+from .domain.transitions import action_for, decide_all
+from .logs import Journal
+from .memory import young_generation
+from .messaging.relay import OutboxRelay, Publisher, RelayResult, relay_outbox
 from .observability import ledger, tracing
 from .store import repository
-from .store.repository import ClaimedMessage, OutboxMessage
+from .store.repository import ClaimedMessage
 
-log = logging.getLogger(__name__)
+#: How long the rows a Dagster run selected stay reserved for its writing step. The write
+#: follows the selection within seconds; a run that dies in between releases its rows by
+#: itself, before the next minute's tick selects again.
+RESERVATION_SECONDS = 30.0
+#: The relay always gets at least this long, even when the drain spent the budget: a few seconds
+#: past the budget beat a "publish failed" for messages the broker was about to acknowledge.
+MIN_RELAY_SECONDS = 5.0
 
-# SQLSTATE classes that belong to a row's data, not to the infrastructure: a failing set-based
-# write is retried row by row so that only the offending row is excluded.
-_DATA_ERROR_CLASSES = ("22", "23")
+#: What a batch progress callback receives: the cycle's counts so far.
+Progress = Callable[[CycleCounts], None]
 
 
 class AsOfInFutureError(ValueError):
@@ -46,7 +61,7 @@ class AsOfInFutureError(ValueError):
 
 
 def now_utc() -> datetime:
-    """The system clock, in UTC (the seed's AsOf)."""
+    """The system clock, in UTC (the design's AsOf)."""
     return datetime.now(UTC)
 
 
@@ -62,9 +77,90 @@ def check_as_of(as_of: datetime | None, now: datetime | None = None) -> datetime
     return as_of
 
 
+# --- the records a cycle hands from step to step (plain values: what Dagster steps store) ------
+
+
+@dataclass(frozen=True)
+class Cycle:
+    """One cycle's settings and start (wall clock: a re-executed step runs in another process)."""
+
+    run_id: str
+    as_of: datetime
+    batch_size: int
+    max_batches: int = 1
+    budget_seconds: float = 30.0
+    started_at: float = field(default_factory=time.time)
+
+    def plain(self) -> dict[str, Any]:
+        """As builtins."""
+        return {**asdict(self), "as_of": self.as_of.isoformat()}
+
+    @classmethod
+    def from_plain(cls, data: Mapping[str, Any]) -> Cycle:
+        """From :meth:`plain`."""
+        return cls(**{**data, "as_of": datetime.fromisoformat(data["as_of"])})
+
+
+@dataclass(frozen=True)
+class Decisions:
+    """Step 2's preview: which selected rows would be sent and which skipped."""
+
+    send: list[str]
+    skip: list[str]
+
+
+@dataclass
+class Written:
+    """What step 3 did in run ``run_id``: its counts, and what it already published."""
+
+    run_id: str
+    counts: CycleCounts
+    relay: RelayResult = field(default_factory=RelayResult)
+
+    def plain(self) -> dict[str, Any]:
+        """As builtins."""
+        return {"run_id": self.run_id, "counts": asdict(self.counts), "relay": self.relay.plain()}
+
+    @classmethod
+    def from_plain(cls, data: Mapping[str, Any]) -> Written:
+        """From :meth:`plain`."""
+        return cls(data["run_id"], CycleCounts(**data["counts"]), RelayResult(**data["relay"]))
+
+
+@dataclass
+class CycleReport:
+    """A whole cycle: counts, the relay's result, and what is left behind."""
+
+    run_id: str
+    as_of: datetime
+    batch_size: int
+    counts: CycleCounts
+    relay: RelayResult
+    backlog_remaining: int
+    oldest_due_age_seconds: float | None
+    outbox_unpublished: int = 0
+    #: A step re-executed from the UI that only relayed: the sends were the parent run's.
+    reexecuted_relay_only: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        """Flat dict for the CLI, logs and metadata."""
+        data: dict[str, Any] = self.counts.as_dict()
+        data.update(
+            run_id=self.run_id,
+            as_of=self.as_of.isoformat(),
+            batch_size=self.batch_size,
+            published=self.relay.published,
+            publish_failed=self.relay.failed,
+            backlog_remaining=self.backlog_remaining,
+            oldest_due_age_seconds=self.oldest_due_age_seconds,
+            outbox_unpublished=self.outbox_unpublished,
+        )
+        return data
+
+
 @dataclass(frozen=True)
 class Selection:
-    """What :func:`select_due_batch` found: the candidates, oldest first."""
+    """Step 1 in the caller's transaction: the candidates, oldest first, locked by it."""
 
     as_of: datetime
     batch_size: int
@@ -84,12 +180,16 @@ class BatchOutcome:
     sent: list[DueReminder] = field(default_factory=list)
     skipped: list[DueReminder] = field(default_factory=list)
     poison: list[PoisonRow] = field(default_factory=list)
+    time_zone_fallbacks: list[DueReminder] = field(default_factory=list)
+    #: Candidates still Pending that another transaction (or another run's reservation) holds.
     skipped_locked: int = 0
+    #: Candidates no longer Pending or due (sent, skipped or deleted since they were selected).
     gone: int = 0
+    #: Rows the selection of this batch took (a short batch ends a drain).
+    selected: int = 0
     outbox_rows: int = 0
-    max_lateness_seconds: float | None = None
     lateness_seconds: list[float] = field(default_factory=list)
-    #: The outbox rows written, as the relay publishes them (for a drain's background relay).
+    #: The outbox rows written, as the relay publishes them (a drain hands them to its relay).
     messages: list[ClaimedMessage] = field(default_factory=list, repr=False)
 
     def counts(self) -> CycleCounts:
@@ -101,44 +201,28 @@ class BatchOutcome:
             skipped_locked=self.skipped_locked,
             failed=len(self.poison),
             batches=1,
-            max_lateness_seconds=self.max_lateness_seconds,
+            time_zone_fallbacks=len(self.time_zone_fallbacks),
+            max_lateness_seconds=max(self.lateness_seconds, default=None),
             lateness_seconds=list(self.lateness_seconds),
         )
+
+
+# --- the design's steps in the caller's transaction -----------------------------------------------
 
 
 def select_due_batch(conn: Connection, as_of: datetime, batch_size: int) -> Selection:
     """Step 1: due Pending rows (``due_at < as_of``), oldest first, locked FOR UPDATE SKIP LOCKED.
 
     The locks last as long as ``conn``'s transaction. Rows held by another instance are not
-    waited for; how many there were is counted as ``skipped_locked``.
+    waited for; how many there were is counted exactly (``skipped_locked``).
     """
-    candidates = repository.select_due_for_update_skip_locked(conn, as_of, batch_size)
-    upper = candidates[-1].due_at if len(candidates) >= batch_size else as_of
-    skipped_locked = repository.count_due_not_ours(
-        conn, as_of, upper, [c.reminder_id for c in candidates]
-    )
-    return Selection(as_of, batch_size, candidates, skipped_locked)
+    due = repository.select_due_for_update_skip_locked(conn, as_of, batch_size)
+    return Selection(as_of, batch_size, due.reminders, due.skipped_locked)
 
 
 def resolve_event_status(candidates: Sequence[DueReminder]) -> list[Decision]:
     """Step 2 (pure): send for a Planned/InProgress event, skip for Cancelled/Completed."""
     return decide_all(list(candidates))
-
-
-def _message(
-    reminder: DueReminder, correlation_id: str | None, trace: dict[str, str]
-) -> OutboxMessage:
-    payload = build_payload(reminder)
-    headers = contract.headers(payload["ReminderId"], correlation_id)
-    # The cycle span's W3C context, stored with the row: the relay sends it whenever it publishes,
-    # so a consumer continues this trace.
-    headers.update(trace)
-    return OutboxMessage(message_key=payload["EventId"], payload=payload, headers=headers)
-
-
-def _is_data_error(error: sa_exc.DBAPIError) -> bool:
-    sqlstate = getattr(error.orig, "sqlstate", None) or ""
-    return sqlstate[:2] in _DATA_ERROR_CLASSES
 
 
 def transition_and_outbox(
@@ -147,151 +231,62 @@ def transition_and_outbox(
     as_of: datetime,
     *,
     correlation_id: str | None = None,
-    now: datetime | None = None,
+    reserved_by: str | None = None,
     held: Sequence[DueReminder] | None = None,
-    log_preface: Sequence[dict] = (),
+    now: datetime | None = None,
 ) -> BatchOutcome:
-    """Steps 3-4 in ``conn``'s transaction: lock and re-read the candidates, decide, write.
+    """Step 3 in ``conn``'s transaction: lock and re-read the candidates, decide, write.
 
-    ``held``: the candidates as :func:`select_due_batch` read them *in this same transaction*
-    (``dispatch_batch``). They are locked FOR UPDATE by it since, so nothing can have changed
-    them and they are not locked and read a second time. Anything else (a selection from an
-    earlier transaction, a Dagster step) must leave it None. ``log_preface``: log lines (fields,
-    with their ``msg``) written in the same record as the batch's per-reminder lines.
+    The design's rule: the candidates are locked again here (FOR UPDATE SKIP LOCKED) and re-read
+    with their event; only what is still Pending and due, and not reserved by another run, is
+    decided, on *that* state (:func:`~reminder_pipeline.domain.plan.plan_batch`), and written by
+    one set-based statement: Sent rows get ``sent_at`` (the clock now, never before ``as_of``)
+    and exactly one outbox row each, Skipped rows publish nothing. A poison row (its message
+    cannot be built, breaks the contract, or the database refuses its data) is left Pending with
+    a back-off. Infrastructure errors propagate: the caller's transaction rolls back whole.
 
-    Sent rows get ``sent_at`` (the clock at this write, never earlier than ``as_of``) and exactly
-    one outbox row each; Skipped rows publish nothing. A poison row (its payload cannot be built
-    or breaks the contract) is excluded, logged at ERROR, left Pending with a back-off; the rest
-    commits with the caller's transaction. Infrastructure errors propagate: the caller's
-    transaction rolls back and releases every lock.
+    ``reserved_by``: the run whose reservation the candidates may carry (the run that selected
+    them). ``held``: the candidates as :func:`select_due_batch` read and locked them *in this
+    same transaction*; nothing can have changed them since, so they are not read again.
     """
     now = now or now_utc()
-    sent_at = max(now, as_of)
-    outcome = BatchOutcome()
-    # Ids are text; a selection pickled by an older version (a step re-executed from the UI
-    # after an upgrade) may still hold uuid.UUIDs.
-    candidate_ids = [str(i) for i in candidate_ids]
-    if held is not None and [r.reminder_id for r in held] == list(candidate_ids):
+    ids = [str(i) for i in candidate_ids]  # a selection stored by an older version held UUIDs
+    if held is not None and [r.reminder_id for r in held] == ids:
         locked = list(held)
     else:
-        locked = repository.lock_candidates(conn, candidate_ids, as_of)
-    locked_ids = {r.reminder_id for r in locked}
-    missing = [i for i in candidate_ids if i not in locked_ids]
-    # Still Pending but not lockable: another instance or an event cascade holds them.
+        locked = repository.lock_candidates(conn, ids, as_of, reserved_by)
+    outcome = BatchOutcome(selected=len(ids))
+    taken = {r.reminder_id for r in locked}
+    missing = [i for i in ids if i not in taken]
     outcome.skipped_locked = repository.count_still_pending(conn, missing)
     outcome.gone = len(missing) - outcome.skipped_locked
 
-    planned: list[tuple[Decision, OutboxMessage | None]] = []
-    trace = tracing.trace_headers()  # the cycle span's context: the same for every row
-    for decision in resolve_event_status(locked):
-        reminder = decision.reminder
-        if decision.action is Action.SKIP:
-            planned.append((decision, None))
-            continue
-        try:
-            planned.append((decision, _message(reminder, correlation_id, trace)))
-        except PayloadError as error:
-            outcome.poison.append(
-                PoisonRow(reminder.reminder_id, reminder.event_id, reminder.tenant_id, str(error))
-            )
-
-    applied = _apply(conn, planned, sent_at, outcome)
+    plan = plan_batch(locked, correlation_id=correlation_id, trace=tracing.trace_headers())
+    applied = repository.apply_transitions(conn, plan.transitions(), topic=contract.TOPIC,
+                                           sent_at=max(now, as_of))
+    outcome.poison = plan.poison + applied.refused
     repository.record_poison(conn, outcome.poison, now)
 
-    by_id = {d.reminder.reminder_id: (d.reminder, m) for d, m in planned}
-    sent_ids: list[dict] = []
-    for row in applied:
-        reminder, message = by_id[row.reminder_id]
-        if row.status is ReminderStatus.SENT:
-            outcome.sent.append(reminder)
-            if row.outbox_id is not None and message is not None:
-                outcome.messages.append(ClaimedMessage(row.outbox_id, contract.TOPIC,
-                                                       message.message_key, row.payload or "",
-                                                       message.headers))
-            p = message.payload if message is not None else {}
-            sent_ids.append({"reminder_id": p.get("ReminderId"), "event_id": p.get("EventId"),
-                             "offset_minutes": reminder.offset_minutes,
-                             "tenant_id": p.get("TenantId")})
-            if row.lateness_seconds is not None:
-                outcome.lateness_seconds.append(row.lateness_seconds)
-                outcome.max_lateness_seconds = max(
-                    outcome.max_lateness_seconds or row.lateness_seconds, row.lateness_seconds
-                )
-        else:
+    by_id = {r.reminder_id: r for r in locked}
+    messages = {r.reminder_id: m for r, m in plan.sends}
+    fallbacks = {r.reminder_id for r in plan.time_zone_fallbacks}
+    for row in applied.rows:
+        reminder = by_id[row.reminder_id]
+        if row.status is not ReminderStatus.SENT:
             outcome.skipped.append(reminder)
-    _log_outcome(outcome, correlation_id, sent_ids, log_preface)
-    return outcome
-
-
-def _apply(
-    conn: Connection,
-    planned: list[tuple[Decision, OutboxMessage | None]],
-    sent_at: datetime,
-    outcome: BatchOutcome,
-) -> list[repository.AppliedTransition]:
-    """Write the transitions set-based; on a data error, isolate the offending rows one by one."""
-    transitions = [(d.reminder.reminder_id, d.target_status, m) for d, m in planned]
-    savepoint = conn.begin_nested()
-    try:
-        applied, outcome.outbox_rows = repository.apply_transitions(
-            conn, transitions, topic=contract.TOPIC, sent_at=sent_at
-        )
-        savepoint.commit()
-        return applied
-    except sa_exc.DBAPIError as error:
-        savepoint.rollback()
-        if not _is_data_error(error):
-            raise
-    applied = []
-    outcome.outbox_rows = 0
-    for decision, message in planned:
-        reminder = decision.reminder
-        savepoint = conn.begin_nested()
-        try:
-            rows, written = repository.apply_transitions(
-                conn,
-                [(reminder.reminder_id, decision.target_status, message)],
-                topic=contract.TOPIC,
-                sent_at=sent_at,
-            )
-            savepoint.commit()
-        except sa_exc.DBAPIError as error:
-            savepoint.rollback()
-            if not _is_data_error(error):
-                raise
-            sqlstate = getattr(error.orig, "sqlstate", "")
-            outcome.poison.append(
-                PoisonRow(reminder.reminder_id, reminder.event_id, reminder.tenant_id,
-                          f"database rejected the row (SQLSTATE {sqlstate})")
-            )
             continue
-        applied.extend(rows)
-        outcome.outbox_rows += written
-    return applied
-
-
-def _log_outcome(
-    outcome: BatchOutcome, correlation_id: str | None, sent: list[dict], preface: Sequence[dict] = ()
-) -> None:
-    # Each reminder: a log line and an event on the cycle span, with the same identifiers. The
-    # lines of a batch go out as one record (logs.events): one line each in the JSON stream, one
-    # entry in a Dagster run's event log (where every entry costs a database connection). The
-    # span keeps the first MAX_ITEM_EVENTS events. ``sent``: the sent rows' ids, as strings
-    # already (from their payloads).
-    skipped = [{"reminder_id": str(r.reminder_id), "event_id": str(r.event_id),
-                "event_status": r.event_status, "tenant_id": str(r.tenant_id)}
-               for r in outcome.skipped]
-    lines = list(preface)
-    lines += [{"msg": "reminder sent", **ids} for ids in sent]
-    lines += [{"msg": "reminder skipped", **ids} for ids in skipped]
-    events(log, logging.INFO, "batch written", lines, run_id=correlation_id)
-    tracing.item_events("reminder sent", sent)
-    tracing.item_events("reminder skipped", skipped)
-    for p in outcome.poison:
-        ids = {"reminder_id": str(p.reminder_id), "event_id": str(p.event_id),
-               "tenant_id": None if p.tenant_id is None else str(p.tenant_id)}
-        event(log, logging.ERROR, "item failed", run_id=correlation_id, exception=p.error, **ids)
-        tracing.item_event("item failed", **ids)
+        outcome.sent.append(reminder)
+        if row.reminder_id in fallbacks:
+            outcome.time_zone_fallbacks.append(reminder)
+        if row.lateness_seconds is not None:
+            outcome.lateness_seconds.append(row.lateness_seconds)
+        message = messages[row.reminder_id]
+        if row.outbox_id is not None:
+            outcome.messages.append(ClaimedMessage(row.outbox_id, contract.TOPIC,
+                                                   message.message_key, row.payload or "",
+                                                   message.headers))
+    outcome.outbox_rows = applied.outbox_rows
+    return outcome
 
 
 def dispatch_batch(
@@ -300,45 +295,55 @@ def dispatch_batch(
     batch_size: int,
     *,
     correlation_id: str | None = None,
+    journal: Journal | None = None,
 ) -> BatchOutcome:
-    """Select and transition one batch in a single transaction (locks held from select to commit)."""
-    with engine.begin() as conn:
-        selection = select_due_batch(conn, as_of, batch_size)
-        # Logged with the batch's reminder lines (one record): nothing is logged for a batch
-        # that rolls back but "cycle failed".
-        selected = {"msg": "batch selected", "count": len(selection.candidates),
-                    "skipped_locked": selection.skipped_locked}
-        outcome = transition_and_outbox(conn, selection.ids, as_of, correlation_id=correlation_id,
-                                        held=selection.candidates, log_preface=[selected])
-        outcome.skipped_locked += selection.skipped_locked
-        return outcome
+    """Select and write one batch in one transaction (locks held from select to commit).
+
+    Its log lines and span events follow the commit; a batch that rolls back logs that it did,
+    and never "reminder sent".
+    """
+    journal = journal or Journal()
+    try:
+        with engine.begin() as conn:
+            selection = select_due_batch(conn, as_of, batch_size)
+            outcome = transition_and_outbox(conn, selection.ids, as_of, held=selection.candidates,
+                                            correlation_id=correlation_id)
+    except BaseException as error:
+        journal.event(logging.WARNING, "batch rolled back", run_id=correlation_id,
+                      error_kind=type(error).__name__)
+        raise
+    outcome.skipped_locked += selection.skipped_locked
+    _report(journal, outcome, correlation_id, selected=(len(selection.candidates),
+                                                        selection.skipped_locked))
+    return outcome
 
 
-@dataclass
-class CycleReport:
-    """A whole cycle: counts, the relay's result, and the backlog left behind."""
-
-    run_id: str
-    as_of: datetime
-    batch_size: int
-    counts: CycleCounts
-    relay: RelayResult
-    backlog_remaining: int
-    oldest_due_age_seconds: float | None
-
-    def as_dict(self) -> dict:
-        """Flat dict for the CLI, logs and metadata."""
-        data = self.counts.as_dict()
-        data.update(
-            run_id=self.run_id,
-            as_of=self.as_of.isoformat(),
-            batch_size=self.batch_size,
-            published=self.relay.published,
-            publish_failed=self.relay.failed,
-            backlog_remaining=self.backlog_remaining,
-            oldest_due_age_seconds=self.oldest_due_age_seconds,
-        )
-        return data
+def _report(
+    journal: Journal,
+    outcome: BatchOutcome,
+    run_id: str | None,
+    selected: tuple[int, int] | None = None,
+) -> None:
+    """A committed batch's log lines (one record) and span events; warnings and errors apart."""
+    lines: list[dict[str, Any]] = []
+    if selected is not None:
+        lines.append({"msg": "batch selected", "count": selected[0], "skipped_locked": selected[1]})
+    sent = [{"reminder_id": r.reminder_id, "event_id": r.event_id,
+             "offset_minutes": r.offset_minutes, "tenant_id": r.tenant_id} for r in outcome.sent]
+    skipped = [{"reminder_id": r.reminder_id, "event_id": r.event_id,
+                "event_status": r.event_status, "tenant_id": r.tenant_id} for r in outcome.skipped]
+    lines += [{"msg": "reminder sent", **ids} for ids in sent]
+    lines += [{"msg": "reminder skipped", **ids} for ids in skipped]
+    journal.batch(logging.INFO, "batch written", lines, run_id=run_id)
+    tracing.item_events("reminder sent", sent)
+    tracing.item_events("reminder skipped", skipped)
+    for r in outcome.time_zone_fallbacks:
+        journal.event(logging.WARNING, "time zone not canonical; sent with UTC", run_id=run_id,
+                      reminder_id=r.reminder_id, event_id=r.event_id, tenant_id=r.tenant_id)
+    for p in outcome.poison:
+        ids = {"reminder_id": p.reminder_id, "event_id": p.event_id, "tenant_id": p.tenant_id}
+        journal.event(logging.ERROR, "item failed", run_id=run_id, exception=p.error, **ids)
+        tracing.item_event("item failed", **ids)
 
 
 def drain(
@@ -351,77 +356,213 @@ def drain(
     correlation_id: str | None = None,
     publisher: Publisher | None = None,
     started: float | None = None,
+    journal: Journal | None = None,
+    progress: Progress | None = None,
 ) -> tuple[CycleCounts, RelayResult]:
-    """Dispatch up to ``max_batches`` batches, each its own transaction, publishing after each.
+    """Dispatch up to ``max_batches`` batches, each its own transaction.
 
-    Stops early when a batch comes back short (nothing more is due), or when the cycle's time
-    budget is spent: what is left is picked up by the next cycle (the seed: oldest first).
-    With a publisher, the relay runs on a thread of its own (:class:`BackgroundRelay`): each
-    committed batch's outbox rows are handed to it and published while the next batch is
-    written; the returned relay result is its whole work.
+    Stops early when a batch comes back short (nothing more is free to take), or when the
+    budget (counted from ``started``, epoch seconds) is spent: what is left is the next cycle's,
+    oldest first. With a publisher and more than one batch, a relay runs alongside
+    (:meth:`OutboxRelay.start`): each committed batch's rows are handed to it and published
+    while the next batch is written; its result is returned.
     """
-    with _young_generation(_DRAIN_GC_GEN0):
-        return _drain(engine, as_of, batch_size, max_batches=max_batches,
-                      budget_seconds=budget_seconds, correlation_id=correlation_id,
-                      publisher=publisher, started=started)
-
-
-#: The collector's young-generation threshold during a drain. A batch allocates ~10 objects per
-#: row that live for the batch (rows, decisions, payloads); with the default 700, many survive
-#: two collections and are promoted, and the full collections that follow walk the whole heap
-#: of a process with Dagster loaded: ~15 % of a 100k catch-up (measured, benchmarks/README.md).
-#: Nearly all of it is freed by reference counting anyway; cycles still get collected.
-_DRAIN_GC_GEN0 = 50_000
-
-
-@contextmanager
-def _young_generation(threshold: int) -> Iterator[None]:
-    before = gc.get_threshold()
-    if before[0] == 0 or before[0] >= threshold:  # collector disabled, or already roomier
-        yield
-        return
-    gc.set_threshold(threshold, *before[1:])
-    try:
-        yield
-    finally:
-        gc.set_threshold(*before)
-
-
-def _drain(
-    engine: Engine,
-    as_of: datetime,
-    batch_size: int,
-    *,
-    max_batches: int,
-    budget_seconds: float,
-    correlation_id: str | None,
-    publisher: Publisher | None,
-    started: float | None,
-) -> tuple[CycleCounts, RelayResult]:
-    started = started if started is not None else time.monotonic()
+    journal = journal or Journal()
+    started = time.time() if started is None else started
     counts = CycleCounts()
-    relay: BackgroundRelay | None = None
-    if publisher is not None:
-        relay = BackgroundRelay(engine, publisher, deadline=started + max(budget_seconds, 1.0),
-                                correlation_id=correlation_id)
+    relay = None
+    if publisher is not None and max_batches > 1:
+        relay = OutboxRelay(engine, publisher, correlation_id=correlation_id)
+        relay.start(deadline=time.monotonic() + max(started + budget_seconds - time.time(), 1.0))
     try:
-        for _ in range(max_batches):
-            outcome = dispatch_batch(engine, as_of, batch_size, correlation_id=correlation_id)
-            counts.add(outcome.counts())
-            if relay is not None:
-                relay.hand_over(outcome.messages)
-            selected = len(outcome.sent) + len(outcome.skipped) + len(outcome.poison) + outcome.gone
-            if selected + outcome.skipped_locked < batch_size:
-                break
-            if time.monotonic() - started >= budget_seconds:
-                event(log, logging.WARNING, "cycle budget spent; the rest waits for the next cycle",
-                      run_id=correlation_id, budget_seconds=budget_seconds)
-                break
+        with young_generation():
+            for _ in range(max_batches):
+                outcome = dispatch_batch(engine, as_of, batch_size,
+                                         correlation_id=correlation_id, journal=journal)
+                counts.add(outcome.counts())
+                if relay is not None:
+                    relay.hand_over(outcome.messages)
+                if progress is not None:
+                    progress(counts)
+                if outcome.selected < batch_size:
+                    break
+                if time.time() - started >= budget_seconds:
+                    journal.event(logging.WARNING,
+                                  "cycle budget spent; the rest waits for the next cycle",
+                                  run_id=correlation_id, budget_seconds=budget_seconds)
+                    break
     except BaseException:
         if relay is not None:
             relay.abandon()
         raise
     return counts, (relay.finish() if relay is not None else RelayResult())
+
+
+# --- a cycle, step by step (the Dagster ops) ----------------------------------------------------
+
+
+def start(
+    run_id: str,
+    *,
+    as_of: datetime | None = None,
+    batch_size: int,
+    max_batches: int = 1,
+    budget_seconds: float = 30.0,
+    journal: Journal | None = None,
+) -> Cycle:
+    """A new cycle: AsOf checked against the clock (never in the future), ``cycle started``."""
+    started = time.time()
+    now = datetime.fromtimestamp(started, UTC)  # AsOf defaults to the cycle's own start
+    cycle = Cycle(run_id, check_as_of(as_of, now), batch_size, max_batches, budget_seconds, started)
+    (journal or Journal()).event(logging.INFO, "cycle started", run_id=run_id,
+                                 as_of=cycle.as_of.isoformat(), batch_size=batch_size,
+                                 max_batches=max_batches)
+    return cycle
+
+
+def select(engine: Engine, cycle: Cycle, *, journal: Journal | None = None
+           ) -> repository.Reservation:
+    """Step 1: the cycle's batch of due rows, reserved for its run (committed before returning)."""
+    with engine.begin() as conn:
+        reserved = repository.reserve_due(conn, cycle.as_of, cycle.batch_size, cycle.run_id,
+                                          RESERVATION_SECONDS)
+    (journal or Journal()).event(logging.INFO, "batch selected", run_id=cycle.run_id,
+                                 count=len(reserved.ids), skipped_locked=reserved.skipped_locked)
+    return reserved
+
+
+def resolve(engine: Engine, ids: Sequence[str]) -> Decisions:
+    """Step 2: each selected row's event status, read without a lock, as send or skip."""
+    with engine.connect() as conn:
+        statuses = repository.event_statuses(conn, ids)
+    decided = Decisions([], [])
+    for reminder_id in ids:
+        action = action_for(statuses.get(reminder_id))
+        (decided.send if action is Action.SEND else decided.skip).append(reminder_id)
+    return decided
+
+
+def write(
+    engine: Engine,
+    cycle: Cycle,
+    ids: Sequence[str],
+    *,
+    run_id: str,
+    skipped_locked: int = 0,
+    publisher: Publisher | None = None,
+    journal: Journal | None = None,
+    progress: Progress | None = None,
+) -> Written:
+    """Step 3: write the selected rows (re-locked and re-read); drain on if the cycle may.
+
+    ``run_id`` is the run writing: it may differ from ``cycle.run_id`` when the step is
+    re-executed from the UI, days later maybe; then the budget starts afresh, and the rows
+    reserved by the selecting run are still its to write.
+    """
+    journal = journal or Journal()
+    started = cycle.started_at if cycle.run_id == run_id else time.time()
+    with tracing.cycle_span(run_id, as_of=cycle.as_of.isoformat(), batch_size=cycle.batch_size,
+                            max_batches=cycle.max_batches):
+        try:
+            with engine.begin() as conn:
+                outcome = transition_and_outbox(conn, ids, cycle.as_of, correlation_id=run_id,
+                                                reserved_by=cycle.run_id)
+        except BaseException as error:
+            journal.event(logging.WARNING, "batch rolled back", run_id=run_id,
+                          error_kind=type(error).__name__)
+            raise
+        outcome.skipped_locked += skipped_locked
+        _report(journal, outcome, run_id)
+        counts = outcome.counts()
+        if progress is not None:
+            progress(counts)
+        relay = RelayResult()
+        if (cycle.max_batches > 1 and len(ids) >= cycle.batch_size
+                and time.time() - started < cycle.budget_seconds):
+            more, relay = drain(engine, cycle.as_of, cycle.batch_size,
+                                max_batches=cycle.max_batches - 1,
+                                budget_seconds=cycle.budget_seconds, correlation_id=run_id,
+                                publisher=publisher, started=started, journal=journal,
+                                progress=(lambda c: progress(_plus(counts, c))) if progress
+                                else None)
+            counts.add(more)
+        tracing.set_attributes(**counts.as_dict())
+    return Written(run_id, counts, relay)
+
+
+def _plus(first: CycleCounts, more: CycleCounts) -> CycleCounts:
+    total = CycleCounts()
+    total.add(first)
+    total.add(more)
+    return total
+
+
+def finish(
+    engine: Engine,
+    cycle: Cycle,
+    written: Written,
+    *,
+    run_id: str,
+    publisher: Publisher | None = None,
+    publisher_error: str | None = None,
+    journal: Journal | None = None,
+) -> CycleReport:
+    """Step 4: publish what the outbox holds, measure what is left, record the cycle.
+
+    ``publisher_error``: why there is no publisher (the broker is unreachable): every
+    unpublished row then counts as a failed publish. A broker outage is a publish failure, not a
+    failed cycle: the rows were dispatched, so the ledger records the cycle as succeeded (the
+    dispatcher's liveness) with its ``publish_failed`` count, and the outbox backlog tells the
+    rest. A re-executed relay (``run_id`` differs from the run that wrote) reports only what it
+    published; the sends were counted by the run that made them.
+    """
+    journal = journal or Journal()
+    own = written.run_id == run_id
+    started = cycle.started_at if own else time.time()
+    counts = written.counts if own else CycleCounts()
+    relay = RelayResult().merge(written.relay) if own else RelayResult()
+    if publisher is not None:
+        remaining = max(started + cycle.budget_seconds - time.time(), MIN_RELAY_SECONDS)
+        relay.merge(relay_outbox(engine, publisher, budget_seconds=remaining,
+                                 correlation_id=run_id))
+    elif publisher_error is not None:
+        with engine.connect() as conn:
+            waiting = repository.outbox_lag(conn).unpublished
+        relay.merge(RelayResult(failed=waiting, last_error=publisher_error))
+        journal.event(logging.ERROR, "outbox publish failed; rows stay unpublished",
+                      run_id=run_id, failed=waiting, published=0, error=publisher_error)
+    with engine.connect() as conn:
+        left = repository.backlog(conn, now_utc())
+        lag = repository.outbox_lag(conn)
+    counts.published = relay.published
+    counts.publish_failed = relay.failed
+    counts.duration_ms = int((time.time() - started) * 1000)
+    journal.event(logging.INFO, "cycle completed", run_id=run_id, sent=counts.sent,
+                  skipped=counts.skipped, skipped_locked=counts.skipped_locked,
+                  failed=counts.failed, published=relay.published, publish_failed=relay.failed,
+                  time_zone_fallbacks=counts.time_zone_fallbacks,
+                  duration_ms=counts.duration_ms, backlog_remaining=left.count,
+                  outbox_unpublished=lag.unpublished)
+    ledger.record_cycle(engine, run_id, counts, started_at=started, as_of=cycle.as_of)
+    return CycleReport(run_id, cycle.as_of, cycle.batch_size, counts, relay, left.count,
+                       left.oldest_due_age_seconds, lag.unpublished, reexecuted_relay_only=not own)
+
+
+def fail(engine: Engine, run_id: str, started_at: float, as_of: datetime | None,
+         error: BaseException, *, journal: Journal | None = None) -> None:
+    """Record a cycle that failed (``cycle failed``, a failed row in the ledger)."""
+    (journal or Journal()).event(logging.ERROR, "cycle failed", run_id=run_id,
+                                 error_kind=type(error).__name__)
+    ledger.record_cycle(engine, run_id, None, started_at=started_at, as_of=as_of, error=error)
+
+
+def backlog_left(engine: Engine) -> int:
+    """Due Pending rows not yet processed (for progress lines)."""
+    with engine.connect() as conn:
+        return repository.backlog(conn, now_utc()).count
+
+
+# --- a whole cycle in one process ---------------------------------------------------------------
 
 
 def run_cycle(
@@ -433,59 +574,28 @@ def run_cycle(
     max_batches: int = 1,
     budget_seconds: float = 30.0,
     run_id: str | None = None,
+    journal: Journal | None = None,
+    progress: Progress | None = None,
 ) -> CycleReport:
-    """One whole cycle (CLI, demo, tests): dispatch, relay everything unpublished, measure the backlog.
+    """One whole cycle: each batch selected and written in one transaction, then the relay.
 
-    Runs in one trace span and is recorded in the metrics ledger afterwards, in its own
-    transaction; a failed cycle is recorded as an error, then the exception propagates.
+    In one trace span, recorded in the metrics ledger afterwards; a failed cycle is recorded as
+    an error, then the exception propagates.
     """
-    started_at = now_utc()
-    as_of = check_as_of(as_of)
-    run_id = run_id or str(uuid.uuid4())
-    with tracing.cycle_span(run_id, as_of=as_of.isoformat(), batch_size=batch_size,
+    journal = journal or Journal()
+    cycle = start(run_id or str(uuid.uuid4()), as_of=as_of, batch_size=batch_size,
+                  max_batches=max_batches, budget_seconds=budget_seconds, journal=journal)
+    with tracing.cycle_span(cycle.run_id, as_of=cycle.as_of.isoformat(), batch_size=batch_size,
                             max_batches=max_batches):
         try:
-            report = _run_cycle(engine, publisher, as_of, batch_size, max_batches,
-                                budget_seconds, run_id)
-        except Exception as exc:
-            event(log, logging.ERROR, "cycle failed", run_id=run_id, error_kind=type(exc).__name__)
-            ledger.record_cycle(engine, run_id, None, started_at=started_at, as_of=as_of, error=exc)
+            counts, relay = drain(engine, cycle.as_of, batch_size, max_batches=max_batches,
+                                  budget_seconds=budget_seconds, correlation_id=cycle.run_id,
+                                  publisher=publisher, started=cycle.started_at, journal=journal,
+                                  progress=progress)
+            report = finish(engine, cycle, Written(cycle.run_id, counts, relay),
+                            run_id=cycle.run_id, publisher=publisher, journal=journal)
+        except Exception as error:
+            fail(engine, cycle.run_id, cycle.started_at, cycle.as_of, error, journal=journal)
             raise
-        tracing.set_attributes(**report.counts.as_dict(),
-                               backlog_remaining=report.backlog_remaining)
-        ledger.record_cycle(engine, run_id, report.counts, started_at=started_at, as_of=as_of)
-    return report
-
-
-def _run_cycle(
-    engine: Engine,
-    publisher: Publisher | None,
-    as_of: datetime,
-    batch_size: int,
-    max_batches: int,
-    budget_seconds: float,
-    run_id: str,
-) -> CycleReport:
-    started = time.monotonic()
-    event(log, logging.INFO, "cycle started", run_id=run_id, as_of=as_of.isoformat(),
-          batch_size=batch_size, max_batches=max_batches)
-    counts, relay = drain(engine, as_of, batch_size, max_batches=max_batches,
-                          budget_seconds=budget_seconds, correlation_id=run_id,
-                          publisher=publisher, started=started)
-    if publisher is not None:
-        # Also picks up rows an earlier cycle left unpublished (broker outage, crash).
-        remaining = max(budget_seconds - (time.monotonic() - started), 1.0)
-        relay.merge(_relay_outbox(engine, publisher, budget_seconds=remaining,
-                                          correlation_id=run_id))
-    with engine.connect() as conn:
-        left = repository.backlog(conn, now_utc())
-    counts.published = relay.published
-    counts.publish_failed = relay.failed
-    counts.duration_ms = int((time.monotonic() - started) * 1000)
-    report = CycleReport(run_id, as_of, batch_size, counts, relay, left.count,
-                         left.oldest_due_age_seconds)
-    event(log, logging.INFO, "cycle completed", run_id=run_id, sent=counts.sent,
-          skipped=counts.skipped, skipped_locked=counts.skipped_locked, failed=counts.failed,
-          published=relay.published, publish_failed=relay.failed,
-          duration_ms=counts.duration_ms, backlog_remaining=left.count)
+        tracing.set_attributes(**report.counts.as_dict(), backlog_remaining=report.backlog_remaining)
     return report

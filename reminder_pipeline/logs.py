@@ -89,3 +89,22 @@ def configure(level: int = logging.INFO, stream: Any = None) -> None:
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter())
     logger.addHandler(handler)
+
+
+class Journal:
+    """Where a cycle's records go: JSON lines through stdlib logging (always every line).
+
+    A Dagster run passes a subclass that also writes them to the run's event log
+    (:mod:`reminder_pipeline.defs.event_log`); the cycle itself only calls these two methods.
+    """
+
+    def __init__(self, logger: logging.Logger | None = None) -> None:
+        self.logger = logger or logging.getLogger("reminder_pipeline.cycle")
+
+    def event(self, level: int, message: str, **fields: Any) -> None:
+        """One record: ``message`` with its fields (ids, counts, statuses)."""
+        event(self.logger, level, message, **fields)
+
+    def batch(self, level: int, message: str, items: list[dict[str, Any]], **fields: Any) -> None:
+        """A batch's lines (one per item, each with its own ``msg``) as one record."""
+        events(self.logger, level, message, items, **fields)

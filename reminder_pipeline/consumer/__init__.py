@@ -1,9 +1,11 @@
 """The reference notifications consumer: pin.calendar.reminder-due.v1 to notifications, per the contract."""
 
 from .dedup import DedupStore, SqliteDedupStore
+from .metrics import ConsumerMetrics
 from .notifications import (
     IncompatibleMessage,
     MappedReminder,
+    MessageProblem,
     Notification,
     NotificationKind,
     RecipientRole,
@@ -21,15 +23,19 @@ from .runner import (
     StdoutSink,
     consume_main,
 )
+from .texts import Locale
 
 __all__ = [
     "DLQ_TOPIC",
     "ConsumeStats",
+    "ConsumerMetrics",
     "ConsumerOptions",
     "DedupStore",
     "DeliveryRejected",
     "IncompatibleMessage",
+    "Locale",
     "MappedReminder",
+    "MessageProblem",
     "Notification",
     "NotificationKind",
     "NotificationSink",

@@ -1,44 +1,48 @@
 """From a pin.calendar.reminder-due.v1 message to the notifications it asks for: pure functions.
 
 This is the notifications side of the contract, so it reads only the published language
-(:mod:`reminder_pipeline.domain.contract`), never the calendar's own model. Parsing is tolerant in
-the ways the contract allows (unknown extra fields, a new Kind, a missing optional field) and
-strict in the ways it does not (a required field missing, a wrong type): those raise
-:class:`IncompatibleMessage`, which the runner dead-letters.
+(:mod:`reminder_pipeline.domain.contract`), never the calendar's own model. Strict in what we
+send, lenient in what we accept: our producer writes the shipped schema's exact forms, but a
+message is refused only when the contract's meaning cannot be read from it:
+
+* field names in any case (``reminderId`` from a camelCase serializer is ReminderId); fields the
+  contract does not name are ignored (minor versions are additive);
+* GUIDs and instants in every spelling :mod:`.spellings` admits;
+* ClientUserId and AppointmentId null or absent; OffsetMinutes an integer 0..2^31-1 (``60.0``
+  too); Kind and TimeZone any value: an unknown Kind gets the neutral text and a TimeZone that
+  is not a canonical IANA name shows the local time in UTC (both fail safe, with a warning).
+
+What cannot be read raises :class:`IncompatibleMessage` naming the field, which the runner
+retries a bounded number of times and then dead-letters.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from enum import StrEnum
-from functools import cache
 from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from jsonschema import Draft202012Validator
-
-from ..domain import contract
+from ..domain import contract, time_zones
+from .spellings import SpellingError, parse_guid, parse_instant
+from .texts import Locale, reminder_text
 
 #: Stable namespace for notification ids: the same reminder and recipient give the same id, so a
 #: sink can pass it on as an idempotency key (push providers, mail APIs).
 NOTIFICATION_NAMESPACE = uuid.UUID("0b6f5d0e-3c55-4d39-9a52-7e2d1f0c8a41")
 
-NEUTRAL_TEXT = "A calendar event starts soon"
+#: .NET's ``int``: the contract's type of OffsetMinutes.
+INT32_MAX = 2**31 - 1
 
-#: Reminder text per known Kind; ``{horizon}`` and ``{when}`` are filled in. Kind is additive in
-#: the contract, so anything else falls back to :data:`NEUTRAL_TEXT` (fail safe).
-KIND_TEMPLATES: Mapping[str, str] = {
-    "Showing": "Property showing starts {horizon}, at {when}",
-    "Consultation": "Consultation starts {horizon}, at {when}",
-    "Meeting": "Meeting starts {horizon}, at {when}",
-    "Task": "Task starts {horizon}, at {when}",
-    "BookingDeadline": "Booking deadline is {horizon}, at {when}",
-}
+WARNING_UNKNOWN_KIND = "unknown Kind; neutral reminder text used"
+WARNING_TIME_ZONE_FALLBACK = "TimeZone is not a canonical IANA name; local time shown in UTC"
+
+_FIELD_BY_FOLDED = {name.casefold(): name for name in contract.PAYLOAD_FIELDS}
+_REQUIRED_GUIDS = ("ReminderId", "EventId", "TenantId", "OwnerUserId")
+_OPTIONAL_GUIDS = ("ClientUserId", "AppointmentId")
 
 
 class NotificationKind(StrEnum):
@@ -56,10 +60,16 @@ class RecipientRole(StrEnum):
 
 
 class MessageProblem(StrEnum):
-    """Why a message cannot be handled; becomes the ``dlq-reason`` header."""
+    """Why a message was dead-lettered; the value is the ``dlq-reason`` header."""
 
+    #: Not a UTF-8 JSON object (or a tombstone).
     UNPARSEABLE = "unparseable"
+    #: JSON, but a required field is missing or a value is not the contract's type.
     INCOMPATIBLE = "incompatible"
+    #: Readable, but building its notifications failed (e.g. a local time beyond year 9999).
+    UNPROCESSABLE = "unprocessable"
+    #: The sink refused a notification for good (:class:`~.runner.DeliveryRejected`).
+    DELIVERY_REJECTED = "delivery-rejected"
 
 
 class IncompatibleMessage(ValueError):
@@ -72,7 +82,7 @@ class IncompatibleMessage(ValueError):
 
 @dataclass(frozen=True)
 class ReminderDue:
-    """A parsed ReminderDueEvent: the contract's fields, typed."""
+    """A parsed ReminderDueEvent: the contract's fields, typed (ids and instant normalised)."""
 
     reminder_id: uuid.UUID
     event_id: uuid.UUID
@@ -106,110 +116,123 @@ class Notification:
     horizon: str
     text: str
     appointment_id: uuid.UUID | None = None
+    locale: Locale = Locale.EN
 
 
 @dataclass(frozen=True)
 class MappedReminder:
-    """The notifications for one reminder and the warnings raised while building them."""
+    """The notifications for one reminder and what fell back to a fail-safe default."""
 
     reminder: ReminderDue
     notifications: tuple[Notification, ...]
     warnings: tuple[str, ...] = ()
+    known_kind: bool = True
+    time_zone_fallback: bool = False
 
 
-@cache
-def relaxed_schema() -> dict[str, Any]:
-    """The contract's schema as a consumer applies it: extra fields allowed, optional ones optional.
-
-    The contract is additive for minor changes (new optional fields), so rejecting an unknown
-    field here would turn the producer's compatible change into dead letters.
-    """
-    schema = copy.deepcopy(contract.schema())
-    schema.pop("additionalProperties", None)
-    schema["required"] = list(contract.REQUIRED_FIELDS)
-    return schema
+def _incompatible(name: str, detail: str) -> IncompatibleMessage:
+    return IncompatibleMessage(MessageProblem.INCOMPATIBLE, f"{name}: {detail}")
 
 
-@cache
-def _validator() -> Draft202012Validator:
-    return Draft202012Validator(relaxed_schema())
-
-
-def parse_reminder(raw: bytes | str | None) -> ReminderDue:
-    """Parse and check a message value; raise :class:`IncompatibleMessage` if it is not usable."""
+def _decode(raw: bytes | str | None) -> dict[str, Any]:
+    """The message value as a JSON object, or :class:`IncompatibleMessage` (unparseable)."""
     if raw is None:
         raise IncompatibleMessage(MessageProblem.UNPARSEABLE, "empty message value (tombstone)")
     try:
-        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+        # utf-8-sig: a byte-order mark some writers put first is not part of the JSON.
+        text = raw.decode("utf-8-sig") if isinstance(raw, bytes) else raw
         payload = json.loads(text)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise IncompatibleMessage(MessageProblem.UNPARSEABLE, f"not UTF-8 JSON: {exc}") from None
     if not isinstance(payload, dict):
         raise IncompatibleMessage(
             MessageProblem.UNPARSEABLE, f"JSON value is a {type(payload).__name__}, not an object"
         )
-    errors = sorted(_validator().iter_errors(payload), key=lambda e: list(e.path))
-    if errors:
-        where = "/".join(str(p) for p in errors[0].path) or "payload"
-        raise IncompatibleMessage(MessageProblem.INCOMPATIBLE, f"{where}: {errors[0].message[:200]}")
+    return payload
+
+
+def _contract_fields(payload: Mapping[str, Any]) -> dict[str, Any]:
+    """The contract's fields by their contract names, matched case-insensitively."""
+    found: dict[str, Any] = {}
+    for key, value in payload.items():
+        name = _FIELD_BY_FOLDED.get(key.casefold())
+        if name is None:
+            continue  # an additive field of a newer minor version
+        if name in found and found[name] != value:
+            raise _incompatible(name, "given twice (names differing in case) with different values")
+        found[name] = value
+    return found
+
+
+def _required(fields: Mapping[str, Any], name: str) -> Any:
+    value = fields.get(name)
+    if value is None:
+        raise _incompatible(name, "required field is missing or null")
+    return value
+
+
+def _guid(name: str, value: Any) -> uuid.UUID:
     try:
-        start_at = datetime.fromisoformat(payload["StartAt"]).astimezone(UTC)
-    except ValueError as exc:
-        # The schema's pattern admits e.g. month 13; the value is still not a date.
-        raise IncompatibleMessage(MessageProblem.INCOMPATIBLE, f"StartAt: {exc}") from None
+        return parse_guid(value)
+    except SpellingError as exc:
+        raise _incompatible(name, str(exc)) from None
+
+
+def _offset_minutes(value: Any) -> int:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # 60.0: the same integer, from a writer with one number type
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _incompatible("OffsetMinutes", f"is a {type(value).__name__}, not an integer")
+    if not 0 <= value <= INT32_MAX:
+        raise _incompatible("OffsetMinutes", f"{value} is outside 0..{INT32_MAX}")
+    return value
+
+
+def _text(value: Any) -> str:
+    """Kind/TimeZone as text: a non-string is kept as its JSON, which no known value equals."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def parse_reminder(raw: bytes | str | None) -> ReminderDue:
+    """Read a message value; raise :class:`IncompatibleMessage` if the contract's meaning is not in it."""
+    fields = _contract_fields(_decode(raw))
+    guids = {name: _guid(name, _required(fields, name)) for name in _REQUIRED_GUIDS}
+    optional = {
+        name: None if fields.get(name) is None else _guid(name, fields[name])
+        for name in _OPTIONAL_GUIDS
+    }
+    kind = _text(_required(fields, "Kind"))
+    try:
+        start_at = parse_instant(_required(fields, "StartAt"))
+    except SpellingError as exc:
+        raise _incompatible("StartAt", str(exc)) from None
+    time_zone = _text(_required(fields, "TimeZone"))
+    offset_minutes = _offset_minutes(_required(fields, "OffsetMinutes"))
     return ReminderDue(
-        reminder_id=uuid.UUID(payload["ReminderId"]),
-        event_id=uuid.UUID(payload["EventId"]),
-        tenant_id=uuid.UUID(payload["TenantId"]),
-        owner_user_id=uuid.UUID(payload["OwnerUserId"]),
-        client_user_id=_optional_uuid(payload.get("ClientUserId")),
-        kind=payload["Kind"],
+        reminder_id=guids["ReminderId"],
+        event_id=guids["EventId"],
+        tenant_id=guids["TenantId"],
+        owner_user_id=guids["OwnerUserId"],
+        client_user_id=optional["ClientUserId"],
+        kind=kind,
         start_at=start_at,
-        time_zone=payload["TimeZone"],
-        offset_minutes=payload["OffsetMinutes"],
-        appointment_id=_optional_uuid(payload.get("AppointmentId")),
+        time_zone=time_zone,
+        offset_minutes=offset_minutes,
+        appointment_id=optional["AppointmentId"],
     )
 
 
-def _optional_uuid(value: str | None) -> uuid.UUID | None:
-    return None if value is None else uuid.UUID(value)
+def local_time(start_at: datetime, time_zone: str) -> tuple[datetime, str, bool]:
+    """(``start_at`` in ``time_zone``, the zone shown, whether it fell back to UTC).
 
-
-def _count(n: int, unit: str, article: str) -> str:
-    return f"{article} {unit}" if n == 1 else f"{n} {unit}s"
-
-
-def horizon_text(offset_minutes: int) -> str:
-    """How far ahead the event is: 1440 → "in a day", 60 → "in an hour", 90 → "in 1 hour 30 minutes"."""
-    if offset_minutes <= 0:
-        return "now"
-    weeks, rest = divmod(offset_minutes, 7 * 24 * 60)
-    if rest == 0:
-        return "in " + _count(weeks, "week", "a")
-    days, rest = divmod(offset_minutes, 24 * 60)
-    hours, minutes = divmod(rest, 60)
-    parts = [(days, "day", "a"), (hours, "hour", "an"), (minutes, "minute", "a")]
-    present = [(n, unit, article) for n, unit, article in parts if n]
-    if len(present) == 1:
-        n, unit, article = present[0]
-        return "in " + _count(n, unit, article)
-    return "in " + " ".join(f"{n} {unit}{'' if n == 1 else 's'}" for n, unit, _ in present)
-
-
-def local_time(start_at: datetime, time_zone: str) -> tuple[datetime, str, str | None]:
-    """``start_at`` in ``time_zone``; an unknown zone falls back to UTC with a warning (fail safe)."""
-    try:
-        return start_at.astimezone(ZoneInfo(time_zone)), time_zone, None
-    except (ZoneInfoNotFoundError, ValueError, OSError):
-        return start_at.astimezone(UTC), "UTC", "unknown TimeZone; local time shown in UTC"
-
-
-def reminder_text(kind: str, horizon: str, when: str) -> tuple[str, bool]:
-    """The reminder text and whether ``kind`` was known (else the neutral text)."""
-    template = KIND_TEMPLATES.get(kind)
-    if template is None:
-        return f"{NEUTRAL_TEXT}, at {when}", False
-    return template.format(horizon=horizon, when=when), True
+    Only canonical IANA names are looked up (:func:`time_zones.is_canonical`): ``localtime``,
+    ``posix/…`` and the like would read whatever the host is configured with. Converting may
+    raise ``OverflowError`` near the ends of the calendar (9999-12-31T23:00Z in Asia/Tokyo).
+    """
+    if not time_zones.is_canonical(time_zone):
+        fallback = time_zones.FALLBACK_ZONE
+        return start_at.astimezone(time_zones.zone(fallback)), fallback, True
+    return start_at.astimezone(time_zones.zone(time_zone)), time_zone, False
 
 
 def notification_kind(reminder: ReminderDue) -> NotificationKind:
@@ -227,17 +250,15 @@ def recipients(reminder: ReminderDue) -> list[tuple[uuid.UUID, RecipientRole]]:
     return result
 
 
-def notifications_for(reminder: ReminderDue) -> MappedReminder:
-    """Build the notifications for ``reminder``; unknown values give warnings, never failures."""
-    warnings: list[str] = []
-    local_start, zone, zone_warning = local_time(reminder.start_at, reminder.time_zone)
-    if zone_warning:
-        warnings.append(zone_warning)
-    horizon = horizon_text(reminder.offset_minutes)
-    when = f"{local_start:%Y-%m-%d %H:%M} ({zone})"
-    text, known = reminder_text(reminder.kind, horizon, when)
-    if not known:
-        warnings.append("unknown Kind; neutral reminder text used")
+def notifications_for(reminder: ReminderDue, locale: Locale | str = Locale.EN) -> MappedReminder:
+    """Build the notifications for ``reminder`` in ``locale``; unknown values fall back, with warnings."""
+    local_start, zone, zone_fallback = local_time(reminder.start_at, reminder.time_zone)
+    wording = reminder_text(reminder.kind, reminder.offset_minutes, local_start, zone, locale)
+    warnings = []
+    if zone_fallback:
+        warnings.append(WARNING_TIME_ZONE_FALLBACK)
+    if not wording.known_kind:
+        warnings.append(WARNING_UNKNOWN_KIND)
     kind = notification_kind(reminder)
     notifications = tuple(
         Notification(
@@ -249,20 +270,25 @@ def notifications_for(reminder: ReminderDue) -> MappedReminder:
             recipient_user_id=user_id,
             recipient_role=role,
             event_kind=reminder.kind,
-            known_kind=known,
+            known_kind=wording.known_kind,
             start_at=reminder.start_at,
             local_start=local_start,
             time_zone=zone,
             offset_minutes=reminder.offset_minutes,
-            horizon=horizon,
-            text=text,
+            horizon=wording.horizon,
+            text=wording.text,
             appointment_id=reminder.appointment_id,
+            locale=Locale(locale),
         )
         for user_id, role in recipients(reminder)
     )
-    return MappedReminder(reminder, notifications, tuple(warnings))
+    return MappedReminder(reminder, notifications, tuple(warnings),
+                          known_kind=wording.known_kind, time_zone_fallback=zone_fallback)
 
 
-def lateness(reminder: ReminderDue, now: datetime) -> timedelta:
-    """How long after its due time (StartAt - OffsetMinutes) the reminder is being handled."""
-    return now - (reminder.start_at - timedelta(minutes=reminder.offset_minutes))
+def due_at(reminder: ReminderDue) -> datetime | None:
+    """The reminder's DueAt (StartAt - OffsetMinutes), or None when that is before year 1."""
+    try:
+        return reminder.start_at - timedelta(minutes=reminder.offset_minutes)
+    except OverflowError:
+        return None

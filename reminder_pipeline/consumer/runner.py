@@ -6,9 +6,13 @@ At least once, in key order, never twice:
   recognised as a duplicate, or safely in the dead-letter topic);
 * a failed attempt holds the message's partition (pause, then seek back once it is handled), so
   later reminders of the same event never overtake it while other partitions keep flowing;
-* sink failures are transient: retried with capped exponential back-off, without limit;
-* an unparseable or incompatible message is retried a bounded number of times, then copied to
-  the dead-letter topic with the reason in its headers, and the partition moves on;
+* reading a message into notifications (parsing, the local time, the text) is deterministic: any
+  error there, expected or not, counts toward a bounded number of attempts, then the message is
+  copied to the dead-letter topic with the reason in its headers and the partition moves on;
+* delivering is not: sink and de-duplication store failures are outages, retried with capped
+  exponential back-off without limit (the contract: the partition does not move past them);
+* a rebalance never strands a partition: librdkafka keeps an application's pause across revoke
+  and re-assign, so every partition is resumed when it is assigned;
 * ReminderId de-duplication in a durable store, so a redelivery never notifies twice.
 """
 
@@ -28,7 +32,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import (
+    TIMESTAMP_NOT_AVAILABLE,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 
 from .. import logs
 from ..config import ConfigError, KafkaSettings, Settings
@@ -36,13 +48,23 @@ from ..domain import contract
 from ..logs import event
 from ..messaging.kafka import BrokerUnavailable, ensure_topic
 from .dedup import DedupStore, DedupStoreError, SqliteDedupStore
+from .metrics import (
+    DEFAULT_HOST,
+    ConsumerMetrics,
+    MetricsPortUnavailable,
+    MetricsServer,
+    serve_metrics,
+)
 from .notifications import (
     IncompatibleMessage,
+    MappedReminder,
+    MessageProblem,
     Notification,
-    lateness,
+    due_at,
     notifications_for,
     parse_reminder,
 )
+from .texts import Locale, parse_locale
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +80,8 @@ HEADER_DLQ_OFFSET = "dlq-original-offset"
 HEADER_DLQ_GROUP = "dlq-consumer-group"
 HEADER_DLQ_FAILED_AT = "dlq-failed-at"
 
-DLQ_REASON_DELIVERY_REJECTED = "delivery-rejected"
+DLQ_REASON_DELIVERY_REJECTED = MessageProblem.DELIVERY_REJECTED.value
+
 
 class NotificationSink(Protocol):
     """Where notifications go (push, email, ...). Raising means "not delivered, try again later"."""
@@ -103,6 +126,7 @@ class ConsumeStats:
     dead_lettered: int = 0
     retries: int = 0
     warnings: int = 0
+    time_zone_fallbacks: int = 0
     commit_failures: int = 0
 
     def as_dict(self) -> dict[str, int]:
@@ -117,7 +141,8 @@ class ConsumerOptions:
     group_id: str = DEFAULT_GROUP_ID
     topic: str = contract.TOPIC
     dlq_topic: str = DLQ_TOPIC
-    #: Attempts at an unparseable/incompatible message before it goes to the dead-letter topic.
+    #: Attempts at reading a message into notifications (unparseable, incompatible, or any
+    #: error building them) before it goes to the dead-letter topic. Delivery is not bounded.
     max_attempts: int = 3
     retry_backoff_seconds: float = 0.5
     max_backoff_seconds: float = 30.0
@@ -128,8 +153,11 @@ class ConsumerOptions:
     once_idle_seconds: float = 5.0
     #: librdkafka properties layered over the defaults (tests make group joins faster).
     consumer_config: Mapping[str, Any] = field(default_factory=dict)
+    #: The language of the reminder texts (``en``, ``ru``).
+    locale: str = Locale.EN.value
 
     def __post_init__(self) -> None:
+        parse_locale(self.locale)  # a bad locale must stop the start, not dead-letter every message
         if self.max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
         if self.retry_backoff_seconds <= 0 or self.max_backoff_seconds < self.retry_backoff_seconds:
@@ -146,6 +174,7 @@ class _Held:
 
     message: Message
     attempts: int
+    read_failures: int
     retry_at: float
 
 
@@ -176,8 +205,20 @@ def _where(message: Message) -> dict[str, Any]:
     for name, header in (("reminder_id", contract.HEADER_REMINDER_ID),
                          ("correlation_id", contract.HEADER_CORRELATION_ID)):
         if headers.get(header):
-            where[name] = headers[header]
+            where[name] = headers[header][:64]
     return where
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(f"{type(error).__name__}: {error}".split())[:300]
+
+
+def _message_time(message: Message) -> datetime | None:
+    """The message's Kafka timestamp (producer create time or log append time), if it has one."""
+    kind, millis = message.timestamp()
+    if kind == TIMESTAMP_NOT_AVAILABLE or millis is None or millis <= 0:
+        return None
+    return datetime.fromtimestamp(millis / 1000, UTC)
 
 
 class ReminderConsumer:
@@ -189,13 +230,20 @@ class ReminderConsumer:
         sink: NotificationSink,
         dedup: DedupStore,
         options: ConsumerOptions | None = None,
+        metrics: ConsumerMetrics | None = None,
     ) -> None:
         self.kafka = kafka
         self.sink = sink
         self.dedup = dedup
         self.options = options or ConsumerOptions()
+        self.locale = parse_locale(self.options.locale)
+        self.metrics = metrics or ConsumerMetrics()
         self.stats = ConsumeStats()
         self.assigned = threading.Event()
+        #: Partitions this member owns now, and how many assignments it has received (tests
+        #: and operators can see a rebalance happen).
+        self.owned: frozenset[int] = frozenset()
+        self.assignments = 0
         self._consumer: Consumer | None = None
         self._dlq: Producer | None = None
         self._held: dict[tuple[str, int], _Held] = {}
@@ -220,6 +268,11 @@ class ReminderConsumer:
             "enable.partition.eof": False,
             **self.options.consumer_config,
         }
+
+    def held_partitions(self) -> list[int]:
+        """Partitions stopped on a message that waits for a retry."""
+        # A snapshot: another thread (a test, a health probe) may ask while the loop runs.
+        return sorted(partition for _topic, partition in list(self._held))
 
     # -- the loop --------------------------------------------------------------------------------
 
@@ -250,7 +303,7 @@ class ReminderConsumer:
             on_lost=self._on_revoke,
         )
         event(log, logging.INFO, "consumer started", group_id=options.group_id,
-              topic=options.topic, dlq_topic=options.dlq_topic)
+              topic=options.topic, dlq_topic=options.dlq_topic, locale=self.locale.value)
         try:
             while not stop.is_set():
                 if max_messages is not None and self.stats.messages >= max_messages:
@@ -279,7 +332,7 @@ class ReminderConsumer:
                 if _position(message)[:2] in self._held:
                     # Prefetched behind a held message: dropped now, read again after the seek.
                     continue
-                self._process(message, attempt=1)
+                self._process(message, attempt=1, read_failures=0)
         finally:
             self._close()
         event(log, logging.INFO, "consumer stopped", group_id=options.group_id,
@@ -296,61 +349,82 @@ class ReminderConsumer:
 
     def _retry_due(self, now: float) -> None:
         for held in [h for h in self._held.values() if h.retry_at <= now]:
-            self._process(held.message, attempt=held.attempts + 1)
+            self._process(held.message, attempt=held.attempts + 1,
+                          read_failures=held.read_failures)
 
-    def _process(self, message: Message, attempt: int) -> None:
+    def _process(self, message: Message, attempt: int, read_failures: int) -> None:
         """Attempt ``message``; commit when handled, else hold its partition until the retry."""
         assert self._consumer is not None
         topic, partition, offset = _position(message)
         key = (topic, partition)
         try:
-            retry_in = self._handle(message, attempt)
-        except Exception as exc:  # noqa: BLE001 - a bug or an outage must not skip a reminder
+            retry = self._handle(message, attempt, read_failures)
+        except Exception as exc:  # noqa: BLE001 - an outage or a bug must not skip a reminder
             retry_in = self.options.backoff(attempt)
+            self.metrics.retries.labels("deliver").inc()
             event(log, logging.ERROR, "message handling failed; will retry", **_where(message),
-                  attempt=attempt, retry_in_seconds=retry_in, exception=type(exc).__name__,
-                  error=" ".join(str(exc).split())[:300])
-        if retry_in is not None:
+                  attempt=attempt, retry_in_seconds=retry_in, error=_one_line(exc))
+            retry = _Retry(retry_in, read_failed=False)
+        if retry is not None:
             self.stats.retries += 1
             if key not in self._held:
                 self._consumer.pause([TopicPartition(topic, partition)])
-            self._held[key] = _Held(message, attempt, time.monotonic() + retry_in)
+            self._held[key] = _Held(message, attempt, read_failures + retry.read_failed,
+                                    time.monotonic() + retry.seconds)
+            self.metrics.held_partitions.set(len(self._held))
             return
         self._commit(message)
         self.stats.messages += 1
         if self._held.pop(key, None) is not None:
+            self.metrics.held_partitions.set(len(self._held))
             # Messages prefetched behind the held one were dropped: read them again from here.
             self._consumer.seek(TopicPartition(topic, partition, offset + 1))
             self._consumer.resume([TopicPartition(topic, partition)])
 
-    def _handle(self, message: Message, attempt: int) -> float | None:
-        """One attempt at ``message``: None when handled, else seconds until the next attempt."""
+    def _handle(self, message: Message, attempt: int, read_failures: int) -> _Retry | None:
+        """One attempt at ``message``: None when handled, else when and why to try again."""
         where = _where(message)
-        if attempt == 1:
-            self._check_version(message, where)
+        # Reading: deterministic, so whatever fails here fails again; bounded, then the DLQ.
         try:
+            if attempt == 1:
+                self._check_version(message, where)
             reminder = parse_reminder(message.value())
+            mapped = notifications_for(reminder, self.locale)
         except IncompatibleMessage as exc:
-            if attempt < self.options.max_attempts:
-                retry_in = self.options.backoff(attempt)
-                event(log, logging.WARNING, "incompatible message; will retry", **where,
-                      reason=exc.problem.value, error=str(exc), attempt=attempt,
-                      retry_in_seconds=retry_in)
-                return retry_in
-            return self._dead_letter(message, exc.problem.value, str(exc), attempt)
+            return self._read_failed(message, exc.problem, str(exc), attempt, read_failures)
+        except Exception as exc:  # noqa: BLE001 - e.g. OverflowError: still a bounded failure
+            return self._read_failed(message, MessageProblem.UNPROCESSABLE, _one_line(exc),
+                                     attempt, read_failures)
+        # Delivering: failures are outages, retried without limit.
+        return self._deliver(message, mapped, attempt, where)
 
+    def _read_failed(
+        self, message: Message, problem: MessageProblem, error: str, attempt: int,
+        read_failures: int,
+    ) -> _Retry | None:
+        """Retry a message that could not be read, or dead-letter it after ``max_attempts``."""
+        failures = read_failures + 1
+        if failures < self.options.max_attempts:
+            retry_in = self.options.backoff(attempt)
+            self.metrics.retries.labels("read").inc()
+            event(log, logging.WARNING, "message cannot be read; will retry", **_where(message),
+                  reason=problem.value, error=error, attempt=attempt, retry_in_seconds=retry_in)
+            return _Retry(retry_in, read_failed=True)
+        return self._dead_letter(message, problem.value, error, failures)
+
+    def _deliver(
+        self, message: Message, mapped: MappedReminder, attempt: int, where: dict[str, Any]
+    ) -> _Retry | None:
+        """Deliver each recipient's notification once; None when the reminder is done."""
+        reminder = mapped.reminder
         ids = {**where, "reminder_id": str(reminder.reminder_id),
                "event_id": str(reminder.event_id), "tenant_id": str(reminder.tenant_id)}
         if self.dedup.is_handled(reminder.reminder_id):
             self.stats.duplicates += 1
+            self.metrics.duplicates.inc()
+            self.metrics.messages.labels("duplicate").inc()
             event(log, logging.INFO, "duplicate reminder ignored", **ids)
             return None
-        mapped = notifications_for(reminder)
-        if attempt == 1:
-            for warning in mapped.warnings:
-                self.stats.warnings += 1
-                event(log, logging.WARNING, warning, **ids, kind=reminder.kind,
-                      time_zone=reminder.time_zone)
         for notification in mapped.notifications:
             recipient = notification.recipient_user_id
             if self.dedup.is_delivered(reminder.reminder_id, recipient):
@@ -358,33 +432,67 @@ class ReminderConsumer:
             try:
                 self.sink.deliver(notification)
             except DeliveryRejected as exc:
-                return self._dead_letter(message, DLQ_REASON_DELIVERY_REJECTED, str(exc), attempt)
+                return self._dead_letter(message, DLQ_REASON_DELIVERY_REJECTED, _one_line(exc),
+                                         attempt)
             except Exception as exc:  # noqa: BLE001 - any sink failure is presumed transient
                 retry_in = self.options.backoff(attempt)
+                self.metrics.retries.labels("deliver").inc()
                 event(log, logging.WARNING, "delivery failed; will retry", **ids,
                       recipient_user_id=str(recipient), attempt=attempt,
                       retry_in_seconds=retry_in, exception=type(exc).__name__)
-                return retry_in
+                return _Retry(retry_in, read_failed=False)
             self.dedup.mark_delivered(reminder.reminder_id, recipient, notification.notification_id)
             self.stats.notifications += 1
+            self.metrics.notifications.labels(notification.kind.value,
+                                              notification.recipient_role.value).inc()
         self.dedup.mark_handled(reminder.reminder_id, reminder.event_id)
+        self._notified(message, mapped, attempt, ids)
+        return None
+
+    def _notified(
+        self, message: Message, mapped: MappedReminder, attempt: int, ids: dict[str, Any]
+    ) -> None:
+        """Count, time and log a reminder whose every recipient has been notified."""
+        reminder = mapped.reminder
+        now = datetime.now(UTC)
         self.stats.reminders_notified += 1
+        self.metrics.messages.labels("notified").inc()
+        self.metrics.last_notified.set(now.timestamp())
+        since_due = _seconds_since(due_at(reminder), now)
+        since_message = _seconds_since(_message_time(message), now)
+        # Early counts as on time (0): a reminder notified before its DueAt is not late, and a
+        # negative observation would make the histogram's _sum step back.
+        if since_due is not None:
+            self.metrics.due_to_notified.observe(max(since_due, 0.0))
+        if since_message is not None:
+            self.metrics.message_to_notified.observe(max(since_message, 0.0))
+        # Warned once per reminder, when it is notified (not on each failed delivery attempt).
+        if mapped.time_zone_fallback:
+            self.stats.time_zone_fallbacks += 1
+            self.metrics.time_zone_fallbacks.inc()
+        if not mapped.known_kind:
+            self.metrics.unknown_kinds.inc()
+        for warning in mapped.warnings:
+            self.stats.warnings += 1
+            event(log, logging.WARNING, warning, **ids, kind=reminder.kind[:64],
+                  time_zone=reminder.time_zone[:64])
         event(log, logging.INFO, "reminder notified", **ids,
               notification_kind=str(mapped.notifications[0].kind),
               recipients=len(mapped.notifications), offset_minutes=reminder.offset_minutes,
-              attempts=attempt,
-              lateness_seconds=round(lateness(reminder, datetime.now(UTC)).total_seconds(), 3))
-        return None
+              attempts=attempt, due_to_notified_seconds=since_due,
+              message_to_notified_seconds=since_message)
 
     def _check_version(self, message: Message, where: dict[str, Any]) -> None:
         """Warn on a ContractVersion other than ours; the message is still processed (contract)."""
         version = _headers(message).get(contract.HEADER_CONTRACT_VERSION)
-        if version != str(contract.CONTRACT_VERSION):
+        if version is None or version.strip() != str(contract.CONTRACT_VERSION):
             self.stats.warnings += 1
+            self.metrics.version_mismatches.inc()
             event(log, logging.WARNING, "contract version mismatch; processing anyway", **where,
-                  contract_version=version, expected=str(contract.CONTRACT_VERSION))
+                  contract_version=None if version is None else version[:16],
+                  expected=str(contract.CONTRACT_VERSION))
 
-    def _dead_letter(self, message: Message, reason: str, error: str, attempts: int) -> float | None:
+    def _dead_letter(self, message: Message, reason: str, error: str, attempts: int) -> _Retry | None:
         """Copy ``message`` to the dead-letter topic; None once the broker acknowledged it."""
         options = self.options
         where = _where(message)
@@ -410,11 +518,14 @@ class ReminderConsumer:
         if not outcome or outcome[0] is not None:
             # Not safely in the DLQ: keep the partition on this message rather than lose it.
             retry_in = options.backoff(attempts)
+            self.metrics.retries.labels("dead_letter").inc()
             event(log, logging.ERROR, "dead-lettering failed; will retry", **where,
                   dlq_topic=options.dlq_topic, retry_in_seconds=retry_in,
                   error=str(outcome[0]) if outcome else "no delivery report")
-            return retry_in
+            return _Retry(retry_in, read_failed=False)
         self.stats.dead_lettered += 1
+        self.metrics.dead_letters.labels(reason).inc()
+        self.metrics.messages.labels("dead_lettered").inc()
         event(log, logging.ERROR, "message dead-lettered", **where, dlq_topic=options.dlq_topic,
               reason=reason, error=error, attempts=attempts)
         return None
@@ -443,9 +554,18 @@ class ReminderConsumer:
 
     # -- group membership and errors ---------------------------------------------------------------
 
-    def _on_assign(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # librdkafka keeps an application's pause across revoke and re-assign: a partition
+        # paused for a message held before a rebalance would never deliver again. Nothing is
+        # held for a partition just assigned (its held message was forgotten on revoke and is
+        # read again from the committed offset), so every one of them flows.
+        if partitions:
+            consumer.resume(partitions)
+        self.owned = self.owned | {p.partition for p in partitions}
+        self.assignments += 1
         self._assigned_at = time.monotonic()
         self.assigned.set()
+        self.metrics.assigned_partitions.set(len(self.owned))
         event(log, logging.INFO, "partitions assigned", group_id=self.options.group_id,
               partitions=sorted(p.partition for p in partitions))
 
@@ -454,6 +574,9 @@ class ReminderConsumer:
         # committed offset, which is still before the held message.
         for p in partitions:
             self._held.pop((p.topic, p.partition), None)
+        self.owned = self.owned - {p.partition for p in partitions}
+        self.metrics.held_partitions.set(len(self._held))
+        self.metrics.assigned_partitions.set(len(self.owned))
         event(log, logging.INFO, "partitions revoked", group_id=self.options.group_id,
               partitions=sorted(p.partition for p in partitions))
 
@@ -475,6 +598,22 @@ class ReminderConsumer:
             self._consumer.close()
             self._consumer = None
         self._held.clear()
+        self.owned = frozenset()
+        self.metrics.held_partitions.set(0)
+        self.metrics.assigned_partitions.set(0)
+
+
+@dataclass(frozen=True)
+class _Retry:
+    """Why and when a message is attempted again."""
+
+    seconds: float
+    #: The attempt failed at reading the message (these are bounded by ``max_attempts``).
+    read_failed: bool
+
+
+def _seconds_since(moment: datetime | None, now: datetime) -> float | None:
+    return None if moment is None else round((now - moment).total_seconds(), 3)
 
 
 @contextlib.contextmanager
@@ -515,31 +654,51 @@ def consume_main(
     sink: NotificationSink | None = None,
     stop: threading.Event | None = None,
     options: ConsumerOptions | None = None,
+    metrics_port: int | None = None,
+    locale: str = Locale.EN.value,
 ) -> int:
     """``reminder-pipeline consume``: print reminders as they arrive; 0 on a clean stop.
 
     ``bootstrap_servers`` names the embedded broker when ``settings`` do not (the CLI knows it).
     ``once`` stops after the topic has been quiet for ``options.once_idle_seconds``. ``options``
-    overrides everything but ``group_id`` (tests: topic names, fast group joins).
+    overrides everything but ``group_id`` and ``locale`` (tests: topic names, fast group joins).
+    ``metrics_port`` serves the consumer's Prometheus metrics on ``REMINDER_METRICS_HOST``
+    (default 127.0.0.1) at that port. A bad value is a one-line error and exit code 2.
     """
     logs.configure()
-    options = dataclasses.replace(options or ConsumerOptions(), group_id=group_id)
     stop = stop or threading.Event()
+    server: MetricsServer | None = None
     try:
+        if metrics_port is not None and not 1 <= metrics_port <= 65535:
+            raise ConfigError(f"--metrics-port {metrics_port} is not a port (1..65535)")
+        try:
+            options = dataclasses.replace(options or ConsumerOptions(), group_id=group_id,
+                                          locale=locale)
+        except ValueError as exc:
+            raise ConfigError(f"--locale: {exc}") from None
         kafka = settings.kafka(bootstrap_servers)
+        metrics = ConsumerMetrics()
+        if metrics_port is not None:
+            host = settings.env.get("REMINDER_METRICS_HOST") or DEFAULT_HOST
+            server = serve_metrics(metrics, host, metrics_port)
         # The DLQ is ours to create with the contract's partition count (auto-creation would
         # pick the broker's default); the source topic too, so starting before the
-        # dispatcher's first publish subscribes to a topic with the right partitions.
+        # dispatcher's first publish subscribes to a topic with the right partitions. Where
+        # ACLs allow this consumer no CREATE (docker/compose.yaml), both exist already and
+        # DESCRIBE is enough.
         ensure_topic(kafka, topic=options.topic)
         ensure_topic(kafka, topic=options.dlq_topic)
         path = dedup_path or default_dedup_path(settings, group_id)
         with SqliteDedupStore(path) as dedup, stop_on_signals(stop):
-            consumer = ReminderConsumer(kafka, sink or StdoutSink(), dedup, options)
+            consumer = ReminderConsumer(kafka, sink or StdoutSink(), dedup, options, metrics)
             consumer.run(stop=stop, idle_timeout=options.once_idle_seconds if once else None)
     except (ConfigError, BrokerUnavailable, DedupStoreError, sqlite3.Error, OSError) as exc:
         print(f"reminder-pipeline consume: {exc}", file=sys.stderr)
-        return 2 if isinstance(exc, ConfigError) else 1
+        return 2 if isinstance(exc, ConfigError | MetricsPortUnavailable) else 1
     except KafkaException as exc:
         print(f"reminder-pipeline consume: Kafka error: {exc}", file=sys.stderr)
         return 1
+    finally:
+        if server is not None:
+            server.stop()
     return 0

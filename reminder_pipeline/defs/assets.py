@@ -2,7 +2,7 @@
 
 It is declared with ``AssetSpec`` (not ``@asset``) because the dispatcher is an op job with four
 steps: the asset is where the run's figures land and are plotted, not a step that computes a
-value. The ``relay_outbox`` op records the materialization. The seed's alerts are asset checks on
+value. The ``relay_outbox`` op records the materialization. The design's alerts are asset checks on
 it (:mod:`reminder_pipeline.defs.checks`), and its freshness policy turns it stale in the UI when
 no dispatch run has recorded anything for 5 minutes.
 """
@@ -17,7 +17,7 @@ from ..domain import contract
 
 DISPATCH_ASSET_KEY = AssetKey(["calendar", "reminder_dispatch"])
 
-#: No materialization for this long: the asset is stale in the UI (the seed's 5-minute liveness).
+#: No materialization for this long: the asset is stale in the UI (the design's 5-minute liveness).
 FRESHNESS_FAIL_WINDOW = timedelta(minutes=5)
 
 #: Numeric metadata every materialization carries (0 / 0.0 rather than None, so the UI plots it).
@@ -48,7 +48,7 @@ reminder_dispatch_asset = AssetSpec(
     group_name="calendar",
     kinds={"postgres", "kafka"},
     metadata={"topic": contract.TOPIC, "jobs": "reminder_dispatch, reminder_catch_up"},
-    # The seed's liveness window. Every run that reaches the relay materializes the asset (even
+    # The design's liveness window. Every run that reaches the relay materializes the asset (even
     # one that dispatched nothing), so "stale" means no cycle got that far; the dispatch_liveness
     # check says whether one succeeded.
     freshness_policy=FreshnessPolicy.time_window(fail_window=FRESHNESS_FAIL_WINDOW),

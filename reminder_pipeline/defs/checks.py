@@ -1,4 +1,4 @@
-"""The seed's alerts as asset checks on ``calendar/reminder_dispatch``, one per :func:`health.evaluate` result.
+"""The design's alerts as asset checks on ``calendar/reminder_dispatch``, one per :func:`health.evaluate` result.
 
 The conditions live in :mod:`reminder_pipeline.observability.health` (the same thresholds as the
 Prometheus rules); this module only turns their verdicts into ``AssetCheckResult``s with the
@@ -48,9 +48,10 @@ CHECKS: dict[str, tuple[str, str]] = {
         health.RUNBOOK_OVERDUE,
     ),
     "dispatch_errors": (
-        (f"Errors (failed cycles, poison rows, refused deliveries) in fewer than "
-         f"{health.ERRORS_MIN_CYCLES} cycles of the last "
-         f"{health.ERRORS_WINDOW.total_seconds() / _MIN:.0f} minutes."),
+        (f"No reminder held back by repeated failures (>= {health.POISON_MIN_ATTEMPTS} attempts), "
+         f"and errors (failed cycles, failing rows, refused deliveries) not going on for "
+         f"{health.ERRORS_WINDOW.total_seconds() / _MIN:.0f} minutes without a "
+         f"{health.ERRORS_GAP.total_seconds() / _MIN:.0f}-minute gap."),
         health.RUNBOOK_ERRORS,
     ),
     "outbox_backlog": (
@@ -116,7 +117,7 @@ def check_evaluation(check: health.HealthCheck) -> AssetCheckEvaluation:
         for name, (text, runbook) in CHECKS.items()
     ],
     can_subset=True,
-    description="The seed's alert conditions, read from the database (health.evaluate).",
+    description="The design's alert conditions, read from the database (health.evaluate).",
 )
 def reminder_dispatch_health(
     context: AssetCheckExecutionContext, postgres: PostgresResource

@@ -1,34 +1,13 @@
 """The jobs: ``reminder_dispatch`` (every minute) and ``reminder_catch_up`` over the same four ops,
-plus the small ones around them: ``reminder_health_checks`` (the asset checks on demand; the
-``reminder_health_sensor`` evaluates them every minute without a run),
-``reminder_poison_rows`` (Launchpad) and ``outbox_retention`` (daily).
+plus ``reminder_health_checks`` (the asset checks on demand), ``reminder_poison_rows`` and
+``outbox_retention``.
 
-Executor: ``in_process_executor``. The default multiprocess executor starts a Python process per
-step: measured here, a 4-op run took ~26 s from launch to success, against ~6 s in-process (most
-of it starting the run worker) - for a cycle whose work takes well under a second and that must
-fit a 60 s schedule with a 30 s budget. Correctness does not depend on the executor: the step that
-writes locks and re-reads in its own transaction, so steps may run in one process or several,
-now or as a re-execution later.
-
-IO manager: the default ``fs_io_manager`` (pickles under ``$DAGSTER_HOME/storage``), on purpose.
-Persisted step outputs are what make "re-execute from failure" and "re-execute selected" work
-from the UI: a re-executed ``transition_and_outbox`` loads the old run's selection, re-locks and
-re-reads it and writes only rows still Pending (nothing sent twice, nothing lost); a re-executed
-``relay_outbox`` publishes what the outbox still holds. An in-memory IO manager would make every
-re-execution of a later step fail for lack of its inputs. The outputs hold ids, statuses and
-times only (no title, description or location).
-
-Run configuration is one block at the top of the run config (a config mapping):
-``batch_size``, ``max_batches``, ``budget_seconds``, ``as_of``. The mapping validates it with the
-pydantic rules of :class:`~reminder_pipeline.defs.ops.CycleConfig`, so a bad value is refused
-when the run is created (Launchpad, GraphQL, schedule, ``validate_run_config``) with a one-line
-message, before a run exists; the op validates again at start, before any write. The poison and
-retention jobs take their config the same way.
-
-Only the two dispatch jobs carry the dispatch concurrency tag. The others are tagged
-``reminder_pipeline/kind`` only: a health check must run while a dispatch run hangs (that is when
-it matters), and poison/retention statements are safe next to a dispatch (status predicates,
-SKIP LOCKED), so none of them waits for or blocks a cycle.
+All run on the in-process executor (a 4-op run took ~26 s with a process per step, ~6 s in
+process); correctness does not depend on it, the writing step re-reads under its own lock. The
+default fs_io_manager keeps step outputs (plain values), so re-execution from the UI works.
+Run config is one block at the top, validated when the run is created (a config mapping over
+the op's pydantic config class): a bad value is refused in one line before a run exists. Only
+the two dispatch jobs carry the dispatch concurrency tag (docs/design.md, "Concurrency").
 """
 
 from collections.abc import Mapping
@@ -82,7 +61,7 @@ CATCH_UP_MAX_RUNTIME_SECONDS = 285
 
 
 class DispatchRunConfig(CycleConfig):
-    """Run config of ``reminder_dispatch``: the seed's cycle (one batch of 200, 30 s budget)."""
+    """Run config of ``reminder_dispatch``: the design's cycle (one batch of 200, 30 s budget)."""
 
     budget_seconds: float = Field(
         default=30.0, ge=1.0, le=DISPATCH_MAX_BUDGET_SECONDS,
@@ -146,11 +125,8 @@ def _validated_config(
 
 @graph(description="select_due_batch → resolve_event_status → transition_and_outbox → relay_outbox")
 def dispatch_cycle():
-    """The seed's cycle as four steps."""
-    selection, options = select_due_batch()
-    decisions = resolve_event_status(selection)
-    outcome = transition_and_outbox(selection, decisions, options)
-    relay_outbox(outcome)
+    """The design's cycle as four steps."""
+    relay_outbox(transition_and_outbox(resolve_event_status(select_due_batch())))
 
 
 reminder_dispatch = dispatch_cycle.to_job(
@@ -168,17 +144,10 @@ reminder_dispatch = dispatch_cycle.to_job(
 reminder_catch_up = dispatch_cycle.to_job(
     name=CATCH_UP_JOB_NAME,
     description=(
-        "Catch-up after an outage, launched from the Launchpad: the same four steps, but draining "
-        "the backlog oldest first in as many batches as fit the time budget (each batch its own "
-        "transaction, published as it goes), in one run whose materialization shows what was "
-        "caught up and what is left.\n\n"
-        "Why not a minute-partitioned job with a back-fill: a year is 525,600 minute partitions "
-        "(listing them took 57 s here; Dagster advises at most ~100,000), and a back-fill launches "
-        "one run per minute, each paying ~6 s of run overhead one after another under the "
-        "concurrency limit - an hour of outage would take ~6 minutes of runs to clear, while one "
-        "catch-up run drains it in seconds. The dispatcher has no per-minute output to partition "
-        "anyway: it works on due rows (DueAt < AsOf), so any cycle after an outage picks up "
-        "everything overdue, oldest first."
+        "Catch-up after an outage, launched from the Launchpad: the same four steps, draining the "
+        "backlog oldest first in as many batches as fit the time budget (each batch its own "
+        "transaction, published as it goes); its materialization shows what was caught up and "
+        "what is left. To re-publish messages a consumer lost, use the back-fill instead."
     ),
     config=_validated_config(CATCH_UP_JOB_NAME, CatchUpRunConfig),
     executor_def=in_process_executor,
@@ -194,7 +163,7 @@ reminder_health_checks = define_asset_job(
     name=HEALTH_JOB_NAME,
     selection=AssetSelection.checks_for_assets(DISPATCH_ASSET_KEY),
     description=(
-        "The seed's alerts as asset checks on calendar/reminder_dispatch (dispatch_liveness, "
+        "The design's alerts as asset checks on calendar/reminder_dispatch (dispatch_liveness, "
         "no_overdue_reminders, dispatch_errors, outbox_backlog, lateness_slo), read from the "
         "database. On demand (Execute in the UI); reminder_health_sensor evaluates the same "
         "checks every minute without a run. Never limited by, nor blocking, the dispatch runs."

@@ -19,12 +19,9 @@ from dagster import Config, Failure, MetadataValue, OpExecutionContext, Output, 
 from pydantic import Field, ValidationInfo, field_validator
 
 from .. import retention
-from ..logs import event
 from ..store import repository
-from .event_log import fields_in_event_log
+from .event_log import DagsterJournal
 from .resources import PostgresResource
-
-log = logging.getLogger("reminder_pipeline.dagster")
 
 MAX_POISON_LIST = 1000
 MAX_RETENTION_HOURS = 24 * 366
@@ -83,16 +80,17 @@ def _poison_table(rows: list[dict[str, Any]]) -> str:
 @op(description="List poison rows, or retry / skip one, in one transaction; each action logged.")
 def poison_rows(context: OpExecutionContext, config: PoisonConfig, postgres: PostgresResource):
     """The operator's action on poison rows; its result is the output (and its metadata)."""
-    with fields_in_event_log():  # the log lines' ids and counts in the run's event log
-        yield from _poison_action(context.run_id, config, postgres)
+    with DagsterJournal(context.log) as journal:
+        yield from _poison_action(context.run_id, config, postgres, journal)
 
 
-def _poison_action(run_id: str, config: PoisonConfig, postgres: PostgresResource):
+def _poison_action(run_id: str, config: PoisonConfig, postgres: PostgresResource,
+                   journal: DagsterJournal):
     """List, or retry / skip one row in its own transaction, then log it; yields the output."""
     if config.action == "list":
         with postgres.engine.connect() as conn:
             rows = [_plain(r) for r in repository.list_poison(conn, config.limit)]
-        event(log, logging.INFO, "poison rows listed", run_id=run_id, count=len(rows))
+        journal.event(logging.INFO, "poison rows listed", run_id=run_id, count=len(rows))
         yield Output(rows, metadata={
             "action": "list", "poison_count": MetadataValue.int(len(rows)),
             "poison_rows": MetadataValue.md(_poison_table(rows)),
@@ -103,8 +101,9 @@ def _poison_action(run_id: str, config: PoisonConfig, postgres: PostgresResource
     with postgres.engine.begin() as conn:
         changed = change(conn, reminder_id)
     # The same event as the CLI's, with the run id standing for the operator's session.
-    event(log, logging.WARNING if changed else logging.INFO, f"poison row {config.action}",
-          run_id=run_id, reminder_id=str(reminder_id), action=config.action, changed=changed)
+    journal.event(logging.WARNING if changed else logging.INFO, f"poison row {config.action}",
+                  run_id=run_id, reminder_id=str(reminder_id), action=config.action,
+                  changed=changed)
     outcome = {"action": config.action, "reminder_id": str(reminder_id), "changed": changed}
     if not changed:
         # Like the CLI's exit code 1: the row was sent, skipped or deleted since it was listed.
@@ -130,12 +129,12 @@ class RetentionConfig(Config):
 
 
 @op(description="Delete published outbox rows older than the retention, in small batches; never unpublished ones.")
-def purge_outbox(config: RetentionConfig, postgres: PostgresResource):
+def purge_outbox(context, config: RetentionConfig, postgres: PostgresResource):
     """Outbox retention; ``deleted_count`` in the output metadata."""
     started = time.monotonic()
-    with fields_in_event_log():
-        deleted = retention.purge_outbox(postgres.engine, timedelta(hours=config.retention_hours),
-                                         batch_size=config.batch_size)
+    deleted = retention.purge_outbox(postgres.engine, timedelta(hours=config.retention_hours),
+                                     batch_size=config.batch_size)
+    context.log.info(f"outbox purged deleted={deleted} retention_hours={config.retention_hours}")
     yield Output(deleted, metadata={
         "deleted_count": MetadataValue.int(deleted),
         "retention_hours": MetadataValue.float(float(config.retention_hours)),

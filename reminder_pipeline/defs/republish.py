@@ -37,7 +37,7 @@ from pydantic import Field
 
 from .. import republish, retention
 from ..domain import contract
-from .event_log import fields_in_event_log
+from .event_log import DagsterJournal
 from .jobs import CONCURRENCY_TAG, KIND_TAG, describe_validation_error
 from .maintenance import MAX_RETENTION_HOURS
 from .resources import KafkaResource, PostgresResource
@@ -97,12 +97,6 @@ class RepublishConfig(Config):
         le=10_000,
         description="Messages per chunk; the relay lock is held for one chunk at a time.",
     )
-    publish_timeout_seconds: float = Field(
-        default=republish.DEFAULT_PUBLISH_TIMEOUT_SECONDS,
-        ge=1,
-        le=600,
-        description="How long a chunk waits for its delivery reports.",
-    )
     lock_wait_seconds: float = Field(
         default=republish.DEFAULT_LOCK_WAIT_SECONDS,
         ge=1,
@@ -134,9 +128,9 @@ def republish_day(
     requester = republish.Requester(context.run_id, tags.get(BACKFILL_ID_TAG), tags.get(USER_TAG))
     keep = timedelta(hours=config.retention_hours)
     now = datetime.now(UTC)
-    with fields_in_event_log():
+    with DagsterJournal(context.log) as journal:  # who-what-when in the run's event log too
         try:
-            republish.admit_day(day, requester, keep, now)  # before touching the broker
+            republish.admit_day(day, requester, keep, now, journal)  # before touching the broker
         except republish.RepublishRefused as refused:
             raise Failure(description=str(refused), allow_retries=False) from None
         publisher = kafka.ready_publisher()
@@ -151,8 +145,8 @@ def republish_day(
                 retention=keep,
                 now=now,
                 chunk_size=config.chunk_size,
-                publish_timeout_seconds=config.publish_timeout_seconds,
                 lock_wait_seconds=config.lock_wait_seconds,
+                journal=journal,
             )
         except republish.RepublishFailed as failed:
             raise Failure(

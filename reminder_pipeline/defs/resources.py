@@ -15,6 +15,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy import text
 from sqlalchemy.engine import Engine, make_url
 
+from .. import logs
 from ..config import ConfigError, KafkaSettings, validate_database_url
 from ..db import make_engine
 from ..messaging.kafka import BrokerUnavailable, KafkaPublisher, ensure_topic
@@ -40,6 +41,7 @@ class PostgresResource(ConfigurableResource):
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
         """Open the engine and check the server answers, so a bad URL fails before any step."""
+        logs.configure()  # the run's JSON log (stderr: the run's compute log), a line per record
         try:
             validate_database_url(self.database_url)
         except ConfigError as error:

@@ -1,8 +1,8 @@
 """The schedules: ``reminder_dispatch`` every minute, outbox retention daily.
 
-The dispatch schedule skips a tick while a dispatch or catch-up run is in flight, so slow runs
-never pile up in the queue. (The health checks are evaluated every minute by a sensor, not a
-scheduled run: ``defs/sensors.py``.)
+The dispatch schedule skips a tick while as many dispatch or catch-up runs are in flight as the
+instance's run-concurrency limit for the dispatch tag allows (dagster.yaml; 1 by default, the
+design's no-overlap rule), so slow runs never pile up in the queue.
 """
 
 from dagster import (
@@ -16,7 +16,8 @@ from dagster import (
     schedule,
 )
 
-from .jobs import CONCURRENCY_TAGS, outbox_retention, reminder_dispatch
+from .jobs import CONCURRENCY_TAG, CONCURRENCY_TAGS, CONCURRENCY_VALUE, outbox_retention
+from .jobs import reminder_dispatch
 
 #: QUEUED and NOT_STARTED included: otherwise, while one run is slow, every tick would queue one
 #: more run behind it and they would pile up.
@@ -29,19 +30,36 @@ IN_FLIGHT_STATUSES = [
 ]
 
 
+def dispatch_concurrency_limit(context: ScheduleEvaluationContext) -> int:
+    """How many dispatch runs the instance lets run at once (its tag concurrency limit), else 1."""
+    queue = context.instance.get_concurrency_config().run_queue_config
+    for limit in (queue.tag_concurrency_limits if queue else None) or []:
+        if limit.get("key") == CONCURRENCY_TAG and limit.get("value") in (CONCURRENCY_VALUE, None):
+            return int(limit["limit"])
+    return 1
+
+
 @schedule(
     name="reminder_dispatch_schedule",
     job=reminder_dispatch,
     cron_schedule="* * * * *",
     execution_timezone="UTC",
     default_status=DefaultScheduleStatus.RUNNING,
-    description="The seed's 60 s cycle; a tick is skipped while a dispatch or catch-up run is queued or running.",
+    description="The design's 60 s cycle; a tick is skipped while the dispatch runs allowed at once "
+                "(dagster.yaml's limit for the dispatch tag, 1 by default) are queued or running.",
 )
 def reminder_dispatch_schedule(context: ScheduleEvaluationContext):
-    """A run per minute, or a SkipReason naming the run still in flight (no overlapping cycles)."""
-    # By the concurrency tag rather than the job name: a catch-up run is a cycle too. The run
-    # coordinator's limit would hold a new run anyway; skipping keeps the queue empty and says why.
-    return _run_unless_in_flight(context, CONCURRENCY_TAGS, "the next tick dispatches what is left")
+    """A run per minute, or a SkipReason naming the runs still in flight (no pile-up)."""
+    limit = dispatch_concurrency_limit(context)
+    # By the concurrency tag rather than the job name: a catch-up run is a cycle too.
+    in_flight = context.instance.get_run_records(
+        filters=RunsFilter(tags=CONCURRENCY_TAGS, statuses=IN_FLIGHT_STATUSES), limit=limit
+    )
+    if len(in_flight) < limit:
+        return RunRequest()
+    runs = ", ".join(f"run {r.dagster_run.run_id} of {r.dagster_run.job_name} is still "
+                     f"{r.dagster_run.status.value}" for r in in_flight)
+    return SkipReason(f"{runs} (limit {limit}); the next tick dispatches what is left")
 
 
 #: 03:17 UTC: off the hour (when other cron jobs pile up) and in the quiet of the night.
@@ -53,14 +71,3 @@ outbox_retention_schedule = ScheduleDefinition(
     default_status=DefaultScheduleStatus.RUNNING,
     description="Daily outbox retention with the defaults (published rows older than 168 h).",
 )
-
-
-def _run_unless_in_flight(context: ScheduleEvaluationContext, tags: dict, then: str):
-    """A RunRequest, or a SkipReason naming a queued/running run carrying ``tags``."""
-    in_flight = context.instance.get_run_records(
-        filters=RunsFilter(tags=tags, statuses=IN_FLIGHT_STATUSES), limit=1
-    )
-    if in_flight:
-        run = in_flight[0].dagster_run
-        return SkipReason(f"run {run.run_id} of {run.job_name} is still {run.status.value}; {then}")
-    return RunRequest()

@@ -1,6 +1,6 @@
 """The sensors: the health checks every minute, and the ledger row of a dispatch run that failed early.
 
-``reminder_health_sensor`` evaluates the seed's alert conditions (:func:`health.evaluate`) once a
+``reminder_health_sensor`` evaluates the design's alert conditions (:func:`health.evaluate`) once a
 minute in the daemon's code server and reports them as runless evaluations of the dispatcher's
 asset checks: the checks stay red or green in the UI whether or not dispatch runs happen (that is
 what liveness is about), and no run worker is started for them. A failed evaluation (database
@@ -102,7 +102,7 @@ def reminder_dispatch_failure_ledger(context: RunFailureSensorContext, postgres:
     context.log.info(f"run {run_id} failed ({kind}): {'recorded' if written else 'NOT recorded'} in the ledger")
 
 
-#: How often the health checks are evaluated (the seed's alerts are minute-granular).
+#: How often the health checks are evaluated (the design's alerts are minute-granular).
 HEALTH_INTERVAL_SECONDS = 60
 
 

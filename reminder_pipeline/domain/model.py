@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
+from typing import Any
 
 
 class ReminderStatus(StrEnum):
@@ -86,6 +86,15 @@ class Decision:
 
 
 @dataclass(frozen=True)
+class OutboxMessage:
+    """What goes into the outbox for one Sent row: key (= EventId), contract payload, headers."""
+
+    message_key: str
+    payload: dict[str, Any]
+    headers: dict[str, str]
+
+
+@dataclass(frozen=True)
 class PoisonRow:
     """A row whose payload cannot be built or breaks the contract: left Pending, logged, counted."""
 
@@ -97,7 +106,7 @@ class PoisonRow:
 
 @dataclass
 class CycleCounts:
-    """The seed's cycle result plus what operators need to see; merged across batches."""
+    """The design's cycle result plus what operators need to see; merged across batches."""
 
     selected: int = 0
     sent: int = 0

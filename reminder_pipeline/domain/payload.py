@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import uuid
 from datetime import UTC, datetime
 from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from . import contract
+from . import contract, time_zones
 from .model import DueReminder
 
 
@@ -15,7 +13,7 @@ class PayloadError(ValueError):
     """The row cannot become a valid message (a poison row); the message is one line."""
 
 
-def _guid(value: uuid.UUID | None) -> str | None:
+def _optional_id(value: object) -> str | None:
     return None if value is None else str(value)
 
 
@@ -28,15 +26,14 @@ def iso_utc(value: datetime) -> str:
     return value.replace(tzinfo=None).isoformat() + "Z"
 
 
-def check_time_zone(name: str | None) -> str:
-    """Return ``name`` if it is a known IANA zone, else raise :class:`PayloadError`."""
-    if not name or len(name) > 64 or name.startswith(("/", ".")) or ".." in name:
-        raise PayloadError("TimeZone is not an IANA time zone name")
-    try:
-        ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError, OSError):
-        raise PayloadError("TimeZone is not a known IANA time zone") from None
-    return name
+def message_time_zone(name: str | None) -> str:
+    """The TimeZone a message carries: the event's when canonical, else the fallback zone.
+
+    The time-zone policy (docs/design.md): a reminder matters more than its wording, so an
+    unknown or non-canonical zone never holds a reminder back; the message says UTC, which the
+    consumer renders as such, and the cycle counts and logs the fallback.
+    """
+    return name if time_zones.is_canonical(name) else time_zones.FALLBACK_ZONE
 
 
 def build_payload(reminder: DueReminder) -> dict[str, Any]:
@@ -56,12 +53,12 @@ def build_payload(reminder: DueReminder) -> dict[str, Any]:
         "EventId": str(reminder.event_id),
         "TenantId": str(reminder.tenant_id),
         "OwnerUserId": str(reminder.owner_user_id),
-        "ClientUserId": _guid(reminder.client_user_id),
+        "ClientUserId": _optional_id(reminder.client_user_id),
         "Kind": reminder.kind,
         "StartAt": iso_utc(reminder.start_at),
-        "TimeZone": check_time_zone(reminder.time_zone),
+        "TimeZone": message_time_zone(reminder.time_zone),
         "OffsetMinutes": int(reminder.offset_minutes),
-        "AppointmentId": _guid(reminder.appointment_id),
+        "AppointmentId": _optional_id(reminder.appointment_id),
     }
     try:
         contract.validate(payload)

@@ -27,14 +27,18 @@ def check_transition(current: ReminderStatus | str, target: ReminderStatus | str
         raise TransitionError(f"reminder transition {pair[0]} -> {pair[1]} is not allowed")
 
 
-def decide(reminder: DueReminder) -> Decision:
+def action_for(event_status: str | None) -> Action:
     """Send when the parent event is Planned/InProgress, otherwise skip without publishing.
 
     An unknown event status is skipped too: sending a reminder for an event in a state we do
     not understand is worse than not sending it.
     """
-    action = Action.SEND if reminder.event_status in LIVE_EVENT_STATUSES else Action.SKIP
-    return Decision(reminder=reminder, action=action)
+    return Action.SEND if event_status in LIVE_EVENT_STATUSES else Action.SKIP
+
+
+def decide(reminder: DueReminder) -> Decision:
+    """:func:`action_for` the row's event status."""
+    return Decision(reminder=reminder, action=action_for(reminder.event_status))
 
 
 def decide_all(reminders: list[DueReminder]) -> list[Decision]:

@@ -18,6 +18,11 @@ from ..store.repository import ClaimedMessage
 log = logging.getLogger(__name__)
 
 
+#: Waited for delivery reports beyond the producer's own message timeout (its reports are
+#: served by flush() in 1 s slices).
+REPORT_MARGIN_SECONDS = 5.0
+
+
 class BrokerUnavailable(ConnectionError):
     """The broker could not be reached in time; the message is one line naming the setting."""
 
@@ -98,8 +103,17 @@ class KafkaPublisher:
             }
         )
 
-    def publish(self, messages: Sequence[ClaimedMessage], timeout: float) -> list[DeliveryResult]:
-        """Produce ``messages`` in order and wait for their delivery reports (at most ``timeout`` s)."""
+    def publish(
+        self, messages: Sequence[ClaimedMessage], timeout: float | None = None
+    ) -> list[DeliveryResult]:
+        """Produce ``messages`` in order and return each one's delivery report.
+
+        librdkafka reports every message within ``message.timeout.ms`` of producing it (an
+        acknowledgement, or a failure once its retries are spent), so by default this waits for
+        all reports, bounded by that timeout plus a margin: a slow broker's late acks count as
+        deliveries, not failures. ``timeout`` bounds the wait instead; a message still without a
+        report then counts as failed (it stays unpublished and goes out again: at least once).
+        """
         results: dict[int, str | None] = {}
 
         def on_delivery(outbox_id: int):
@@ -124,11 +138,13 @@ class KafkaPublisher:
         # No poll(0) per message: each one releases and re-takes the GIL, and while another
         # thread runs Python (the dispatcher, during a catch-up) every re-take waits for the
         # interpreter's switch interval. The reports are served by flush() below.
+        if timeout is None:
+            timeout = self.message_timeout_ms / 1000 + REPORT_MARGIN_SECONDS
         deadline = time.monotonic() + timeout
         while len(results) < len(messages) and time.monotonic() < deadline:
             self._producer.flush(min(1.0, max(deadline - time.monotonic(), 0.0)))
         return [
-            DeliveryResult(m.id, results.get(m.id, "no delivery report before the relay timeout"))
+            DeliveryResult(m.id, results.get(m.id, "no delivery report within the timeout"))
             for m in messages
         ]
 

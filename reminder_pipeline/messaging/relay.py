@@ -1,15 +1,28 @@
-"""The outbox relay: unpublished outbox rows to Kafka, at least once, in id order, then marked published."""
+"""The outbox relay: unpublished outbox rows to Kafka, at least once, in id order, then marked published.
+
+One relay publishes per database at a time (a session advisory lock): a single writer keeps each
+key's messages in outbox order on the topic. The lock is held on an AUTOCOMMIT connection that
+the relay then uses for its statements (each atomic on its own), so a slow broker never keeps a
+transaction, and its snapshot, open. A row is marked published only after its delivery report
+succeeded; a crash in between publishes it again (at least once). A failed row holds back the
+later rows of its key and counts a failed attempt (``outbox.publish_attempts``).
+
+:class:`OutboxRelay` runs in the foreground (:meth:`OutboxRelay.run`: publish until nothing is
+unpublished) or, during a multi-batch drain, on a thread of its own fed each committed batch's
+rows (:meth:`OutboxRelay.start`, :meth:`OutboxRelay.hand_over`, :meth:`OutboxRelay.finish`):
+batch k is published while batch k+1 is written.
+"""
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
 
 from sqlalchemy.engine import Connection, Engine
 
@@ -20,17 +33,25 @@ from .kafka import DeliveryResult
 
 log = logging.getLogger(__name__)
 
+#: How long a relay waits for the lock before leaving the work to the relay holding it. The
+#: holder reads the outbox until nothing is unpublished, so the wait only has to cover a holder
+#: that read its last, empty batch just before our rows committed (a longer wait only made
+#: parallel catch-ups end late).
+LOCK_WAIT_SECONDS = 1.0
+#: Rows per publish: one read (or hand-over), one produce-and-flush, one mark.
+BATCH_SIZE = 1000
+
 
 class Publisher(Protocol):
     """What the relay needs from a producer."""
 
-    def publish(self, messages: Sequence[ClaimedMessage], timeout: float) -> list[DeliveryResult]:
-        """Produce and report per-row delivery."""
+    def publish(self, messages: Sequence[ClaimedMessage]) -> list[DeliveryResult]:
+        """Produce ``messages`` and report each one's delivery."""
 
 
 @dataclass
 class RelayResult:
-    """What one relay pass did."""
+    """What the relay did."""
 
     published: int = 0
     failed: int = 0
@@ -47,6 +68,10 @@ class RelayResult:
         self.last_error = other.last_error or self.last_error
         return self
 
+    def plain(self) -> dict[str, Any]:
+        """As builtins (what Dagster steps hand on)."""
+        return asdict(self)
+
 
 def acknowledged_in_key_order(
     messages: Sequence[ClaimedMessage], results: Sequence[DeliveryResult]
@@ -62,7 +87,7 @@ def acknowledged_in_key_order(
     for message in sorted(messages, key=lambda m: m.id):
         if message.message_key in blocked:
             continue
-        if error_by_id.get(message.id) is None and message.id in error_by_id:
+        if message.id in error_by_id and error_by_id[message.id] is None:
             ok.append(message.id)
         else:
             blocked.add(message.message_key)
@@ -73,12 +98,7 @@ def acknowledged_in_key_order(
 def relay_lock(
     engine: Engine, wait_seconds: float, correlation_id: str | None = None
 ) -> Iterator[Connection | None]:
-    """Hold the relay's session advisory lock for the block; yields None when another relay has it.
-
-    The lock lives on an AUTOCOMMIT connection, which the relay then uses for its statements
-    (each one atomic on its own): holding the lock never keeps a transaction, and its snapshot,
-    open while the broker is slow.
-    """
+    """Hold the relay's advisory lock for the block; yields None when another relay keeps it."""
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         if not repository.try_relay_lock(conn) and not repository.wait_relay_lock(
             conn, wait_seconds
@@ -92,245 +112,224 @@ def relay_lock(
             repository.release_relay_lock(conn)
 
 
-def _publish_and_mark(
-    conn: Connection,
-    publisher: Publisher,
-    messages: Sequence[ClaimedMessage],
-    deadline: float,
-    result: RelayResult,
-    correlation_id: str | None,
-    on_acknowledged: Callable[[list[int]], None] | None = None,
-) -> bool:
-    """Produce ``messages``, mark the acknowledged ones (key order kept); False after a failure."""
-    results = publisher.publish(messages, timeout=max(deadline - time.monotonic(), 1.0))
-    ok = acknowledged_in_key_order(messages, results)
-    if on_acknowledged is not None:
-        on_acknowledged(ok)
-    failed = len(messages) - len(ok)
-    repository.mark_published(conn, ok)
-    if failed:
-        acknowledged = set(ok)
-        repository.record_publish_failures(
-            conn, [m.id for m in messages if m.id not in acknowledged]
-        )
-    result.batches += 1
-    result.published += len(ok)
-    if failed:
-        result.failed += failed
-        result.last_error = next((r.error for r in results if r.error), None)
-        event(log, logging.ERROR, "outbox publish failed; rows stay unpublished",
-              run_id=correlation_id, failed=failed, published=len(ok), error=result.last_error)
-        return False
-    return True
+_DONE = object()
 
 
-def _publish_from_outbox(
-    conn: Connection,
-    publisher: Publisher,
-    *,
-    batch_size: int,
-    deadline: float,
-    result: RelayResult,
-    correlation_id: str | None,
-    on_acknowledged: Callable[[list[int]], None] | None = None,
-    stop: threading.Event | None = None,
-    seen: set[int] | None = None,
-) -> bool:
-    """Publish unpublished rows read from the outbox, oldest id first, until none are left.
-
-    Must run under :func:`relay_lock`. Returns False after a failed delivery (the rest waits).
-    ``seen`` collects the ids handed to the producer.
-    """
-    while time.monotonic() < deadline and not (stop is not None and stop.is_set()):
-        messages = repository.unpublished(conn, batch_size)
-        if not messages:
-            return True
-        if seen is not None:
-            seen.update(m.id for m in messages)
-        if not _publish_and_mark(conn, publisher, messages, deadline, result, correlation_id,
-                                 on_acknowledged):
-            return False
-    return True
-
-
-def relay_outbox(
-    engine: Engine,
-    publisher: Publisher,
-    *,
-    batch_size: int = 1000,
-    budget_seconds: float = 30.0,
-    lock_wait_seconds: float = 1.0,
-    correlation_id: str | None = None,
-    on_acknowledged: Callable[[list[int]], None] | None = None,
-    stop: threading.Event | None = None,
-) -> RelayResult:
-    """Publish unpublished outbox rows until none are left, the budget ends or the broker fails.
-
-    One relay publishes per database at a time (a session advisory lock, held on a connection
-    with no transaction open): a single writer keeps each key's messages in outbox order on the
-    topic. A second relay waits up to ``lock_wait_seconds`` and then leaves the work to the first:
-    the holder keeps reading until the outbox has nothing unpublished (a drain's relay checks for
-    older rows before each batch), so the wait only has to cover a holder that read its last,
-    empty batch just before this relay's rows committed; a second is plenty, and a longer wait
-    only made parallel catch-ups end late.
-    A row is marked published only after its delivery report succeeded; a crash in between
-    publishes it again (at least once). A row handed over but not acknowledged gets one more
-    ``outbox.publish_attempts`` (failed attempts).
-    ``on_acknowledged`` is called with the acknowledged ids just before they are marked (the
-    crash-point tests stop the process there). ``stop``, when set, ends the pass before its next
-    batch.
-    """
-    result = RelayResult()
-    deadline = time.monotonic() + budget_seconds
-    with relay_lock(engine, lock_wait_seconds, correlation_id) as conn:
-        if conn is None:
-            result.busy = True
-            return result
-        _publish_from_outbox(conn, publisher, batch_size=batch_size, deadline=deadline,
-                             result=result, correlation_id=correlation_id,
-                             on_acknowledged=on_acknowledged, stop=stop)
-    return result
-
-
-class BackgroundRelay:
-    """The relay of a multi-batch drain, on a thread of its own, fed the rows just written.
-
-    A catch-up otherwise alternates "write a batch" (Postgres busy) with "publish it" (broker and
-    Python busy), and the relay would read back from the outbox every row the dispatcher has
-    just written. Here the dispatcher hands each committed batch's outbox rows over
-    (:meth:`hand_over`: ids from the insert's RETURNING, the payload as stored) and goes on
-    writing the next batch while this thread produces, waits for the acknowledgements and marks
-    the rows published. The relay's rules stay: it holds the advisory lock for the whole drain
-    (one publisher per database), publishes older unpublished rows from the outbox first, and
-    reads from the outbox again whenever an unpublished row older than a handed-over batch
-    exists (another instance's, or left by a failure), so rows still go out in id order; a row
-    is marked only after its acknowledgement. When the lock is busy (another relay is running)
-    it publishes nothing: the other relay finds the rows in the outbox. After a failed delivery
-    it stops for this cycle; the rows stay unpublished for the next pass.
-    :meth:`finish` waits for the hand-overs to be published and returns the result.
-    """
+class OutboxRelay:
+    """Publishes the outbox's unpublished rows, oldest id first; marks each once acknowledged."""
 
     def __init__(
         self,
         engine: Engine,
         publisher: Publisher,
         *,
-        deadline: float,
+        batch_size: int = BATCH_SIZE,
+        lock_wait_seconds: float = LOCK_WAIT_SECONDS,
         correlation_id: str | None = None,
-        batch_size: int = 1000,
-        lock_wait_seconds: float = 1.0,
-        max_queued: int = 2,
+        on_acknowledged: Callable[[list[int]], None] | None = None,
     ) -> None:
         self._engine = engine
         self._publisher = publisher
-        self._deadline = deadline
-        self._correlation_id = correlation_id
         self._batch_size = batch_size
         self._lock_wait_seconds = lock_wait_seconds
-        self.max_queued = max_queued
-        self._queue: deque[list[ClaimedMessage]] = deque()
-        self._ready = threading.Condition()
-        self._closing = False
-        self._publishing = False  # the lock is held: hand-overs beyond max_queued wait
+        self._correlation_id = correlation_id
+        #: Called with the acknowledged ids just before they are marked (crash-point tests).
+        self._on_acknowledged = on_acknowledged
+        self.result = RelayResult()
         self._stop = threading.Event()
-        self._result = RelayResult()
+        self._thread: threading.Thread | None = None
+        self._handed: queue.Queue[Any] = queue.Queue()
+        self._early: list[list[ClaimedMessage]] = []  # handed over while waiting for the lock
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="outbox-relay", daemon=True)
-        self._thread.start()
 
-    def hand_over(self, messages: Sequence[ClaimedMessage]) -> None:
-        """Outbox rows of a batch that just committed (any order; published in id order).
+    # -- foreground ------------------------------------------------------------------------------
 
-        Waits while :attr:`max_queued` batches are already waiting for a relay that holds the
-        lock: a dispatcher never runs more than that far ahead of its relay (memory stays
-        bounded, and when the relay falls behind, e.g. publishing the rows of several parallel
-        dispatchers, this process's CPU goes to it). While the relay still waits for the lock
-        (at most ``lock_wait_seconds``) nothing waits: it may never get it. Dropped when this relay has stopped (lock busy, a failed delivery, an
-        error): the rows are in the outbox, where the next relay pass finds them, and a drain
-        that goes on through a broker outage must not pile every batch up in memory.
+    def run(self, budget_seconds: float, stop: threading.Event | None = None) -> RelayResult:
+        """Publish until nothing is unpublished, the budget is spent, ``stop`` is set, or a
+        delivery fails (the rest waits for the next pass). Busy: another relay holds the lock."""
+        deadline = time.monotonic() + budget_seconds
+        if stop is not None:
+            self._stop = stop
+        with relay_lock(self._engine, self._lock_wait_seconds, self._correlation_id) as conn:
+            if conn is None:
+                self.result.busy = True
+            else:
+                self._from_outbox(conn, deadline, seen=set())
+        return self.result
+
+    # -- background (a multi-batch drain) ----------------------------------------------------------
+
+    def start(self, deadline: float, max_queued: int = 2) -> OutboxRelay:
+        """Publish on a thread of its own until :meth:`finish`; returns self.
+
+        Once it holds the lock, at most ``max_queued`` handed-over batches wait for it: a
+        dispatcher never runs further ahead (memory stays bounded, and when the relay falls
+        behind, e.g. publishing several dispatchers' rows, the process's CPU goes to it).
         """
-        if not messages:
-            return
-        with self._ready:
-            while self.running and self._publishing and len(self._queue) >= self.max_queued:
-                self._ready.wait(0.5)  # woken when the thread takes a batch or ends
-            if self.running:
-                self._queue.append(sorted(messages, key=lambda m: m.id))
-                self._ready.notify_all()
+        self._handed = queue.Queue(maxsize=max_queued)
+        self._thread = threading.Thread(
+            target=self._background, args=(deadline,), name="outbox-relay", daemon=True
+        )
+        self._thread.start()
+        return self
 
     @property
     def running(self) -> bool:
         """Whether the relay thread still publishes what is handed over."""
-        return self._thread.is_alive() and not self._stop.is_set()
+        return self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
 
     @property
     def queued(self) -> int:
-        """Handed-over batches not yet taken up by the thread."""
-        with self._ready:
-            return len(self._queue)
+        """Handed-over batches not yet taken up for publishing."""
+        return self._handed.qsize() + len(self._early)
 
-    def _next(self) -> list[ClaimedMessage] | None:
-        with self._ready:
-            while not self._queue and not self._closing:
-                self._ready.wait()
-            batch = self._queue.popleft() if self._queue else None
-            self._ready.notify_all()  # a dispatcher waiting for room
-            return batch
+    def hand_over(self, messages: Sequence[ClaimedMessage]) -> None:
+        """Outbox rows of a batch that just committed (any order; published in id order).
 
-    def _run(self) -> None:
+        Blocks while the queue is full. Dropped when the relay has stopped (lock busy, a failed
+        delivery, an error): the rows are in the outbox, where the next pass finds them.
+        """
+        if not messages:
+            return
+        batch = sorted(messages, key=lambda m: m.id)
+        while self.running:
+            try:
+                self._handed.put(batch, timeout=0.2)
+                return
+            except queue.Full:
+                continue
+
+    def finish(self, timeout: float | None = None) -> RelayResult:
+        """Publish what was handed over, stop the thread, return the result (its error re-raised)."""
+        while self.running:
+            try:
+                self._handed.put(_DONE, timeout=0.2)
+                break
+            except queue.Full:
+                continue
+        if self._thread is not None:
+            self._thread.join(timeout)
+        if self._error is not None:
+            raise self._error
+        return self.result
+
+    def abandon(self) -> None:
+        """The cycle is failing or stopping: no further batch (one in flight completes or not;
+        either way its rows are published at least once)."""
+        self._stop.set()
+
+    def _background(self, deadline: float) -> None:
         try:
-            with relay_lock(self._engine, self._lock_wait_seconds, self._correlation_id) as conn:
-                if conn is None:
-                    self._result.busy = True
+            with self._engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                if not self._lock_taking_hand_overs(conn):
+                    self.result.busy = True
+                    event(log, logging.INFO, "relay busy in another process",
+                          run_id=self._correlation_id)
                     return
-                with self._ready:
-                    self._publishing = True
-                self._publish(conn)
+                try:
+                    self._publish_handed_over(conn, deadline)
+                finally:
+                    repository.release_relay_lock(conn)
         except BaseException as exc:  # handed to the dispatcher's thread by finish()
             self._error = exc
         finally:
-            with self._ready:  # anything handed over meanwhile is in the outbox already
-                self._queue.clear()
-                self._stop.set()  # not running any more: hand_over drops, and stops waiting
-                self._ready.notify_all()
+            self._stop.set()  # not running any more: hand_over drops
+            self._early.clear()
+            while not self._handed.empty():  # what was handed over is in the outbox already
+                self._handed.get_nowait()
 
-    def _publish(self, conn: Connection) -> None:
+    def _lock_taking_hand_overs(self, conn: Connection) -> bool:
+        """Wait for the lock, taking hand-overs meanwhile: nobody waits for a relay that may never
+        get it (the queue's bound applies once the relay publishes)."""
+        give_up = time.monotonic() + self._lock_wait_seconds
+        while not repository.try_relay_lock(conn):
+            if time.monotonic() >= give_up or self._stop.is_set():
+                return False
+            try:
+                self._early.append(self._handed.get(timeout=0.05))
+            except queue.Empty:
+                pass
+        return True
+
+    def _publish_handed_over(self, conn: Connection, deadline: float) -> None:
         seen: set[int] = set()  # ids a read from the outbox already handed to the producer
-        common = {"publisher": self._publisher, "result": self._result,
-                  "correlation_id": self._correlation_id}
-        if not _publish_from_outbox(conn, batch_size=self._batch_size,
-                                    deadline=self._deadline, stop=self._stop, seen=seen, **common):
+        if not self._from_outbox(conn, deadline, seen):
             return
-        while (batch := self._next()) is not None:
-            if self._stop.is_set() or time.monotonic() >= self._deadline:
+        while (batch := self._next()) is not _DONE:
+            if time.monotonic() >= deadline:
                 return
             batch = [m for m in batch if m.id not in seen]
             if not batch:
                 continue
             if repository.has_unpublished_before(conn, batch[0].id):
-                ok = _publish_from_outbox(conn, batch_size=self._batch_size,
-                                          deadline=self._deadline, stop=self._stop, seen=seen,
-                                          **common)
+                ok = self._from_outbox(conn, deadline, seen)  # older rows first: id order
             else:
-                ok = _publish_and_mark(conn, messages=batch, deadline=self._deadline,
-                                       **common)
+                ok = self._publish(conn, batch)
             if not ok:
                 return
 
-    def finish(self, timeout: float | None = None) -> RelayResult:
-        """Publish what was handed over, stop the thread, return what it did (re-raising its error)."""
-        with self._ready:
-            self._closing = True
-            self._ready.notify()
-        self._thread.join(timeout)
-        if self._error is not None:
-            raise self._error
-        return RelayResult().merge(self._result)
+    def _next(self) -> Any:
+        """The next handed-over batch, or _DONE once finished or abandoned."""
+        if self._early:
+            return self._early.pop(0)
+        while not self._stop.is_set():
+            try:
+                return self._handed.get(timeout=0.2)
+            except queue.Empty:
+                continue
+        return _DONE
 
-    def abandon(self) -> None:
-        """The cycle is failing or stopping: no further relay batch (one in flight completes or
-        not; either way its rows are published at least once)."""
-        self._stop.set()
-        with self._ready:
-            self._closing = True
-            self._ready.notify()
+    # -- shared --------------------------------------------------------------------------------
+
+    def _from_outbox(self, conn: Connection, deadline: float, seen: set[int]) -> bool:
+        """Publish unpublished rows read from the outbox, oldest first, until none are left.
+
+        False after a failed delivery. ``seen`` collects the ids handed to the producer.
+        """
+        while time.monotonic() < deadline and not self._stop.is_set():
+            messages = repository.unpublished(conn, self._batch_size)
+            if not messages:
+                return True
+            seen.update(m.id for m in messages)
+            if not self._publish(conn, messages):
+                return False
+        return True
+
+    def _publish(self, conn: Connection, messages: Sequence[ClaimedMessage]) -> bool:
+        """Produce, then mark the acknowledged rows (key order kept); False after a failure."""
+        results = self._publisher.publish(messages)
+        ok = acknowledged_in_key_order(messages, results)
+        if self._on_acknowledged is not None:
+            self._on_acknowledged(ok)
+        repository.mark_published(conn, ok)
+        self.result.batches += 1
+        self.result.published += len(ok)
+        failed = len(messages) - len(ok)
+        if not failed:
+            return True
+        acknowledged = set(ok)
+        repository.record_publish_failures(conn, [m.id for m in messages if m.id not in acknowledged])
+        self.result.failed += failed
+        self.result.last_error = next((r.error for r in results if r.error), None)
+        event(log, logging.ERROR, "outbox publish failed; rows stay unpublished",
+              run_id=self._correlation_id, failed=failed, published=len(ok),
+              error=self.result.last_error)
+        return False
+
+
+def relay_outbox(
+    engine: Engine,
+    publisher: Publisher,
+    *,
+    batch_size: int = BATCH_SIZE,
+    budget_seconds: float = 30.0,
+    lock_wait_seconds: float = LOCK_WAIT_SECONDS,
+    correlation_id: str | None = None,
+    on_acknowledged: Callable[[list[int]], None] | None = None,
+    stop: threading.Event | None = None,
+) -> RelayResult:
+    """One foreground pass of :class:`OutboxRelay` (the CLI's ``relay``, the relay step)."""
+    relay = OutboxRelay(engine, publisher, batch_size=batch_size,
+                        lock_wait_seconds=lock_wait_seconds, correlation_id=correlation_id,
+                        on_acknowledged=on_acknowledged)
+    return relay.run(budget_seconds, stop=stop)

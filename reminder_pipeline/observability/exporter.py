@@ -1,10 +1,11 @@
-"""The metrics endpoint: the seed's Prometheus metrics, computed from the database on each scrape.
+"""The metrics endpoint: the design's Prometheus metrics, computed from the database on each scrape.
 
 ``reminder-pipeline metrics`` (and ``reminder-pipeline up``) serve ``/metrics`` over HTTP. There
 is no in-process state: counters and histograms are ``totals + SUM(detail)`` over the per-cycle
 ledger (:mod:`.ledger`, written by every dispatch run), and the gauges are read live from the
-reminder and outbox tables. So every Dagster run (a short-lived process) counts, parallel
-dispatchers add up, and an exporter restart loses nothing: a counter only ever grows.
+reminder and outbox tables (backlog, poison rows, outbox lag). So every Dagster run (a
+short-lived process) counts, parallel dispatchers add up, and an exporter restart loses nothing:
+a counter only ever grows.
 
 Each scrape is a handful of index-backed statements in one short read-only REPEATABLE READ
 transaction (one snapshot: a ledger roll-up moving rows between the two tables cannot be seen
@@ -55,6 +56,9 @@ BACKLOG_OLDEST_AGE = PREFIX + "backlog_oldest_age_seconds"
 OUTBOX_UNPUBLISHED = PREFIX + "outbox_unpublished"
 OUTBOX_LAG = PREFIX + "outbox_lag_seconds"
 LAST_SUCCESS = PREFIX + "last_success_timestamp_seconds"
+POISON_ROWS = PREFIX + "poison_rows"
+POISON_OLDEST_AGE = PREFIX + "poison_oldest_age_seconds"
+TIME_ZONE_FALLBACKS = PREFIX + "time_zone_fallbacks_total"
 UP = PREFIX + "up"
 SCRAPE_DURATION = PREFIX + "scrape_duration_seconds"
 
@@ -62,6 +66,7 @@ SCRAPE_DURATION = PREFIX + "scrape_duration_seconds"
 METRIC_NAMES: tuple[str, ...] = (
     CYCLE_DURATION, CYCLES, ITEMS, SKIP_LOCKED, ERRORS, PUBLISHED, LATENESS, BACKLOG,
     BACKLOG_OLDEST_AGE, OUTBOX_UNPUBLISHED, OUTBOX_LAG, LAST_SUCCESS, UP, SCRAPE_DURATION,
+    POISON_ROWS, POISON_OLDEST_AGE, TIME_ZONE_FALLBACKS,
 )
 
 SCRAPE_STATEMENT_TIMEOUT_MS = 5_000
@@ -75,6 +80,7 @@ class Snapshot:
     totals: metrics_repository.LedgerTotals
     backlog: repository.Backlog
     outbox: repository.OutboxLag
+    poison: metrics_repository.PoisonRows
 
 
 def read_snapshot(engine: Engine, now: datetime | None = None) -> Snapshot:
@@ -87,7 +93,8 @@ def read_snapshot(engine: Engine, now: datetime | None = None) -> Snapshot:
         totals = metrics_repository.ledger_totals(
             conn, len(ledger.DURATION_BUCKETS) + 1, len(ledger.LATENESS_BUCKETS) + 1
         )
-        return Snapshot(totals, repository.backlog(conn, now), repository.outbox_lag(conn))
+        return Snapshot(totals, repository.backlog(conn, now), repository.outbox_lag(conn),
+                        metrics_repository.poison_rows(conn, now))
 
 
 def _histogram(name: str, doc: str, bounds: tuple[float, ...], counts: list[int],
@@ -140,6 +147,22 @@ def families(snapshot: Snapshot) -> list[Metric]:
                           value=snapshot.outbox.unpublished),
         GaugeMetricFamily(OUTBOX_LAG, "Age of the oldest unpublished outbox message (0 if none).",
                           value=snapshot.outbox.oldest_unpublished_age_seconds or 0.0),
+        # Live, not a counter: a poison row retried with a growing back-off adds to errors_total
+        # only at each retry, while it stays held back the whole time (the errors alert's gauge).
+        GaugeMetricFamily(
+            POISON_ROWS,
+            f"Due Pending reminders held back by repeated failures "
+            f"(>= {metrics_repository.POISON_MIN_ATTEMPTS} failed attempts).",
+            value=snapshot.poison.count,
+        ),
+        GaugeMetricFamily(POISON_OLDEST_AGE,
+                          "Age (now - DueAt) of the oldest poison row (0 if none).",
+                          value=snapshot.poison.oldest_due_age_seconds or 0.0),
+        CounterMetricFamily(
+            TIME_ZONE_FALLBACKS,
+            "Reminders sent with TimeZone UTC: their event's zone is not a canonical IANA name.",
+            value=t.time_zone_fallbacks,
+        ),
     ]
     # Absent until a cycle has ever succeeded: the liveness rule treats absence as "not live".
     if t.last_success_at is not None:

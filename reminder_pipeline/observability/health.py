@@ -1,4 +1,4 @@
-"""The seed's alert conditions as plain functions over the database: what the Dagster asset checks show.
+"""The design's alert conditions as plain functions over the database: what the Dagster asset checks show.
 
 Each check reads the live tables or the metrics ledger (never a process's memory), so it gives
 the same answer whichever process evaluates it, and it can be evaluated when no dispatch run
@@ -24,16 +24,19 @@ RUNBOOK_OVERDUE = RUNBOOK_DISPATCH + "#overdue-pending-reminders"
 RUNBOOK_ERRORS = RUNBOOK_DISPATCH + "#errors-sustained"
 RUNBOOK_LATENESS = RUNBOOK_DISPATCH + "#lateness-slo-burn"
 
-#: No successful cycle for longer than this: the dispatcher is not running (seed: > 5 min).
+#: No successful cycle for longer than this: the dispatcher is not running (docs/design.md: > 5 min).
 LIVENESS_SECONDS = 300.0
-#: A Pending row due longer ago than this: the worker lags or hangs (seed: older than 5 min).
+#: A Pending row due longer ago than this: the worker lags or hangs (docs/design.md: older than 5 min).
 OVERDUE_SECONDS = 300.0
-#: Errors count as sustained when they occur in this many cycles of the window.
+#: Errors are sustained when they have gone on this long with no gap of ERRORS_GAP or more:
+#: what the alert's ``rate(calendar_reminder_dispatch_errors_total[5m]) > 0`` for ``10m`` sees.
 ERRORS_WINDOW = timedelta(minutes=10)
-ERRORS_MIN_CYCLES = 2
+ERRORS_GAP = timedelta(minutes=5)
+#: A row held back by repeated failures fails the check at once, however rarely it is retried.
+POISON_MIN_ATTEMPTS = metrics_repository.POISON_MIN_ATTEMPTS
 #: The oldest unpublished outbox row may be this old before the backlog check fails.
 OUTBOX_LAG_SECONDS = 120.0
-#: The seed's delivery SLO: SentAt - DueAt at p95 within 2 minutes, over this window.
+#: The design's delivery SLO: SentAt - DueAt at p95 within 2 minutes, over this window.
 LATENESS_SLO_SECONDS = 120.0
 LATENESS_WINDOW = timedelta(minutes=15)
 
@@ -109,21 +112,60 @@ def overdue(engine: Engine, now: datetime) -> HealthCheck:
     )
 
 
+def errors_sustained_since(error_times: list[datetime], now: datetime) -> datetime | None:
+    """Start of the run of errors that reaches ``now`` with no gap of ERRORS_GAP, or None.
+
+    ``error_times`` are the finish times of cycles with errors, newest first. A 5-minute rate of
+    the errors counter is above zero at ``now`` when an error finished less than 5 minutes ago,
+    and stayed above zero since the start returned here.
+    """
+    if not error_times or now - error_times[0] >= ERRORS_GAP:
+        return None
+    start = error_times[0]
+    for finished in error_times[1:]:
+        if start - finished >= ERRORS_GAP:
+            break
+        start = finished
+    return start
+
+
 def errors(engine: Engine, now: datetime) -> HealthCheck:
-    """Errors (failed cycles, poison rows, refused deliveries) are not sustained over 10 minutes."""
+    """No row is held back by repeated failures, and errors are not sustained over 10 minutes."""
+    lookback = now - ERRORS_WINDOW - ERRORS_GAP  # far enough to tell "10 minutes or more"
     with engine.connect() as conn:
+        poison = metrics_repository.poison_rows(conn, now)
         window = metrics_repository.cycles_since(conn, now - ERRORS_WINDOW)
-    passed = window.cycles_with_errors < ERRORS_MIN_CYCLES
+        since = errors_sustained_since(metrics_repository.error_cycle_times_since(conn, lookback),
+                                       now)
+    sustained = None if since is None else max((now - since).total_seconds(), 0.0)
+    sustained_long = sustained is not None and sustained >= ERRORS_WINDOW.total_seconds()
+    passed = poison.count == 0 and not sustained_long
     minutes = ERRORS_WINDOW.total_seconds() / 60
-    description = (
-        f"{window.cycles_with_errors} of {window.cycles} cycles in the last {minutes:.0f} min "
-        f"had errors (fails at {ERRORS_MIN_CYCLES})."
-    )
+    if poison.count:
+        description = (
+            f"{poison.count} due reminder(s) held back by repeated failures "
+            f"(>= {POISON_MIN_ATTEMPTS} attempts); oldest "
+            f"{poison.oldest_due_age_seconds or 0:.0f} s past DueAt."
+        )
+    elif sustained_long:
+        description = (
+            f"Errors for {sustained / 60:.0f} min without a {ERRORS_GAP.total_seconds() / 60:.0f}"
+            f"-min gap: {window.cycles_with_errors} of {window.cycles} cycles in the last "
+            f"{minutes:.0f} min had errors."
+        )
+    else:
+        description = (
+            f"No rows held back; {window.cycles_with_errors} of {window.cycles} cycles in the last "
+            f"{minutes:.0f} min had errors (not sustained for {minutes:.0f} min)."
+        )
     return HealthCheck(
         name="dispatch_errors",
         passed=passed,
         description=description,
         metadata={
+            "poison_rows": poison.count,
+            "poison_oldest_age_seconds": _round(poison.oldest_due_age_seconds),
+            "errors_sustained_seconds": _round(sustained),
             "cycles_in_window": window.cycles,
             "cycles_with_errors": window.cycles_with_errors,
             "failed_cycles": window.cycles_failed,

@@ -40,9 +40,9 @@ from ..store.metrics_repository import CycleRecord
 
 log = logging.getLogger(__name__)
 
-#: Upper bounds (seconds) of the lateness histogram: dense around the seed's 120 s SLO.
+#: Upper bounds (seconds) of the lateness histogram: dense around the design's 120 s SLO.
 LATENESS_BUCKETS: tuple[float, ...] = (1, 5, 10, 30, 60, 66, 75, 90, 120, 180, 300, 600)
-#: Upper bounds (seconds) of the cycle duration histogram: the seed's target is < 30 s a cycle.
+#: Upper bounds (seconds) of the cycle duration histogram: the design's target is < 30 s a cycle.
 DURATION_BUCKETS: tuple[float, ...] = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 30, 60, 120)
 
 #: How long per-cycle rows stay in ``dispatch_cycles`` before being rolled up into the totals.
@@ -139,6 +139,7 @@ def build_record(
         lateness_count=len(lateness),
         lateness_buckets=bucket_counts(lateness, LATENESS_BUCKETS),
         error_kind=_kind(error),
+        time_zone_fallbacks=counts.time_zone_fallbacks,
     )
 
 

@@ -26,12 +26,12 @@ INSERT_CYCLE = text(
         run_id, started_at, finished_at, as_of, succeeded,
         sent, skipped, skipped_locked, failed, published, publish_failed, batches,
         duration_seconds, duration_buckets, lateness_sum, lateness_count, lateness_buckets,
-        error_kind
+        error_kind, time_zone_fallbacks
     ) VALUES (
         :run_id, :started_at, :finished_at, :as_of, :succeeded,
         :sent, :skipped, :skipped_locked, :failed, :published, :publish_failed, :batches,
         :duration_seconds, CAST(:duration_buckets AS bigint[]), :lateness_sum, :lateness_count,
-        CAST(:lateness_buckets AS bigint[]), :error_kind
+        CAST(:lateness_buckets AS bigint[]), :error_kind, :time_zone_fallbacks
     )
     RETURNING id
     """
@@ -49,7 +49,7 @@ DELETE_ROLL_UP_CANDIDATES = text(
              LIMIT :limit))
     RETURNING c.finished_at, c.succeeded, c.sent, c.skipped, c.skipped_locked, c.failed,
               c.published, c.publish_failed, c.duration_seconds, c.duration_buckets,
-              c.lateness_sum, c.lateness_count, c.lateness_buckets
+              c.lateness_sum, c.lateness_count, c.lateness_buckets, c.time_zone_fallbacks
     """
 )
 
@@ -68,6 +68,7 @@ UPDATE_TOTALS = text(
            failed = :failed,
            published = :published,
            publish_failed = :publish_failed,
+           time_zone_fallbacks = :time_zone_fallbacks,
            duration_sum = :duration_sum,
            duration_buckets = CAST(:duration_buckets AS bigint[]),
            lateness_sum = :lateness_sum,
@@ -90,6 +91,7 @@ SUM_DETAIL = text(
            coalesce(sum(failed), 0)                        AS failed,
            coalesce(sum(published), 0)                     AS published,
            coalesce(sum(publish_failed), 0)                AS publish_failed,
+           coalesce(sum(time_zone_fallbacks), 0)           AS time_zone_fallbacks,
            coalesce(sum(duration_seconds), 0)              AS duration_sum,
            coalesce(sum(lateness_sum), 0)                  AS lateness_sum,
            coalesce(sum(lateness_count), 0)                AS lateness_count,
@@ -147,7 +149,7 @@ LATENESS_BUCKETS_SINCE = text(
     """
 )
 
-# Pending rows whose DueAt is older than :cutoff (the seed's "worker lags/hangs" alert); walks
+# Pending rows whose DueAt is older than :cutoff (the design's "worker lags/hangs" alert); walks
 # the due query's partial index, so it stays cheap however many terminal rows there are.
 OVERDUE = text(
     """
@@ -155,5 +157,28 @@ OVERDUE = text(
            EXTRACT(EPOCH FROM (CAST(:now AS timestamptz) - min(due_at))) AS oldest_due_age_seconds
       FROM event_reminders
      WHERE status = 'Pending' AND due_at < :cutoff
+    """
+)
+
+# When the cycles with errors of a recent window finished, newest first: the errors check walks
+# them back from now to see how long errors have gone on without a gap (the alert's rate window).
+ERROR_CYCLE_TIMES_SINCE = text(
+    """
+    SELECT finished_at
+      FROM dispatch_cycles
+     WHERE finished_at >= :since AND (NOT succeeded OR failed > 0 OR publish_failed > 0)
+     ORDER BY finished_at DESC
+    """
+)
+
+# Rows held back by repeated failures (poison rows): Pending after :min_attempts or more failed
+# attempts. A row only fails once it was selected, i.e. due, so ``due_at < :now`` keeps the
+# read on the due query's partial index, over the due backlog only.
+POISON_ROWS = text(
+    """
+    SELECT count(*) AS poison_rows,
+           EXTRACT(EPOCH FROM (CAST(:now AS timestamptz) - min(due_at))) AS oldest_due_age_seconds
+      FROM event_reminders
+     WHERE status = 'Pending' AND due_at < :now AND attempts >= :min_attempts
     """
 )

@@ -34,6 +34,8 @@ class CycleRecord:
     lateness_count: int
     lateness_buckets: list[int]
     error_kind: str | None = None
+    #: Reminders sent with the fallback zone (their event's TimeZone was not a canonical IANA name).
+    time_zone_fallbacks: int = 0
 
 
 def insert_cycle(conn: Connection, record: CycleRecord) -> int:
@@ -71,6 +73,7 @@ class LedgerTotals:
     failed: int = 0
     published: int = 0
     publish_failed: int = 0
+    time_zone_fallbacks: int = 0
     duration_sum: float = 0.0
     duration_buckets: list[int] = field(default_factory=list)
     lateness_sum: float = 0.0
@@ -80,7 +83,7 @@ class LedgerTotals:
 
 
 _COUNTERS = ("cycles", "cycles_failed", "sent", "skipped", "skipped_locked", "failed",
-             "published", "publish_failed", "lateness_count")
+             "published", "publish_failed", "lateness_count", "time_zone_fallbacks")
 
 
 def _later(a: datetime | None, b: datetime | None) -> datetime | None:
@@ -146,7 +149,7 @@ def roll_up(conn: Connection, cutoff: datetime, duration_size: int, lateness_siz
         new["cycles"] += 1
         new["cycles_failed"] += 0 if row.succeeded else 1
         for name in ("sent", "skipped", "skipped_locked", "failed", "published", "publish_failed",
-                     "lateness_count"):
+                     "lateness_count", "time_zone_fallbacks"):
             new[name] += int(getattr(row, name))
         new["duration_sum"] += float(row.duration_seconds)
         new["lateness_sum"] += float(row.lateness_sum)
@@ -205,3 +208,32 @@ def overdue(conn: Connection, cutoff: datetime, now: datetime) -> Overdue:
     row = conn.execute(q.OVERDUE, {"cutoff": cutoff, "now": now}).one()
     age = row.oldest_due_age_seconds
     return Overdue(int(row.overdue), None if age is None else float(age))
+
+
+def error_cycle_times_since(conn: Connection, since: datetime) -> list[datetime]:
+    """When each cycle with errors finished at or after ``since``, newest first."""
+    return list(conn.execute(q.ERROR_CYCLE_TIMES_SINCE, {"since": since}).scalars())
+
+
+#: A Pending row counts as held back by repeated failures from its second failed attempt. The
+#: first failure may be a one-off: the row is retried 30 s later (the next cycle) and goes out if
+#: the event was fixed in between. A second failure means the cause persists; from then on the
+#: back-off grows towards an hour and the row does not go out by itself. The second attempt comes
+#: about a minute after the first, well inside the 5-minute overdue limit.
+POISON_MIN_ATTEMPTS = 2
+
+
+@dataclass(frozen=True)
+class PoisonRows:
+    """Due Pending rows held back by repeated failures (poison rows), and the oldest one's age."""
+
+    count: int
+    oldest_due_age_seconds: float | None
+
+
+def poison_rows(conn: Connection, now: datetime,
+              min_attempts: int = POISON_MIN_ATTEMPTS) -> PoisonRows:
+    """Due Pending rows with at least ``min_attempts`` failed attempts, read live."""
+    row = conn.execute(q.POISON_ROWS, {"now": now, "min_attempts": min_attempts}).one()
+    age = row.oldest_due_age_seconds
+    return PoisonRows(int(row.poison_rows), None if age is None else float(age))

@@ -1,9 +1,9 @@
 """Every SQL statement of the dispatcher, named. Bind parameters only; no string formatting of values.
 
-The hot statements are written for the plans measured in ``shared/POSTGRES-NOTES.md``: the due
-query walks the partial index ``ix_event_reminders_status_due_at`` in ``due_at`` order and stops
-after ``LIMIT`` locked rows; batches of ids are passed as arrays (``= ANY``/``unnest``) so the
-planner keeps primary-key index scans instead of hash joins.
+The hot statements are written for the plans measured in ``benchmarks/README.md``: the due query
+walks the partial index ``ix_event_reminders_status_due_at`` in ``(due_at, id)`` order and stops
+after ``LIMIT`` locked rows (an EXPLAIN test keeps it so); batches of ids are passed as arrays
+(``= ANY``/``jsonb``) so the planner keeps primary-key index scans instead of hash joins.
 """
 
 from __future__ import annotations
@@ -34,26 +34,99 @@ _DUE_COLUMNS = """
     r.attempts
 """
 
-# Step 1 of the seed: Pending, DueAt < AsOf, not backing off after a failure, oldest first,
-# at most :batch_size rows, each locked FOR UPDATE; rows locked by another instance (or by an
-# event's cancel/reschedule cascade in flight) are skipped without waiting.
+# The rows the due query may take: Pending, due before AsOf, not backing off after a failure.
+_DUE = """
+       {r}.status = 'Pending'
+   AND {r}.due_at < :as_of
+   AND ({r}.next_attempt_at IS NULL OR {r}.next_attempt_at <= :as_of)
+"""
+
+# ... and not reserved by another Dagster run (a reservation ends with the run's write, or when
+# ``reserved_until`` passes: a run that died releases its rows by itself).
+_FREE = "(r.reserved_until IS NULL OR r.reserved_until <= now())"
+
+# skipped_locked: the due rows the scan passed over because another transaction held them (or
+# another run had reserved them). The scan walks (due_at, id) in order, so those are exactly the
+# due rows up to the last one taken that were not taken; when the batch came back short, every
+# due row not taken. Counted in the same statement, so on the same snapshot as the scan: a row
+# another instance held and committed meanwhile still counts. Rows cut off by LIMIT (DueAt ties
+# included) are never counted, so a lone dispatcher always reports 0.
+_PASSED_OVER = f"""
+    SELECT count(*) - (SELECT count(*) FROM picked) AS skipped_locked
+      FROM event_reminders c
+     WHERE {_DUE.format(r="c")}
+       AND ((SELECT count(*) FROM picked) < :batch_size
+            OR (c.due_at, c.id) <= (SELECT row_due_at, row_id FROM picked
+                                     ORDER BY row_due_at DESC, row_id DESC LIMIT 1))
+"""
+
+# The names of _DUE_COLUMNS, taken from table {t} (the raw due_at that orders rows may be out of
+# Python's range, so it is not handed back).
+_DUE_NAMES = ", ".join(
+    "{t}." + name
+    for name in ("reminder_id", "event_id", "tenant_id", "owner_user_id", "client_user_id",
+                 "appointment_id", "kind", "event_status", "start_at", "time_zone",
+                 "offset_minutes", "due_at", "attempts")
+)
+
+# Step 1 of the cycle (docs/design.md): due rows, oldest first, at most :batch_size, each locked FOR UPDATE; rows
+# locked by another instance (or by an event's cancel/reschedule cascade in flight) are skipped
+# without waiting, and counted. One row per taken reminder (the DueReminder columns, then the
+# count); when nothing was taken, one row of NULLs carrying the count.
 SELECT_DUE_FOR_UPDATE_SKIP_LOCKED = text(
     f"""
-    SELECT {_DUE_COLUMNS}
-      FROM event_reminders r
-      JOIN calendar_events e ON e.id = r.calendar_event_id
-     WHERE r.status = 'Pending'
-       AND r.due_at < :as_of
-       AND (r.next_attempt_at IS NULL OR r.next_attempt_at <= :as_of)
-     ORDER BY r.due_at
-     LIMIT :batch_size
-       FOR UPDATE OF r SKIP LOCKED
+    WITH picked AS (
+        SELECT {_DUE_COLUMNS}, r.due_at AS row_due_at, r.id AS row_id
+          FROM event_reminders r
+          JOIN calendar_events e ON e.id = r.calendar_event_id
+         WHERE {_DUE.format(r="r")}
+           AND {_FREE}
+         ORDER BY r.due_at, r.id
+         LIMIT :batch_size
+           FOR UPDATE OF r SKIP LOCKED
+    )
+    SELECT {_DUE_NAMES.format(t="picked")}, passed.skipped_locked
+      FROM ({_PASSED_OVER}) AS passed
+      LEFT JOIN picked ON true
+     ORDER BY picked.row_due_at, picked.row_id
+    """
+)
+
+# Step 1 as a Dagster op runs it (its own short transaction, then the write in another): the
+# same rows, reserved for the run until its write commits or :seconds pass, so concurrent runs
+# and deployments take disjoint batches. Ids only: the writing step re-reads under its lock.
+RESERVE_DUE = text(
+    f"""
+    WITH picked AS (
+        SELECT r.id AS row_id, r.due_at AS row_due_at
+          FROM event_reminders r
+         WHERE {_DUE.format(r="r")}
+           AND {_FREE}
+         ORDER BY r.due_at, r.id
+         LIMIT :batch_size
+           FOR UPDATE OF r SKIP LOCKED
+    ),
+    reserved AS (
+        UPDATE event_reminders r
+           SET reserved_by = :run_id,
+               reserved_until = now() + make_interval(secs => :seconds)
+         WHERE r.id = ANY (ARRAY(SELECT row_id FROM picked))
+        RETURNING r.id
+    )
+    SELECT (SELECT coalesce(array_agg(CAST(row_id AS text) ORDER BY row_due_at, row_id),
+                            ARRAY[]::text[])
+              FROM picked) AS ids,
+           (SELECT count(*) FROM reserved) AS reserved,
+           passed.skipped_locked
+      FROM ({_PASSED_OVER}) AS passed
     """
 )
 
 # The writing step's re-read: the candidates again, locked in *this* transaction, still
-# Pending and still due. Its result, not the selection's, decides send or skip, so a cancel
-# that committed after the selection wins (the seed's "conflict resolved by re-reading").
+# Pending, still due, and not reserved by another run (:reserved_by is the run that selected
+# them; its own reservation does not hold it back). Its result, not the selection's, decides
+# send or skip, so a cancel that committed after the selection wins (the design's "conflict
+# resolved by re-reading").
 LOCK_CANDIDATES_SKIP_LOCKED = text(
     f"""
     SELECT {_DUE_COLUMNS}
@@ -62,8 +135,20 @@ LOCK_CANDIDATES_SKIP_LOCKED = text(
      WHERE r.id = ANY(CAST(:ids AS uuid[]))
        AND r.status = 'Pending'
        AND r.due_at < :as_of
-     ORDER BY r.due_at
+       AND (r.reserved_by = :reserved_by OR {_FREE})
+     ORDER BY r.due_at, r.id
        FOR UPDATE OF r SKIP LOCKED
+    """
+)
+
+# Step 2 as a Dagster op runs it: the event status of each selected row, read without a lock
+# (a preview; the writing step decides again on what it reads under its lock).
+EVENT_STATUS_OF = text(
+    """
+    SELECT CAST(r.id AS text) AS reminder_id, e.status AS event_status
+      FROM event_reminders r
+      JOIN calendar_events e ON e.id = r.calendar_event_id
+     WHERE r.id = ANY(CAST(:ids AS uuid[]))
     """
 )
 
@@ -75,21 +160,7 @@ COUNT_STILL_PENDING = text(
     """
 )
 
-# Due Pending rows up to the batch's last due_at (the range a selection covers), ours included:
-# ours are locked by this transaction and still Pending, so count - len(ours) are the rows another
-# instance holds right now (skipped_locked). Counting without an "id <> ALL(ours)" filter keeps it
-# linear in the range instead of range x batch comparisons.
-COUNT_DUE_UP_TO = text(
-    """
-    SELECT count(*) FROM event_reminders
-     WHERE status = 'Pending'
-       AND due_at < :as_of
-       AND due_at <= :upper
-       AND (next_attempt_at IS NULL OR next_attempt_at <= :as_of)
-    """
-)
-
-# Step 4 of the seed in one statement: every decided row moves Pending -> Sent/Skipped, and
+# Step 3 of the cycle in one statement: every decided row moves Pending -> Sent/Skipped, and
 # each row that became Sent gets exactly one outbox row (its id and stored payload come back, so
 # a drain's relay can publish it without reading it again). The batch arrives as one jsonb array
 # (one orjson dump per batch; five text[] parameters cost a regex escape per payload quote). The
@@ -131,7 +202,7 @@ APPLY_TRANSITIONS = text(
     """
 )
 
-# A poison row stays Pending (the seed) but backs off exponentially, so a head of poison rows
+# A poison row stays Pending (docs/design.md) but backs off exponentially, so a head of poison rows
 # can never starve the healthy rows behind it: 30 s, 60 s, 120 s, ... capped at :cap_seconds.
 RECORD_POISON = text(
     """

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
@@ -13,9 +13,9 @@ import sqlalchemy as sa
 import orjson
 from sqlalchemy.engine import Connection
 
-from ..domain.model import DueReminder, EventStatus, PoisonRow, ReminderStatus
+from ..domain.model import DueReminder, EventStatus, OutboxMessage, PoisonRow, ReminderStatus
 from . import queries
-from .tables import calendar_events, event_reminders, outbox
+from .tables import calendar_events, event_reminders
 
 _STATUS = {s.value: s for s in ReminderStatus}
 
@@ -23,42 +23,70 @@ POISON_BACKOFF_BASE_SECONDS = 30
 POISON_BACKOFF_CAP_SECONDS = 3600
 
 
+@dataclass(frozen=True)
+class DueBatch:
+    """Due rows locked by the caller's transaction, oldest first, and the rows others held."""
+
+    reminders: list[DueReminder]
+    skipped_locked: int
+
+
+_DUE_FIELDS = len(fields(DueReminder))
+
+
 def select_due_for_update_skip_locked(
     conn: Connection, as_of: datetime, batch_size: int
-) -> list[DueReminder]:
+) -> DueBatch:
     """Lock up to ``batch_size`` due Pending rows, oldest first, skipping rows locked elsewhere.
 
-    ``queries._DUE_COLUMNS`` lists the columns in :class:`DueReminder`'s field order (a test checks
-    it), so rows map positionally: that was most of the per-row cost of reading a batch.
+    ``queries._DUE_COLUMNS`` lists the columns in :class:`DueReminder`'s field order (a test
+    checks it), so rows map positionally; the count of rows held elsewhere is the last column.
     """
     rows = conn.execute(
         queries.SELECT_DUE_FOR_UPDATE_SKIP_LOCKED, {"as_of": as_of, "batch_size": batch_size}
     ).all()
-    return [DueReminder(*r) for r in rows]
+    reminders = [DueReminder(*r[:_DUE_FIELDS]) for r in rows if r[0] is not None]
+    return DueBatch(reminders, int(rows[0][-1]) if rows else 0)
 
 
-def count_due_not_ours(
-    conn: Connection, as_of: datetime, upper: datetime, ours: Sequence[str]
-) -> int:
-    """Due Pending rows up to ``upper`` that we do not hold: locked by another instance.
+@dataclass(frozen=True)
+class Reservation:
+    """Due rows reserved for a run (ids, oldest first) and the rows others held."""
 
-    ``ours`` must be locked by ``conn``'s transaction (selected FOR UPDATE, not yet written):
-    they are then still Pending and inside the range, so they are part of the count.
-    """
-    total = conn.execute(queries.COUNT_DUE_UP_TO, {"as_of": as_of, "upper": upper}).scalar_one()
-    return max(int(total) - len(ours), 0)
+    ids: list[str]
+    skipped_locked: int
+
+
+def reserve_due(
+    conn: Connection, as_of: datetime, batch_size: int, run_id: str, seconds: float
+) -> Reservation:
+    """Reserve up to ``batch_size`` due rows for ``run_id`` for ``seconds`` (see RESERVE_DUE)."""
+    row = conn.execute(
+        queries.RESERVE_DUE,
+        {"as_of": as_of, "batch_size": batch_size, "run_id": run_id, "seconds": seconds},
+    ).one()
+    return Reservation(list(row.ids), int(row.skipped_locked))
 
 
 def lock_candidates(
-    conn: Connection, ids: Sequence[str], as_of: datetime
+    conn: Connection, ids: Sequence[str], as_of: datetime, reserved_by: str | None = None
 ) -> list[DueReminder]:
-    """Re-read and lock the given candidates that are still Pending and due."""
+    """Re-read and lock the given candidates that are still Pending, due and not another run's."""
     if not ids:
         return []
     rows = conn.execute(
-        queries.LOCK_CANDIDATES_SKIP_LOCKED, {"ids": list(ids), "as_of": as_of}
+        queries.LOCK_CANDIDATES_SKIP_LOCKED,
+        {"ids": list(ids), "as_of": as_of, "reserved_by": reserved_by},
     ).all()
     return [DueReminder(*r) for r in rows]
+
+
+def event_statuses(conn: Connection, ids: Sequence[str]) -> dict[str, str]:
+    """Each reminder's event status (read without a lock)."""
+    if not ids:
+        return {}
+    rows = conn.execute(queries.EVENT_STATUS_OF, {"ids": list(ids)}).all()
+    return {r.reminder_id: r.event_status for r in rows}
 
 
 def count_still_pending(conn: Connection, ids: Iterable[str]) -> int:
@@ -67,15 +95,6 @@ def count_still_pending(conn: Connection, ids: Iterable[str]) -> int:
     if not ids:
         return 0
     return int(conn.execute(queries.COUNT_STILL_PENDING, {"ids": ids}).scalar_one())
-
-
-@dataclass(frozen=True)
-class OutboxMessage:
-    """What goes into the outbox for one Sent row."""
-
-    message_key: str
-    payload: dict[str, Any]
-    headers: dict[str, str]
 
 
 @dataclass(slots=True)
@@ -89,6 +108,15 @@ class AppliedTransition:
     payload: str | None = None
 
 
+@dataclass
+class Applied:
+    """What :func:`apply_transitions` wrote, and the rows the database refused (poison)."""
+
+    rows: list[AppliedTransition]
+    outbox_rows: int
+    refused: list[PoisonRow]
+
+
 def _finite(value: Any) -> float | None:
     """A float, or None for NULL and for the infinities of an infinite due_at."""
     if value is None:
@@ -97,41 +125,75 @@ def _finite(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def apply_transitions(
-    conn: Connection,
-    transitions: Sequence[tuple[str, ReminderStatus, OutboxMessage | None]],
-    *,
-    topic: str,
-    sent_at: datetime,
-) -> tuple[list[AppliedTransition], int]:
-    """Move rows Pending -> Sent/Skipped and write one outbox row per Sent row, in one statement.
+Transition = tuple[DueReminder, ReminderStatus, OutboxMessage | None]
 
-    Returns the rows that moved and the number of outbox rows written.
+# SQLSTATE classes that belong to a row's data, not to the infrastructure: a failing set-based
+# write is retried row by row so that only the offending row is excluded.
+_DATA_ERROR_CLASSES = ("22", "23")
+
+
+def _data_error(error: sa.exc.DBAPIError) -> str | None:
+    """The SQLSTATE of a data error (the row's fault), None for anything else."""
+    sqlstate = getattr(error.orig, "sqlstate", None) or ""
+    return sqlstate if sqlstate[:2] in _DATA_ERROR_CLASSES else None
+
+
+def apply_transitions(
+    conn: Connection, transitions: Sequence[Transition], *, topic: str, sent_at: datetime
+) -> Applied:
+    """Move rows Pending -> Sent/Skipped with one outbox row per Sent row, set-based.
+
+    One statement for the batch. When the database refuses it for a row's data (SQLSTATE class
+    22/23), the rows are written one by one, each in a savepoint, and only the refused ones are
+    left out (returned as poison). Any other error propagates: the caller's transaction rolls
+    back whole.
     """
+    savepoint = conn.begin_nested()
+    try:
+        rows = _apply(conn, transitions, topic, sent_at)
+        savepoint.commit()
+        return Applied(rows, sum(1 for a in rows if a.outbox_id is not None), [])
+    except sa.exc.DBAPIError as error:
+        savepoint.rollback()
+        if _data_error(error) is None:
+            raise
+    applied, refused = [], []
+    for transition in transitions:
+        savepoint = conn.begin_nested()
+        try:
+            applied.extend(_apply(conn, [transition], topic, sent_at))
+            savepoint.commit()
+        except sa.exc.DBAPIError as error:
+            savepoint.rollback()
+            sqlstate = _data_error(error)
+            if sqlstate is None:
+                raise
+            reminder = transition[0]
+            refused.append(PoisonRow(reminder.reminder_id, reminder.event_id, reminder.tenant_id,
+                                     f"database rejected the row (SQLSTATE {sqlstate})"))
+    return Applied(applied, sum(1 for a in applied if a.outbox_id is not None), refused)
+
+
+def _apply(
+    conn: Connection, transitions: Sequence[Transition], topic: str, sent_at: datetime
+) -> list[AppliedTransition]:
     if not transitions:
-        return [], 0
+        return []
     batch = [
         {
-            "id": message.payload["ReminderId"] if message else str(reminder_id),
+            "id": reminder.reminder_id,
             "status": status.value,
             "message_key": message.message_key if message else None,
             "payload": message.payload if message else None,
             "headers": message.headers if message else None,
         }
-        for reminder_id, status, message in transitions
+        for reminder, status, message in transitions
     ]
     rows = conn.execute(
         queries.APPLY_TRANSITIONS,
-        {
-            "batch": orjson.dumps(batch).decode(),
-            "sent_at": sent_at,
-            "topic": topic,
-        },
+        {"batch": orjson.dumps(batch).decode(), "sent_at": sent_at, "topic": topic},
     ).all()
-    applied = [
-        AppliedTransition(r[0], _STATUS[r[1]], _finite(r[2]), r[3], r[4]) for r in rows
-    ]
-    return applied, sum(1 for a in applied if a.outbox_id is not None)
+    return [AppliedTransition(r[0], _STATUS[r[1]], _finite(r[2]), r[3], r[4]) for r in rows]
 
 
 def record_poison(conn: Connection, poison: Sequence[PoisonRow], now: datetime) -> None:
@@ -367,23 +429,6 @@ def move_event(conn: Connection, event_id: uuid.UUID, start_at: datetime) -> Non
         .where(calendar_events.c.id == event_id)
         .values(start_at=start_at, updated_at=sa.func.now())
     )
-
-
-def reminders_of_event(conn: Connection, event_id: uuid.UUID) -> list[dict[str, Any]]:
-    """All reminder rows of an event (for tests and the CLI)."""
-    return [
-        dict(r._mapping)
-        for r in conn.execute(
-            sa.select(event_reminders)
-            .where(event_reminders.c.calendar_event_id == event_id)
-            .order_by(event_reminders.c.due_at)
-        )
-    ]
-
-
-def outbox_rows(conn: Connection) -> list[dict[str, Any]]:
-    """All outbox rows in id order (for tests and the CLI)."""
-    return [dict(r._mapping) for r in conn.execute(sa.select(outbox).order_by(outbox.c.id))]
 
 
 # --- re-publish back-fill ------------------------------------------------------------------

@@ -16,7 +16,7 @@ from sqlalchemy.engine import Engine
 from reminder_pipeline import cycle
 from reminder_pipeline.store.tables import event_reminders, outbox
 
-from ..support import KafkaReader, make_event, utcnow
+from ..support import POISON_KIND, KafkaReader, make_event, utcnow
 
 
 @dataclass
@@ -42,7 +42,7 @@ def seed_mixed(engine: Engine, n_events: int, *, seed: int = 7) -> Scenario:
         roll = rng.random()
         kw: dict = {"tenant_id": scenario.tenant_id}
         if roll < 0.1:
-            kw["time_zone"] = "Atlantis/Nowhere"  # poison
+            kw["kind"] = POISON_KIND  # poison: breaks the contract
         elif roll < 0.25:
             kw["status"] = "Cancelled"  # the cascade never ran: the dispatcher must skip
         start = now + timedelta(minutes=rng.uniform(1, 59))

@@ -11,7 +11,7 @@ import pytest
 
 from reminder_pipeline.services import free_port
 
-from ..support import make_due_event, outbox_rows, reminders
+from ..support import POISON_KIND, make_due_event, outbox_rows, reminders
 
 
 def run_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -43,12 +43,12 @@ def test_dispatch_prints_the_cycle_counts(engine, cli_env):
 
 
 def test_poison_rows_can_be_listed_retried_and_skipped(engine, cli_env):
-    poison = make_due_event(engine, time_zone="Nowhere/Land")
+    poison = make_due_event(engine, kind=POISON_KIND)
     assert run_cli("dispatch", env=cli_env).returncode == 0
     [row] = reminders(engine, poison)
     listed = json.loads(run_cli("poison", "list", env=cli_env).stdout)
     assert [r["id"] for r in listed] == [str(row["id"])]
-    assert "TimeZone" in listed[0]["last_error"]
+    assert "Kind" in listed[0]["last_error"]
 
     retry = run_cli("poison", "retry", str(row["id"]), env=cli_env)
     assert retry.returncode == 0 and reminders(engine, poison)[0]["next_attempt_at"] is None

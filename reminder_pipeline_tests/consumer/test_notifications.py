@@ -13,16 +13,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reminder_pipeline.consumer.notifications import (
-    NEUTRAL_TEXT,
+    WARNING_TIME_ZONE_FALLBACK,
+    WARNING_UNKNOWN_KIND,
     IncompatibleMessage,
     MessageProblem,
     NotificationKind,
     RecipientRole,
-    horizon_text,
     notifications_for,
     parse_reminder,
-    relaxed_schema,
 )
+from reminder_pipeline.consumer.texts import horizon_en
 from reminder_pipeline.domain import contract
 from reminder_pipeline.domain.model import DueReminder
 from reminder_pipeline.domain.payload import build_payload
@@ -72,6 +72,34 @@ def test_the_producers_payload_is_accepted_by_the_consumer() -> None:
     assert (str(reminder.reminder_id), reminder.start_at, reminder.kind) == (due.reminder_id, START, "Showing")
 
 
+def test_field_names_in_any_case_are_the_contracts_fields() -> None:
+    """System.Text.Json's web defaults write camelCase names: the same fields."""
+    data = payload(ClientUserId=str(uuid.uuid4()))
+    camel = {name[0].lower() + name[1:]: value for name, value in data.items()}
+    assert parse_reminder(raw(camel)) == parse_reminder(raw(data))
+
+
+def test_one_field_given_twice_with_different_values_is_incompatible() -> None:
+    data = {**payload(), "reminderId": str(uuid.uuid4())}
+    with pytest.raises(IncompatibleMessage, match="ReminderId") as caught:
+        parse_reminder(raw(data))
+    assert caught.value.problem is MessageProblem.INCOMPATIBLE
+
+
+def test_an_integral_float_offset_is_the_same_integer() -> None:
+    assert parse_reminder(raw(payload(OffsetMinutes=60.0))).offset_minutes == 60
+
+
+@pytest.mark.parametrize("kind", [3, "", "showing", "BOOKINGDEADLINE", ["Showing"]])
+def test_a_kind_of_another_type_or_case_is_read_fail_safe(kind: Any) -> None:
+    """Kind is additive: an unknown or odd value gets the neutral text; another case is the kind."""
+    mapped = notifications_for(parse_reminder(raw(payload(Kind=kind))))
+    expected_known = isinstance(kind, str) and kind.lower() in ("showing", "bookingdeadline")
+    assert mapped.known_kind is expected_known
+    assert mapped.notifications[0].text.startswith(
+        ("Property showing", "Booking deadline") if expected_known else "A calendar event")
+
+
 def test_unknown_extra_fields_and_absent_optional_fields_are_accepted() -> None:
     """The contract is additive: new optional fields must not break an old consumer."""
     data = payload(Priority="high", ClientUserId=..., AppointmentId=...)
@@ -79,10 +107,17 @@ def test_unknown_extra_fields_and_absent_optional_fields_are_accepted() -> None:
     assert reminder.client_user_id is None and reminder.appointment_id is None
 
 
-def test_the_relaxed_schema_leaves_the_contract_schema_strict() -> None:
-    assert "additionalProperties" not in relaxed_schema()
+def test_the_consumers_leniency_leaves_the_producers_contract_strict() -> None:
+    """Extra fields, upper-case GUIDs and +00:00 are read here, and still refused for our output."""
+    lenient = payload(Priority="high")
+    parse_reminder(raw(lenient))
     with pytest.raises(contract.ContractViolation):
-        contract.validate({**payload(), "Priority": "high"})
+        contract.validate(lenient)
+    for field, value in (("ReminderId", str(uuid.uuid4()).upper()),
+                         ("StartAt", "2026-11-30T10:00:00.1234567+00:00")):
+        parse_reminder(raw(payload(**{field: value})))
+        with pytest.raises(contract.ContractViolation):
+            contract.validate(payload(**{field: value}))
 
 
 @pytest.mark.parametrize("missing", contract.REQUIRED_FIELDS)
@@ -99,11 +134,16 @@ def test_a_missing_required_field_is_incompatible(missing: str) -> None:
         ("OffsetMinutes", "60"),
         ("OffsetMinutes", -5),
         ("OffsetMinutes", 1.5),
-        ("Kind", 3),
+        ("OffsetMinutes", True),
+        ("OffsetMinutes", 2**31),
         ("ReminderId", "not-a-guid"),
+        ("EventId", 12345),
         ("StartAt", "2026-11-30 10:00"),
         ("StartAt", "2026-13-30T10:00:00Z"),
+        ("StartAt", "2026-11-30T10:00:00"),
+        ("StartAt", "0001-01-01T00:30:00+01:00"),
         ("ClientUserId", 42),
+        ("AppointmentId", ""),
     ],
 )
 def test_a_wrong_type_or_shape_is_incompatible(field: str, value: Any) -> None:
@@ -137,7 +177,7 @@ def test_garbage_is_unparseable(value: bytes | None) -> None:
     ],
 )
 def test_horizon_text(minutes: int, text: str) -> None:
-    assert horizon_text(minutes) == text
+    assert horizon_en(minutes) == text
 
 
 def test_an_appointment_reminder_goes_to_owner_and_client_in_local_time() -> None:
@@ -188,18 +228,28 @@ def test_a_client_who_is_the_owner_is_notified_once() -> None:
 def test_an_unknown_kind_gets_the_neutral_text_and_a_warning() -> None:
     mapped = notifications_for(parse_reminder(raw(payload(Kind="Webinar"))))
     (notification,) = mapped.notifications
-    assert notification.text.startswith(NEUTRAL_TEXT)
-    assert "13:00" in notification.text
+    assert notification.text == "A calendar event starts soon, at 2026-11-30 13:00 (Europe/Moscow)"
     assert notification.known_kind is False and notification.event_kind == "Webinar"
-    assert mapped.warnings == ("unknown Kind; neutral reminder text used",)
+    assert mapped.warnings == (WARNING_UNKNOWN_KIND,) and mapped.known_kind is False
 
 
-def test_an_unknown_time_zone_falls_back_to_utc_with_a_warning() -> None:
-    mapped = notifications_for(parse_reminder(raw(payload(TimeZone="Mars/Olympus_Mons"))))
+@pytest.mark.parametrize(
+    "zone",
+    ["Mars/Olympus_Mons", "localtime", "posixrules", "Factory", "posix/Europe/Moscow",
+     "right/Asia/Tokyo", "europe/moscow", "../../etc/passwd", "", 3],
+)
+def test_a_time_zone_that_is_not_a_canonical_iana_name_falls_back_to_utc(zone: Any) -> None:
+    """Issue 14's policy: delivered, local time shown in UTC, warned (never the host's files)."""
+    mapped = notifications_for(parse_reminder(raw(payload(TimeZone=zone))))
     (notification,) = mapped.notifications
     assert notification.time_zone == "UTC" and notification.local_start == START
-    assert "10:00 (UTC)" in notification.text
-    assert len(mapped.warnings) == 1
+    assert notification.text == "Meeting starts in an hour, at 2026-11-30 10:00 (UTC)"
+    assert mapped.warnings == (WARNING_TIME_ZONE_FALLBACK,) and mapped.time_zone_fallback
+
+
+def test_a_link_name_from_ianas_backward_file_is_canonical() -> None:
+    mapped = notifications_for(parse_reminder(raw(payload(TimeZone="Europe/Kiev"))))
+    assert mapped.notifications[0].time_zone == "Europe/Kiev" and not mapped.time_zone_fallback
 
 
 def test_local_time_follows_daylight_saving() -> None:

@@ -46,3 +46,19 @@ def test_the_dedup_file_defaults_to_one_per_group_under_home(tmp_path) -> None:
     settings = Settings.from_env({"REMINDER_PIPELINE_HOME": str(tmp_path)})
     path = default_dedup_path(settings, "notifications/../x")
     assert path.parent == tmp_path / "notifications" and "/" not in path.name
+
+
+def test_the_consume_command_takes_metrics_port_and_locale() -> None:
+    from reminder_pipeline.cli import build_parser, cmd_consume
+
+    args = build_parser().parse_args(["consume", "--metrics-port", "9465", "--locale", "ru"])
+    assert (args.metrics_port, args.locale, args.func) == (9465, "ru", cmd_consume)
+    assert build_parser().parse_args(["consume"]).locale == "en"
+
+
+def test_the_consume_command_refuses_an_unknown_locale(capsys: pytest.CaptureFixture[str]) -> None:
+    from reminder_pipeline.cli import build_parser
+
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["consume", "--locale", "de"])
+    assert exited.value.code == 2 and "invalid choice: 'de'" in capsys.readouterr().err

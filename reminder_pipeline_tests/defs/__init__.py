@@ -30,9 +30,9 @@ def resources_for(database_url: str, kafka: KafkaSettings | str, **kafka_overrid
 
 
 def instance_overrides() -> dict:
-    """The shipped instance config's ``python_logs`` section (so the tests exercise it too)."""
+    """The shipped instance config's logging sections, if any (so the tests exercise them too)."""
     shipped = yaml.safe_load(INSTANCE_YAML.read_text())
-    return {"python_logs": shipped["python_logs"]}
+    return {k: shipped[k] for k in ("python_logs",) if k in shipped}
 
 
 def metadata_values(materialization: Any) -> dict[str, Any]:

@@ -61,7 +61,7 @@ def test_the_dispatch_job_has_the_four_steps_in_order_in_process_and_tagged():
         assert upstream == {
             "select_due_batch": [],
             "resolve_event_status": ["select_due_batch"],
-            "transition_and_outbox": ["resolve_event_status", "select_due_batch"],
+            "transition_and_outbox": ["resolve_event_status"],
             "relay_outbox": ["transition_and_outbox"],
         }
 
@@ -93,7 +93,8 @@ def test_the_shipped_instance_config_is_the_root_one_and_valid(monkeypatch):
     assert config["run_queue"]["dequeue_interval_seconds"] == 1
     assert config["run_monitoring"]["enabled"] is True
     assert config["telemetry"]["enabled"] is False
-    assert "reminder_pipeline" in config["python_logs"]["managed_python_loggers"]
+    # The ops write the event log themselves (public context.log); python_logs would duplicate it.
+    assert "python_logs" not in config
     assert yaml.safe_load(ROOT_WORKSPACE_YAML.read_text()) == yaml.safe_load(orchestrator.WORKSPACE_YAML)
 
 

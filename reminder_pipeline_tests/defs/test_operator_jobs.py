@@ -1,6 +1,6 @@
 """The operator jobs launched from the UI: ``reminder_poison_rows`` (list / retry / skip) and ``outbox_retention``.
 
-Both run on the real database; the poison row is a real one (an unknown time zone makes its
+Both run on the real database; the poison row is a real one (a kind the contract refuses makes its
 payload impossible to build), the outbox rows are written by real cycles.
 """
 
@@ -28,6 +28,7 @@ from reminder_pipeline.defs.jobs import (
 from reminder_pipeline.defs.resources import PostgresResource
 from reminder_pipeline.defs.schedules import outbox_retention_schedule
 from reminder_pipeline_tests.support import (
+    POISON_KIND,
     PII_DESCRIPTION,
     PII_LOCATION,
     PII_TITLE,
@@ -60,8 +61,8 @@ def _output_metadata(result, node: str) -> dict:
 
 @pytest.fixture
 def poison(engine, publisher) -> dict:
-    """A real poison row: its event's time zone is unknown, so its message cannot be built."""
-    event_id = make_due_event(engine, minutes_overdue=1, time_zone="Nowhere/Land")
+    """A real poison row: its event's kind breaks the contract, so its message cannot be built."""
+    event_id = make_due_event(engine, minutes_overdue=1, kind=POISON_KIND)
     healthy = make_due_event(engine, minutes_overdue=2)
     report = cycle.run_cycle(engine, publisher)
     assert (report.counts.failed, report.counts.sent) == (1, 1)
@@ -81,11 +82,11 @@ def test_list_shows_the_poison_rows_with_their_last_error_and_ids_only(
     assert result.success
     [row] = result.output_for_node("poison_rows")
     assert row["id"] == str(poison["id"])
-    assert row["attempts"] == 1 and "TimeZone" in row["last_error"]
+    assert row["attempts"] == 1 and "Kind" in row["last_error"]
     assert row["next_attempt_at"] and row["due_at"]
     meta = _output_metadata(result, "poison_rows")
     assert meta["action"] == "list" and meta["poison_count"] == 1
-    assert str(poison["id"]) in meta["poison_rows"] and "TimeZone" in meta["poison_rows"]
+    assert str(poison["id"]) in meta["poison_rows"] and "Kind" in meta["poison_rows"]
     lines = log_messages(instance, result.run_id)
     assert any("poison rows listed" in line and "count=1" in line for line in lines)
     shown = repr(row) + repr(meta) + "\n".join(lines)

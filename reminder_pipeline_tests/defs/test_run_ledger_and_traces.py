@@ -1,9 +1,10 @@
 """Dagster runs feed the metrics ledger and the traces, like CLI cycles do.
 
 A successful run writes a succeeded ledger row (what the exporter and ``dispatch_liveness``
-read) and its outbox rows carry the cycle span's ``traceparent``; a run failed by Kafka records
-its counts and the error; a run failing earlier is recorded by the run-failure sensor, once;
-a relay-only re-execution counts only what it published.
+read) and its outbox rows carry the cycle span's ``traceparent``; a run whose publishing failed
+(broker down) records a dispatched cycle with its publish failures, and the run fails plainly; a
+run failing earlier is recorded by the run-failure sensor, once; a relay-only re-execution
+counts only what it published.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from dagster import (
 )
 
 from reminder_pipeline.defs.jobs import reminder_catch_up, reminder_dispatch
-from reminder_pipeline.defs.ops import PUBLISH_FAILED
 from reminder_pipeline.defs.resources import KafkaResource, PostgresResource
 from reminder_pipeline.defs.sensors import reminder_dispatch_failure_ledger
 from reminder_pipeline.observability import health, tracing
@@ -122,9 +122,10 @@ def test_a_catch_up_run_is_one_cycle_in_the_ledger(engine, database_url, kafka_s
     assert (row["run_id"], row["succeeded"], row["sent"], row["batches"]) == (result.run_id, True, 5, 3)
 
 
-def test_a_broker_outage_records_the_failed_cycle_with_its_counts_once(
+def test_a_broker_outage_records_a_dispatched_cycle_with_its_publish_failures_once(
     engine, database_url, instance
 ):
+    """Two signals: the rows were dispatched (liveness holds), publishing failed (plainly)."""
     for i in range(3):
         make_due_event(engine, minutes_overdue=1 + i)
     dead_broker = f"127.0.0.1:{free_port()}"
@@ -134,12 +135,14 @@ def test_a_broker_outage_records_the_failed_cycle_with_its_counts_once(
         raise_on_error=False,
     )
 
-    assert not result.success
+    assert not result.success  # the run shows the publish failure plainly
     [row] = ledger_rows(engine)
     assert row["run_id"] == result.run_id
-    assert row["succeeded"] is False and row["error_kind"] == PUBLISH_FAILED
+    assert row["succeeded"] is True and row["error_kind"] is None
     assert (row["sent"], row["published"], row["publish_failed"]) == (3, 0, 3)
-    assert not health.liveness(engine, row["finished_at"]).passed
+    assert health.liveness(engine, row["finished_at"]).passed
+    assert not health.outbox_backlog(engine, row["finished_at"]).passed or (
+        health.outbox_backlog(engine, row["finished_at"]).metadata["unpublished"] == 3)
     # The relay recorded it: the failure sensor adds nothing.
     run_failure_sensor_on(result, instance, database_url)
     assert len(ledger_rows(engine)) == 1
@@ -232,10 +235,50 @@ def test_a_relay_only_reexecution_counts_what_it_published_not_the_sends_again(
 
     first, second = ledger_rows(engine)
     assert (first["run_id"], first["succeeded"], first["sent"], first["publish_failed"]) == (
-        failed_run_id, False, 3, 3
+        failed_run_id, True, 3, 3
     )
     assert (second["run_id"], second["succeeded"], second["sent"], second["published"]) == (
         retried_run_id, True, 0, 3
     )
     assert second["lateness_count"] == 0  # the lateness was the first run's
     assert sum(r["sent"] for r in (first, second)) == 3
+
+
+def test_three_runs_through_a_broker_outage_keep_liveness_and_publish_once_it_returns(
+    engine, database_url, kafka_settings, kafka_reader, instance
+):
+    """The outage as the daemon would see it: three runs with the broker unreachable, then one
+    with it back. Rows are Sent and liveness advances throughout; the outbox backlog shows the
+    outage; the first run after it publishes everything, each message once."""
+    from collections import Counter
+
+    dead_broker = f"127.0.0.1:{free_port()}"
+    events, runs = [], []
+    for minutes in (3, 2, 1):
+        events.append(make_due_event(engine, minutes_overdue=minutes))
+        runs.append(reminder_dispatch.execute_in_process(
+            instance=instance, resources=resources_for(database_url, dead_broker, **SHORT_KAFKA),
+            raise_on_error=False,
+        ))
+        assert not runs[-1].success  # plainly failed: Kafka publish failed
+        rows = ledger_rows(engine)
+        assert rows[-1]["succeeded"] is True and rows[-1]["sent"] == 1
+        assert health.liveness(engine, rows[-1]["finished_at"]).passed
+    assert [r["status"] for e in events for r in reminders(engine, e)] == ["Sent"] * 3
+    assert [o["published_at"] for o in outbox_rows(engine)] == [None] * 3
+    assert [r["finished_at"] for r in ledger_rows(engine)] == sorted(
+        r["finished_at"] for r in ledger_rows(engine))
+    assert health.outbox_backlog(engine, ledger_rows(engine)[-1]["finished_at"]).metadata[
+        "unpublished"] == 3
+
+    back = reminder_dispatch.execute_in_process(
+        instance=instance, resources=resources_for(database_url, kafka_settings)
+    )
+    assert back.success
+    assert all(o["published_at"] is not None for o in outbox_rows(engine))
+    ids = [reminders(engine, e)[0]["id"] for e in events]
+    kafka_reader.wait_for(ids)
+    kafka_reader.drain()
+    # Nothing reached the dead broker, so no duplicate: the ack window was never open.
+    assert Counter(m.value["ReminderId"] for m in kafka_reader.for_reminders(ids)) == Counter(
+        {str(i): 1 for i in ids})

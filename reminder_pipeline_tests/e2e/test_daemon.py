@@ -168,7 +168,7 @@ def test_the_daemon_dispatches_on_schedule(
         assert by_run[catch_up_id]["batches"].value == 2  # 2 + 1: the short batch ends the drain
         assert sum(m["sent_count"].value for m in by_run.values()) == 7
 
-        # Run log lines carry the ids (python_logs manages the package logger).
+        # Run log lines carry the ids (the ops write them through context.log).
         lines = [e.user_message for e in instance.all_logs(first.dagster_run.run_id)]
         assert any("reminder sent" in line and f"reminder_id={first_ids[0]}" in line for line in lines)
         # The UI answers GraphQL on the same storage.

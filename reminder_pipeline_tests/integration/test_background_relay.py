@@ -15,7 +15,7 @@ from collections import Counter
 from datetime import timedelta
 
 from reminder_pipeline import cycle
-from reminder_pipeline.messaging.relay import BackgroundRelay
+from reminder_pipeline.messaging.relay import OutboxRelay
 from reminder_pipeline.store import queries
 
 from ..support import make_event, outbox_rows, reminders, utcnow
@@ -63,7 +63,7 @@ def test_rows_an_earlier_cycle_left_unpublished_go_out_first(engine, publisher, 
 def test_an_older_unpublished_row_written_meanwhile_is_read_from_the_outbox_first(
     engine, publisher, kafka_reader
 ):
-    relay = BackgroundRelay(engine, publisher, deadline=time.monotonic() + 60)
+    relay = OutboxRelay(engine, publisher).start(deadline=time.monotonic() + 60)
     try:
         # Another instance commits a row (no hand-over: only the outbox knows it) ...
         foreign = _events(engine, 1)
@@ -84,8 +84,8 @@ def test_with_another_relay_holding_the_lock_nothing_is_published_and_rows_stay(
     _events(engine, 2)
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as other:
         other.execute(queries.TRY_RELAY_LOCK, {"key": queries.RELAY_LOCK_KEY})
-        relay = BackgroundRelay(engine, publisher, deadline=time.monotonic() + 30,
-                                lock_wait_seconds=0.2)
+        relay = OutboxRelay(engine, publisher, lock_wait_seconds=0.2).start(
+            deadline=time.monotonic() + 30)
         batch = cycle.dispatch_batch(engine, utcnow(), 1000)
         relay.hand_over(batch.messages)
         result = relay.finish(timeout=30)
@@ -110,7 +110,7 @@ class _HeldPublisher:
         self.entered = threading.Event()
         self.release = threading.Event()
 
-    def publish(self, messages, timeout):
+    def publish(self, messages, timeout=None):
         self.entered.set()
         assert self.release.wait(60)
         return self._publisher.publish(messages, timeout)
@@ -121,7 +121,7 @@ def test_a_dispatcher_waits_for_a_relay_that_falls_behind_and_nothing_is_lost(
 ):
     event_ids = _events(engine, 5)  # 10 due rows: 5 batches of 2
     held = _HeldPublisher(publisher)
-    relay = BackgroundRelay(engine, held, deadline=time.monotonic() + 120, max_queued=2)
+    relay = OutboxRelay(engine, held).start(deadline=time.monotonic() + 120, max_queued=2)
     try:
         relay.hand_over(cycle.dispatch_batch(engine, utcnow(), 2).messages)
         assert held.entered.wait(30)  # the thread took the first batch and is publishing it
@@ -148,8 +148,8 @@ def test_hand_overs_do_not_wait_while_the_relay_waits_for_the_lock(engine, publi
     event_ids = _events(engine, 3)  # 6 due rows: 3 batches of 2
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as other:
         other.execute(queries.TRY_RELAY_LOCK, {"key": queries.RELAY_LOCK_KEY})
-        relay = BackgroundRelay(engine, publisher, deadline=time.monotonic() + 120,
-                                lock_wait_seconds=60, max_queued=1)
+        relay = OutboxRelay(engine, publisher, lock_wait_seconds=60).start(
+            deadline=time.monotonic() + 120, max_queued=1)
         try:
             batches = [cycle.dispatch_batch(engine, utcnow(), 2).messages for _ in range(3)]
             handing = threading.Thread(target=lambda: [relay.hand_over(b) for b in batches])
@@ -180,4 +180,10 @@ def test_the_due_columns_map_onto_due_reminder_in_order(engine):
     with engine.begin() as conn:
         result = conn.execute(queries.SELECT_DUE_FOR_UPDATE_SKIP_LOCKED,
                               {"as_of": utcnow(), "batch_size": 1})
-        assert list(result.keys()) == [f.name for f in fields(DueReminder)]
+        names = [f.name for f in fields(DueReminder)]
+        assert list(result.keys())[: len(names)] == names
+        assert list(result.keys())[-1] == "skipped_locked"
+        with engine.begin() as conn:
+            result = conn.execute(queries.LOCK_CANDIDATES_SKIP_LOCKED,
+                                  {"ids": [], "as_of": utcnow(), "reserved_by": None})
+            assert list(result.keys()) == names

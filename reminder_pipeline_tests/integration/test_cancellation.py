@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from reminder_pipeline import cycle
 from reminder_pipeline.store import repository
 
-from ..support import make_due_event, outbox_rows, reminders, utcnow
+from ..support import POISON_KIND, make_due_event, outbox_rows, reminders, utcnow
 
 
 def _lockable_now(engine) -> int:
@@ -30,7 +30,7 @@ def _lockable_now(engine) -> int:
 
 def test_interrupt_inside_the_transaction_rolls_back_the_whole_batch(engine, monkeypatch):
     events = [make_due_event(engine, minutes_overdue=m) for m in (3, 2)]
-    poison = make_due_event(engine, minutes_overdue=1, time_zone="Nowhere/Land")
+    poison = make_due_event(engine, minutes_overdue=1, kind=POISON_KIND)
 
     def stop(*_args, **_kwargs):
         raise KeyboardInterrupt  # the host stops after the UPDATE, before the commit

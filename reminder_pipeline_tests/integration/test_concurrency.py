@@ -19,32 +19,11 @@ from reminder_pipeline.calendar import cancel_event
 from reminder_pipeline.store import repository
 from reminder_pipeline.store.tables import calendar_events
 
-from ..support import make_due_event, outbox_rows, reminders, utcnow
-
-
-def _bulk_due(engine, n: int) -> None:
-    """``n`` due reminders of ``n`` live events, inserted set-based for speed."""
-    with engine.begin() as conn:
-        conn.execute(
-            sa.text(
-                """
-                WITH ev AS (
-                    INSERT INTO calendar_events (id, tenant_id, owner_user_id, kind, start_at, time_zone)
-                    SELECT gen_random_uuid(), gen_random_uuid(), gen_random_uuid(), 'Task',
-                           now() + interval '30 minutes', 'UTC'
-                      FROM generate_series(1, :n)
-                    RETURNING id
-                )
-                INSERT INTO event_reminders (id, calendar_event_id, offset_minutes, due_at)
-                SELECT gen_random_uuid(), id, 60, now() - random() * interval '10 minutes' FROM ev
-                """
-            ),
-            {"n": n},
-        )
+from ..support import bulk_due, make_due_event, outbox_rows, reminders, utcnow
 
 
 def test_parallel_instances_handle_each_row_once(engine, publisher, kafka_reader):
-    _bulk_due(engine, 600)
+    bulk_due(engine, 600)
     as_of = utcnow()
 
     def worker() -> Counter:

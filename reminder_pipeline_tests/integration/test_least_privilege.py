@@ -12,7 +12,7 @@ from sqlalchemy.engine import make_url
 from reminder_pipeline import cycle
 from reminder_pipeline.db import make_engine
 
-from ..support import make_due_event, outbox_rows, reminders
+from ..support import POISON_KIND, make_due_event, outbox_rows, reminders
 
 SCRIPT = Path(__file__).resolve().parents[2] / "sql" / "dispatcher_role.sql"
 
@@ -46,7 +46,7 @@ def test_script_is_idempotent(engine):
 def test_full_cycle_under_the_dispatcher_role(engine, dispatcher_engine, publisher):
     live = make_due_event(engine)
     cancelled = make_due_event(engine, status="Cancelled")
-    poison = make_due_event(engine, time_zone="Nowhere/Land")
+    poison = make_due_event(engine, kind=POISON_KIND)
 
     report = cycle.run_cycle(dispatcher_engine, publisher)
 

@@ -95,3 +95,31 @@ def test_concurrent_relays_publish_each_row_once_in_outbox_order(engine, kafka_s
         by_key.setdefault(m.key, []).append(order[m.value["ReminderId"].replace("-", "")])
     for key, outbox_ids in by_key.items():
         assert outbox_ids == sorted(outbox_ids), f"key {key} out of outbox order"
+
+
+def test_a_slow_broker_is_a_delivery_not_a_failed_publish(engine, tmp_path):
+    """Acks arriving well after the relay's budget still count: each row's outcome is its
+    delivery report, within the producer's own delivery timeout (message.timeout.ms)."""
+    from ..support import start_slow_broker
+
+    servers, stop = start_slow_broker(tmp_path, delay=1.5)  # every answer 1.5 s late
+    try:
+        settings = KafkaSettings(servers)
+        ensure_topic(settings, timeout=30)
+        events = [make_due_event(engine, minutes_overdue=m) for m in (3, 2, 1)]
+        cycle.drain(engine, utcnow(), 200)  # written to the outbox, not yet published
+        slow = KafkaPublisher(settings, message_timeout_ms=20_000)
+        result = relay_outbox(engine, slow, budget_seconds=0.5)
+        slow.close()
+        assert (result.published, result.failed) == (3, 0)
+        rows = outbox_rows(engine)
+        assert all(o["published_at"] is not None and o["publish_attempts"] == 0 for o in rows)
+        reader = KafkaReader(settings)
+        try:
+            ids = [reminders(engine, e)[0]["id"] for e in events]
+            messages = reader.wait_for(ids, timeout=60)
+            assert Counter(m.value["ReminderId"] for m in messages) == Counter(str(i) for i in ids)
+        finally:
+            reader.close()
+    finally:
+        stop()

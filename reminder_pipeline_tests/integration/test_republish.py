@@ -147,7 +147,6 @@ def test_a_failed_delivery_stops_the_day_naming_how_many_went_out(engine, days):
                 days.days[1],
                 Requester("test-run"),
                 chunk_size=2,
-                publish_timeout_seconds=10,
             )
     finally:
         dead.close(timeout=0)

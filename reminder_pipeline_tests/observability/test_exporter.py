@@ -23,7 +23,7 @@ from reminder_pipeline.observability import exporter as exp
 from reminder_pipeline.observability import ledger
 from reminder_pipeline.services import ServiceError, free_port
 
-from ..support import make_due_event, reminders
+from ..support import POISON_KIND, make_due_event, reminders
 from . import exporter_settings, scrape
 
 
@@ -39,7 +39,7 @@ def metrics(database_url):
 class ExplodingPublisher:
     """A producer whose client library fails outright (not a delivery failure)."""
 
-    def publish(self, messages, timeout):
+    def publish(self, messages, timeout=None):
         raise RuntimeError("producer crashed")
 
 
@@ -132,7 +132,7 @@ def test_an_errored_cycle_counts_in_errors_total_and_still_raises(engine, metric
 
 
 def test_poison_rows_and_refused_deliveries_count_as_errors(engine, publisher, metrics):
-    make_due_event(engine, minutes_overdue=2, time_zone="Mars/Olympus_Mons")
+    make_due_event(engine, minutes_overdue=2, kind=POISON_KIND)  # poison: breaks the contract
     make_due_event(engine, minutes_overdue=1)
 
     report = cycle.run_cycle(engine, publisher)
@@ -169,7 +169,7 @@ def test_a_ledger_roll_up_never_moves_a_counter(engine, publisher, metrics):
     for minutes in (1, 2):
         make_due_event(engine, minutes_overdue=minutes)
         cycle.run_cycle(engine, publisher)
-    make_due_event(engine, minutes_overdue=1, time_zone="Mars/Olympus_Mons")
+    make_due_event(engine, minutes_overdue=1, kind=POISON_KIND)  # poison: breaks the contract
     cycle.run_cycle(engine, publisher)
     before = scrape(metrics)
 

@@ -17,7 +17,7 @@ from reminder_pipeline import cycle
 from reminder_pipeline.observability import exporter as exp
 from reminder_pipeline.observability import tracing
 
-from ..support import make_due_event, outbox_rows, reminders
+from ..support import POISON_KIND, make_due_event, outbox_rows, reminders
 from . import captured_json_logs, captured_spans, exporter_settings, log_lines, scrape
 
 MARK = uuid.uuid4().hex[:10]
@@ -41,7 +41,7 @@ def _assert_clean(text: str, where: str) -> None:
 class Exploding:
     """A producer that fails outright: the failed-cycle path logs and traces too."""
 
-    def publish(self, messages, timeout):
+    def publish(self, messages, timeout=None):
         raise RuntimeError("producer crashed")
 
 
@@ -50,7 +50,7 @@ def test_logs_spans_messages_and_metrics_carry_identifiers_only(
 ):
     sent = [_pii_event(engine, minutes_overdue=m, client_user_id=uuid.uuid4()) for m in (1, 2)]
     skipped = _pii_event(engine, minutes_overdue=3, status="Cancelled")
-    poison = _pii_event(engine, minutes_overdue=4, time_zone="Mars/Olympus_Mons")
+    poison = _pii_event(engine, minutes_overdue=4, kind=POISON_KIND)
 
     with captured_json_logs() as json_logs, captured_spans() as spans:
         report = cycle.run_cycle(engine, publisher, run_id=f"run-{MARK[:4]}")
@@ -101,7 +101,7 @@ def test_logs_spans_messages_and_metrics_carry_identifiers_only(
     assert skip_line["event_id"] == str(skipped) and skip_line["event_status"] == "Cancelled"
     [failed] = by_msg["item failed"]
     assert failed["event_id"] == str(poison) and failed["level"] == "ERROR"
-    assert "TimeZone" in failed["exception"]
+    assert "Kind" in failed["exception"]
     completed = by_msg["cycle completed"][0]
     assert (completed["sent"], completed["skipped"], completed["failed"]) == (2, 1, 1)
     assert {"duration_ms", "skipped_locked"} <= set(completed)

@@ -84,7 +84,7 @@ def test_a_failed_cycle_span_is_marked_with_the_exception_type_only(engine, span
     make_due_event(engine, minutes_overdue=1)
 
     class Exploding:
-        def publish(self, messages, timeout):
+        def publish(self, messages, timeout=None):
             raise RuntimeError(f"secret detail {uuid.uuid4()}")
 
     with pytest.raises(RuntimeError):

@@ -11,6 +11,7 @@ import pytest
 from reminder_pipeline.domain import contract
 from reminder_pipeline.domain.model import Action, DueReminder, EventStatus, ReminderStatus
 from reminder_pipeline.domain.payload import PayloadError, build_payload, iso_utc
+from reminder_pipeline.domain.plan import plan_batch
 from reminder_pipeline.domain.transitions import TransitionError, check_transition, decide
 
 
@@ -86,9 +87,6 @@ def test_unknown_kind_is_allowed_by_the_additive_contract():
 @pytest.mark.parametrize(
     ("overrides", "needle"),
     [
-        ({"time_zone": "Mars/Olympus_Mons"}, "TimeZone"),
-        ({"time_zone": ""}, "TimeZone"),
-        ({"time_zone": "../../etc/passwd"}, "TimeZone"),
         ({"start_at": None}, "StartAt"),
         ({"offset_minutes": -5}, "OffsetMinutes"),
         ({"kind": ""}, "Kind"),
@@ -118,3 +116,39 @@ def test_headers_carry_version_type_and_reminder_id():
     assert h["event-type"] == "pin.calendar.reminder-due"
     assert h["reminder-id"] == "abc"
     assert h["correlation-id"] == "run-1"
+
+
+@pytest.mark.parametrize(
+    "zone",
+    ["Mars/Olympus_Mons", "", "../../etc/passwd", "localtime", "posixrules", "Factory",
+     "posix/Europe/Moscow", "right/UTC", "europe/moscow", None],
+)
+def test_a_zone_that_is_not_canonical_iana_is_sent_as_utc_never_held_back(zone):
+    # The time-zone policy: the reminder matters more than its wording (docs/design.md).
+    payload = build_payload(reminder(time_zone=zone))
+    assert payload["TimeZone"] == "UTC"
+    contract.validate(payload)
+    plan = plan_batch([reminder(time_zone=zone)])
+    assert len(plan.sends) == 1 and plan.poison == []
+    assert len(plan.time_zone_fallbacks) == 1
+
+
+@pytest.mark.parametrize("zone", ["Europe/Moscow", "UTC", "America/Argentina/ComodRivadavia",
+                                  "Europe/Kiev", "Etc/GMT+12"])
+def test_a_canonical_zone_is_sent_as_is(zone):
+    assert build_payload(reminder(time_zone=zone))["TimeZone"] == zone
+    assert plan_batch([reminder(time_zone=zone)]).time_zone_fallbacks == []
+
+
+def test_the_plan_decides_each_row_on_its_own_state():
+    live, closed = reminder(), reminder(event_status="Cancelled")
+    poison = reminder(kind="K" * 65)
+    plan = plan_batch([live, closed, poison], correlation_id="run-1", trace={"traceparent": "x"})
+    [(sent, message)] = plan.sends
+    assert sent is live and message.message_key == live.event_id
+    assert message.headers["correlation-id"] == "run-1" and message.headers["traceparent"] == "x"
+    assert plan.skips == [closed]
+    assert [p.reminder_id for p in plan.poison] == [poison.reminder_id]
+    assert "Kind" in plan.poison[0].error
+    assert [(r.reminder_id, s.value) for r, s, _ in plan.transitions()] == [
+        (live.reminder_id, "Sent"), (closed.reminder_id, "Skipped")]

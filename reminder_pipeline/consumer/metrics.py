@@ -1,0 +1,143 @@
+"""The consumer's own Prometheus metrics, served by ``reminder-pipeline consume --metrics-port``.
+
+Unlike the dispatcher's exporter (which reads a ledger in PostgreSQL, because dispatch runs are
+short-lived processes), the consumer is one long-running process per group member: its counters
+live in its memory and Prometheus adds the members up (``sum by``). A restart resets them to 0,
+which ``rate``/``increase`` handle. Every label value is created at 0 on start, so the first
+dead letter is an increase Prometheus can see (a series born at 1 is not).
+
+Latency is measured where the contract puts its promises: from the message's Kafka timestamp to
+the moment the last recipient is notified (the consumer's SLA, < 1 minute), and from DueAt
+(StartAt - OffsetMinutes) to that moment (end to end, the seed's SLO of 2 minutes).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from ..logs import event
+from .notifications import MessageProblem, NotificationKind, RecipientRole
+
+log = logging.getLogger(__name__)
+
+PREFIX = "notifications_reminder_consumer_"
+MESSAGES = PREFIX + "messages_total"
+NOTIFICATIONS = PREFIX + "notifications_sent_total"
+DUPLICATES = PREFIX + "duplicates_dropped_total"
+DEAD_LETTERS = PREFIX + "dead_letters_total"
+RETRIES = PREFIX + "retries_total"
+TIME_ZONE_FALLBACKS = PREFIX + "time_zone_fallbacks_total"
+UNKNOWN_KINDS = PREFIX + "unknown_kinds_total"
+VERSION_MISMATCHES = PREFIX + "contract_version_mismatches_total"
+DUE_TO_NOTIFIED = PREFIX + "due_to_notified_seconds"
+MESSAGE_TO_NOTIFIED = PREFIX + "message_to_notified_seconds"
+HELD_PARTITIONS = PREFIX + "held_partitions"
+ASSIGNED_PARTITIONS = PREFIX + "assigned_partitions"
+LAST_NOTIFIED = PREFIX + "last_notified_timestamp_seconds"
+
+#: Every metric family the consumer serves (the dashboard and the rules use only these).
+METRIC_NAMES: tuple[str, ...] = (
+    MESSAGES, NOTIFICATIONS, DUPLICATES, DEAD_LETTERS, RETRIES, TIME_ZONE_FALLBACKS,
+    UNKNOWN_KINDS, VERSION_MISMATCHES, DUE_TO_NOTIFIED, MESSAGE_TO_NOTIFIED, HELD_PARTITIONS,
+    ASSIGNED_PARTITIONS, LAST_NOTIFIED,
+)
+
+OUTCOMES = ("notified", "duplicate", "dead_lettered")
+#: Where a failed attempt failed: reading the message, delivering it, or writing the dead letter.
+RETRY_STAGES = ("read", "deliver", "dead_letter")
+#: Around the two promises (60 s, 120 s), fine enough below them to see the usual few seconds.
+LATENCY_BUCKETS = (0.25, 0.5, 1, 2.5, 5, 10, 15, 30, 45, 60, 90, 120, 180, 300, 600, 1800, 3600)
+
+DEFAULT_HOST = "127.0.0.1"
+
+
+class ConsumerMetrics:
+    """The consumer's counters, histograms and gauges in a registry of their own."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.messages = Counter(
+            MESSAGES, "Messages handled and committed, by outcome.", ["outcome"], registry=r)
+        self.notifications = Counter(
+            NOTIFICATIONS, "Notifications the sink accepted.", ["kind", "recipient"], registry=r)
+        self.duplicates = Counter(
+            DUPLICATES, "Messages of an already notified ReminderId, dropped.", registry=r)
+        self.dead_letters = Counter(
+            DEAD_LETTERS, "Messages copied to the dead-letter topic, by dlq-reason.", ["reason"],
+            registry=r)
+        self.retries = Counter(
+            RETRIES, "Failed attempts that will be retried, by stage.", ["stage"], registry=r)
+        self.time_zone_fallbacks = Counter(
+            TIME_ZONE_FALLBACKS,
+            "Reminders whose TimeZone is not a canonical IANA name (local time shown in UTC).",
+            registry=r)
+        self.unknown_kinds = Counter(
+            UNKNOWN_KINDS, "Reminders of a Kind this consumer does not know (neutral text).",
+            registry=r)
+        self.version_mismatches = Counter(
+            VERSION_MISMATCHES, "Messages whose contract-version header is not 1 (processed).",
+            registry=r)
+        self.due_to_notified = Histogram(
+            DUE_TO_NOTIFIED, "Seconds from DueAt (StartAt - OffsetMinutes) to notified.",
+            buckets=LATENCY_BUCKETS, registry=r)
+        self.message_to_notified = Histogram(
+            MESSAGE_TO_NOTIFIED, "Seconds from the message's Kafka timestamp to notified.",
+            buckets=LATENCY_BUCKETS, registry=r)
+        self.held_partitions = Gauge(
+            HELD_PARTITIONS, "Partitions stopped on a message that waits for a retry.", registry=r)
+        self.assigned_partitions = Gauge(
+            ASSIGNED_PARTITIONS, "Partitions assigned to this group member.", registry=r)
+        self.last_notified = Gauge(
+            LAST_NOTIFIED, "Unix time of the last reminder notified.", registry=r)
+        for outcome in OUTCOMES:
+            self.messages.labels(outcome)
+        for kind in NotificationKind:
+            for role in RecipientRole:
+                self.notifications.labels(kind.value, role.value)
+        for reason in MessageProblem:
+            self.dead_letters.labels(reason.value)
+        for stage in RETRY_STAGES:
+            self.retries.labels(stage)
+
+
+@dataclass
+class MetricsServer:
+    """A running ``/metrics`` endpoint; :meth:`stop` ends it."""
+
+    server: WSGIServer
+    thread: threading.Thread
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        """The scrape URL."""
+        return f"http://{self.host}:{self.port}/metrics"
+
+    def stop(self) -> None:
+        """Stop serving and wait for the server thread."""
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=10)
+
+
+class MetricsPortUnavailable(OSError):
+    """The metrics port cannot be listened on; str() is one line naming it."""
+
+
+def serve_metrics(metrics: ConsumerMetrics, host: str, port: int) -> MetricsServer:
+    """Serve ``metrics`` on ``http://host:port/metrics`` in a background thread."""
+    try:
+        server, thread = start_http_server(port, addr=host, registry=metrics.registry)
+    except OSError as exc:
+        raise MetricsPortUnavailable(
+            f"--metrics-port {port}: cannot listen on {host}:{port} ({exc.strerror or exc})"
+        ) from None
+    event(log, logging.INFO, "consumer metrics listening", host=host, port=port)
+    return MetricsServer(server, thread, host, port)

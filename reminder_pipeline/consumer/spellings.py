@@ -1,0 +1,91 @@
+"""The spellings of the contract's types that other producers write, read into one meaning each.
+
+The contract's types are .NET's: ``Guid`` and ``DateTimeOffset`` (an instant, published in UTC).
+Our producer writes one exact form (lower-case GUIDs, ``…Z`` with at most 6 fraction digits,
+see :mod:`reminder_pipeline.domain.contract`); other producers of the same contract write
+others, all meaning the same values:
+
+* an instant: any ISO-8601 calendar date and time of day **with** a UTC offset: extended
+  (``2026-11-30T23:11:55.1234567+00:00``) or basic (``20261130T231155Z``) format, ``T`` or ``t``,
+  seconds optional, a fraction of any length after ``.`` or ``,``, the offset as ``Z``/``z``,
+  ``±HH:MM``, ``±HHMM`` or ``±HH``. Digits beyond the microsecond are truncated (Python's
+  resolution; .NET's ticks are 100 ns). A time without an offset is not an instant: refused.
+* a GUID: the 32 hex digits in any case, hyphenated (``D``), bare (``N``), or in braces or
+  parentheses (``B``, ``P``), i.e. what .NET's ``Guid.Parse`` reads, except its hex-struct form.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from datetime import UTC, datetime, timedelta, timezone
+
+_FRACTION = r"(?:[.,](?P<fraction>[0-9]+))?"
+_OFFSET = r"(?P<offset>[Zz]|(?P<sign>[+-])(?P<oh>[0-9]{2})(?::?(?P<om>[0-9]{2}))?)"
+_EXTENDED = re.compile(
+    r"(?P<year>[0-9]{4})-(?P<month>[0-9]{2})-(?P<day>[0-9]{2})[Tt]"
+    r"(?P<hour>[0-9]{2}):(?P<minute>[0-9]{2})(?::(?P<second>[0-9]{2})" + _FRACTION + r")?"
+    + _OFFSET
+)
+_BASIC = re.compile(
+    r"(?P<year>[0-9]{4})(?P<month>[0-9]{2})(?P<day>[0-9]{2})[Tt]"
+    r"(?P<hour>[0-9]{2})(?P<minute>[0-9]{2})(?:(?P<second>[0-9]{2})" + _FRACTION + r")?"
+    + _OFFSET
+)
+_GUID = re.compile(
+    r"(?P<hex>[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}"
+    r"|[0-9A-Fa-f]{32})"
+)
+#: Longest value quoted back in an error: enough to see the spelling, never a whole payload.
+_QUOTE = 48
+
+
+class SpellingError(ValueError):
+    """A value is not a spelling of the type the contract names; str() says why, in one line."""
+
+
+def _quote(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= _QUOTE else text[: _QUOTE - 1] + "…"
+
+
+def parse_instant(value: object) -> datetime:
+    """The UTC instant an ISO-8601 date-time with an offset names; :class:`SpellingError` if none."""
+    if not isinstance(value, str):
+        raise SpellingError(f"is a {type(value).__name__}, not an ISO-8601 date-time string")
+    match = _EXTENDED.fullmatch(value) or _BASIC.fullmatch(value)
+    if match is None:
+        raise SpellingError(f"{_quote(value)} is not an ISO-8601 date-time with a UTC offset")
+    fraction = (match["fraction"] or "")[:6].ljust(6, "0")
+    if match["offset"] in ("Z", "z"):
+        offset = timedelta(0)
+    else:
+        hours, minutes = int(match["oh"]), int(match["om"] or 0)
+        if hours > 23 or minutes > 59:
+            raise SpellingError(f"{_quote(value)} has an offset out of range")
+        offset = timedelta(hours=hours, minutes=minutes) * (-1 if match["sign"] == "-" else 1)
+    try:
+        local = datetime(
+            int(match["year"]), int(match["month"]), int(match["day"]),
+            int(match["hour"]), int(match["minute"]), int(match["second"] or 0), int(fraction),
+            tzinfo=timezone(offset),
+        )
+        return local.astimezone(UTC)
+    except (ValueError, OverflowError) as exc:
+        # Month 13, 25:00, or an instant outside years 1..9999 once in UTC.
+        raise SpellingError(f"{_quote(value)} is not a valid instant ({exc})") from None
+
+
+def parse_guid(value: object) -> uuid.UUID:
+    """The GUID ``value`` spells (any case; D, N, B or P form); :class:`SpellingError` if none."""
+    if not isinstance(value, str):
+        raise SpellingError(f"is a {type(value).__name__}, not a GUID string")
+    text = value
+    if len(text) >= 2 and (text[0], text[-1]) in (("{", "}"), ("(", ")")):
+        text = text[1:-1]
+        if len(text) != 36:  # braces and parentheses wrap the hyphenated form only
+            raise SpellingError(f"{_quote(value)} is not a GUID")
+    match = _GUID.fullmatch(text)
+    if match is None:
+        raise SpellingError(f"{_quote(value)} is not a GUID")
+    return uuid.UUID(match["hex"])
