@@ -32,7 +32,6 @@ from dagster import (
     job,
     op,
 )
-from dagster._core.storage.tags import BACKFILL_ID_TAG, USER_TAG
 from pydantic import Field
 
 from .. import republish, retention
@@ -41,6 +40,10 @@ from .event_log import DagsterJournal
 from .jobs import CONCURRENCY_TAG, KIND_TAG, describe_validation_error
 from .maintenance import MAX_RETENTION_HOURS
 from .resources import KafkaResource, PostgresResource
+
+#: Run tags Dagster sets (documented tag names; no public constant for them).
+BACKFILL_ID_TAG = "dagster/backfill"
+USER_TAG = "user"
 
 REPUBLISH_JOB_NAME = "reminder_republish"
 REPUBLISH_ASSET_KEY = AssetKey(["calendar", "reminder_due_republished"])

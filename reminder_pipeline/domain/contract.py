@@ -48,7 +48,8 @@ class ContractViolation(ValueError):
 def schema() -> dict[str, Any]:
     """The JSON Schema shipped in the package."""
     text = resources.files(__package__).joinpath("reminder_due_event.v1.schema.json").read_text()
-    return json.loads(text)
+    loaded: dict[str, Any] = json.loads(text)
+    return loaded
 
 
 @cache

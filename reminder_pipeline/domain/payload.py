@@ -33,7 +33,7 @@ def message_time_zone(name: str | None) -> str:
     unknown or non-canonical zone never holds a reminder back; the message says UTC, which the
     consumer renders as such, and the cycle counts and logs the fallback.
     """
-    return name if time_zones.is_canonical(name) else time_zones.FALLBACK_ZONE
+    return name if name is not None and time_zones.is_canonical(name) else time_zones.FALLBACK_ZONE
 
 
 def build_payload(reminder: DueReminder) -> dict[str, Any]:
