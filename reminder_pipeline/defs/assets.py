@@ -1,10 +1,9 @@
 """The dispatcher as an asset in the catalog: each dispatch run records one materialization of it.
 
-It is declared with ``AssetSpec`` (not ``@asset``) because the dispatcher is an op job with four
-steps: the asset is where the run's figures land and are plotted, not a step that computes a
-value. The ``relay_outbox`` op records the materialization. The design's alerts are asset checks on
-it (:mod:`reminder_pipeline.defs.checks`), and its freshness policy turns it stale in the UI when
-no dispatch run has recorded anything for 5 minutes.
+Declared with ``AssetSpec``: the dispatcher is an op job of four steps, and the asset is where a
+run's figures land and are plotted (``relay_outbox`` records them). The design's alerts are its
+checks (:mod:`.checks`); its freshness policy turns it stale when no dispatch run recorded
+anything for 5 minutes (every run that reaches the relay records, even one that sent nothing).
 """
 
 from __future__ import annotations
@@ -17,24 +16,11 @@ from ..domain import contract
 
 DISPATCH_ASSET_KEY = AssetKey(["calendar", "reminder_dispatch"])
 
-#: No materialization for this long: the asset is stale in the UI (the design's 5-minute liveness).
-FRESHNESS_FAIL_WINDOW = timedelta(minutes=5)
-
-#: Numeric metadata every materialization carries (0 / 0.0 rather than None, so the UI plots it).
+#: Numeric metadata every materialization carries (0 rather than None, so the UI plots it).
 NUMERIC_METADATA = (
-    "sent_count",
-    "skipped_count",
-    "skipped_locked_count",
-    "failed_count",
-    "published_count",
-    "publish_failed_count",
-    "duration_ms",
-    "backlog_remaining",
-    "oldest_due_age_seconds",
-    "max_lateness_seconds",
-    "outbox_unpublished",
-    "batch_size",
-    "batches",
+    "sent_count", "skipped_count", "skipped_locked_count", "failed_count", "published_count",
+    "publish_failed_count", "time_zone_fallback_count", "duration_ms", "backlog_remaining",
+    "oldest_due_age_seconds", "max_lateness_seconds", "outbox_unpublished", "batch_size", "batches",
 )
 
 reminder_dispatch_asset = AssetSpec(
@@ -48,8 +34,5 @@ reminder_dispatch_asset = AssetSpec(
     group_name="calendar",
     kinds={"postgres", "kafka"},
     metadata={"topic": contract.TOPIC, "jobs": "reminder_dispatch, reminder_catch_up"},
-    # The design's liveness window. Every run that reaches the relay materializes the asset (even
-    # one that dispatched nothing), so "stale" means no cycle got that far; the dispatch_liveness
-    # check says whether one succeeded.
-    freshness_policy=FreshnessPolicy.time_window(fail_window=FRESHNESS_FAIL_WINDOW),
+    freshness_policy=FreshnessPolicy.time_window(fail_window=timedelta(minutes=5)),
 )

@@ -1,24 +1,15 @@
 """The sensors: the health checks every minute, and the ledger row of a dispatch run that failed early.
 
-``reminder_health_sensor`` evaluates the design's alert conditions (:func:`health.evaluate`) once a
-minute in the daemon's code server and reports them as runless evaluations of the dispatcher's
-asset checks: the checks stay red or green in the UI whether or not dispatch runs happen (that is
-what liveness is about), and no run worker is started for them. A failed evaluation (database
-down) fails the sensor tick, which the UI shows; the checks keep their last verdict meanwhile.
+``reminder_health_sensor`` evaluates the health conditions once a minute in the daemon's code
+server and reports them as runless check evaluations: the checks stay red or green whether or not
+dispatch runs happen, and no run worker is started for them. A failed evaluation (database down)
+fails the tick, which the UI shows.
 
-``reminder_dispatch_failure_ledger``: a failed dispatch run that recorded no cycle is recorded as a failed one.
-
-``relay_outbox`` writes the run's ledger row itself (success, or Kafka refusing), just before it
-records the run's materialization. Every other way a run can fail leaves no row: a step failing
-before the relay (the database refusing the transaction), a resource that cannot start (a run
-fails before any step, so op failure hooks never fire), a run that hangs and is failed by run
-monitoring, a worker that dies. A run-failure sensor sees all of these, from the daemon, and a
-failed run with a materialization of the dispatcher is skipped, so no cycle is counted twice.
-The row feeds ``calendar_reminder_dispatch_errors_total`` and the ``dispatch_errors`` check.
-
-If the database is what failed, the sensor's tick fails too when its Postgres resource cannot
-open, before the cursor moves: the daemon retries it, and the row is written once the database
-is back.
+``reminder_dispatch_failure_ledger``: ``relay_outbox`` records its run's cycle in the metrics
+ledger; a run that fails before it (a step failing, resources that cannot start, a run failed by
+run monitoring, a dead worker) is recorded here as a failed cycle, once (a run that materialized
+the dispatcher is skipped). If the database is what failed, the tick fails before the cursor
+moves and the daemon retries it.
 """
 
 # No ``from __future__ import annotations``: Dagster reads the resource annotation at definition time.

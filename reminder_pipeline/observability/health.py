@@ -236,6 +236,37 @@ def lateness_slo(engine: Engine, now: datetime) -> HealthCheck:
 
 CHECKS = (liveness, overdue, errors, outbox_backlog, lateness_slo)
 
+_MIN = 60.0
+
+#: What each check asserts, and its runbook section; names and order as :func:`evaluate` returns.
+ASSERTIONS: dict[str, tuple[str, str]] = {
+    "dispatch_liveness": (
+        f"A dispatch cycle succeeded in the last {LIVENESS_SECONDS / _MIN:.0f} minutes (metrics "
+        "ledger; every reminder_dispatch / reminder_catch_up run records its cycle).",
+        RUNBOOK_LIVENESS,
+    ),
+    "no_overdue_reminders": (
+        f"No Pending reminder is due more than {OVERDUE_SECONDS / _MIN:.0f} minutes ago.",
+        RUNBOOK_OVERDUE,
+    ),
+    "dispatch_errors": (
+        f"No reminder held back by repeated failures (>= {POISON_MIN_ATTEMPTS} attempts), and "
+        f"errors (failed cycles, failing rows, refused deliveries) not going on for "
+        f"{ERRORS_WINDOW.total_seconds() / _MIN:.0f} minutes without a "
+        f"{ERRORS_GAP.total_seconds() / _MIN:.0f}-minute gap.",
+        RUNBOOK_ERRORS,
+    ),
+    "outbox_backlog": (
+        f"The oldest unpublished outbox message is at most {OUTBOX_LAG_SECONDS:.0f} s old.",
+        RUNBOOK_OUTBOX,
+    ),
+    "lateness_slo": (
+        f"Lateness p95 (SentAt - DueAt) over {LATENESS_WINDOW.total_seconds() / _MIN:.0f} "
+        f"minutes within the {LATENESS_SLO_SECONDS:.0f} s SLO (a warning, not a page).",
+        RUNBOOK_LATENESS,
+    ),
+}
+
 
 def evaluate(engine: Engine, now: datetime | None = None) -> list[HealthCheck]:
     """Every check, in a fixed order: liveness, overdue, errors, outbox backlog, lateness SLO."""
