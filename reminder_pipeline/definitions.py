@@ -6,10 +6,11 @@ no environment set.
 
 What is in it: the dispatcher asset with its five health checks; the jobs ``reminder_dispatch``,
 ``reminder_catch_up``, ``reminder_health_checks``, ``reminder_poison_rows``,
-``outbox_retention`` and ``reminder_republish`` (the daily-partitioned re-publish back-fill, with
-its asset ``calendar/reminder_due_republished``); the schedules ``reminder_dispatch_schedule`` (every minute) and
-``outbox_retention_schedule`` (daily); the sensors ``reminder_health_sensor`` (the checks, every
-minute, no run) and ``reminder_dispatch_failure_ledger``.
+``outbox_retention``, ``reminder_republish`` (the daily-partitioned re-publish back-fill, with
+its asset ``calendar/reminder_due_republished``) and ``dagster_run_retention``; the schedules
+``reminder_dispatch_schedule`` (every minute), ``outbox_retention_schedule`` and
+``dagster_run_retention_schedule`` (daily); the sensors ``reminder_health_sensor`` (the checks,
+every minute, no run) and ``reminder_dispatch_failure_ledger``.
 """
 
 from dagster import Definitions, EnvVar
@@ -25,6 +26,7 @@ from .defs.jobs import (
 )
 from .defs.republish import reminder_due_republished, reminder_republish
 from .defs.resources import KafkaResource, PostgresResource
+from .defs.run_retention import dagster_run_retention, dagster_run_retention_schedule
 from .defs.schedules import outbox_retention_schedule, reminder_dispatch_schedule
 from .defs.sensors import reminder_dispatch_failure_ledger, reminder_health_sensor
 
@@ -47,8 +49,13 @@ defs = Definitions(
         reminder_poison_rows,
         outbox_retention,
         reminder_republish,
+        dagster_run_retention,
     ],
-    schedules=[reminder_dispatch_schedule, outbox_retention_schedule],
+    schedules=[
+        reminder_dispatch_schedule,
+        outbox_retention_schedule,
+        dagster_run_retention_schedule,
+    ],
     sensors=[reminder_health_sensor, reminder_dispatch_failure_ledger],
     resources=build_resources(),
 )

@@ -11,9 +11,10 @@ from reminder_pipeline.defs.assets import DISPATCH_ASSET_KEY
 from reminder_pipeline.defs.checks import CHECKS
 
 JOBS = {"reminder_dispatch", "reminder_catch_up", "reminder_health_checks",
-        "reminder_poison_rows", "outbox_retention"}
+        "reminder_poison_rows", "outbox_retention", "dagster_run_retention"}
 SCHEDULES = {"reminder_dispatch_schedule": "reminder_dispatch",
-             "outbox_retention_schedule": "outbox_retention"}
+             "outbox_retention_schedule": "outbox_retention",
+             "dagster_run_retention_schedule": "dagster_run_retention"}
 
 
 def test_everything_loads_and_validates_without_any_environment(monkeypatch):

@@ -1,0 +1,124 @@
+"""``dagster_run_retention``: Dagster's own storage kept bounded, daily.
+
+One op over :func:`reminder_pipeline.run_retention.purge_runs` (the rules are there). Its budget
+stays under the run's ``dagster/max_runtime``, so even the first pass over a year of minute runs
+ends on its own, with what is left counted; the next day's run goes on from the oldest left.
+Safe next to dispatch runs: it touches only finished runs in Dagster's storage, never the app's
+database, so it carries no dispatch concurrency tag.
+"""
+
+# No ``from __future__ import annotations``: Dagster reads the op's annotations at definition time.
+
+from datetime import timedelta
+
+from dagster import (
+    Config,
+    DefaultScheduleStatus,
+    MetadataValue,
+    OpExecutionContext,
+    Output,
+    RunRequest,
+    RunsFilter,
+    ScheduleEvaluationContext,
+    SkipReason,
+    in_process_executor,
+    job,
+    op,
+    schedule,
+)
+from pydantic import Field
+
+from .. import run_retention
+from .event_log import fields_in_event_log
+from .jobs import KIND_TAG, _validated_config
+
+RUN_RETENTION_JOB_NAME = "dagster_run_retention"
+#: Run monitoring fails the run past this; the budget's upper bound leaves two minutes for the
+#: run worker's start, the last batch and the final count.
+RUN_RETENTION_MAX_RUNTIME_SECONDS = 900
+MAX_BUDGET_SECONDS = RUN_RETENTION_MAX_RUNTIME_SECONDS - 120
+#: Keeping more than a year (525,600 minute runs) is the unbounded growth this job exists to stop.
+MAX_KEEP_DAYS = 365
+MAX_BATCH_SIZE = 1000
+
+
+class RunRetentionConfig(Config):
+    """How old a finished run must be to go, how many runs per batch, and the time budget."""
+
+    keep_days: int = Field(
+        default=run_retention.DEFAULT_KEEP.days, ge=1, le=MAX_KEEP_DAYS,
+        description="Finished runs created more than this many days ago are deleted (default 14).",
+    )
+    batch_size: int = Field(
+        default=run_retention.DEFAULT_BATCH_SIZE, ge=1, le=MAX_BATCH_SIZE,
+        description="Runs looked up per batch (oldest first).",
+    )
+    budget_seconds: float = Field(
+        default=run_retention.DEFAULT_BUDGET_SECONDS, ge=1.0, le=MAX_BUDGET_SECONDS,
+        description=(
+            f"Stop starting deletions after this many seconds (at most {MAX_BUDGET_SECONDS}, "
+            f"the run is failed after {RUN_RETENTION_MAX_RUNTIME_SECONDS}); the next run resumes."
+        ),
+    )
+
+
+@op(description="Delete finished runs older than keep_days with their event logs, step outputs and compute logs.")
+def delete_old_runs(context: OpExecutionContext, config: RunRetentionConfig):
+    """One retention pass over this instance; its counts as output metadata and a log line."""
+    with fields_in_event_log():  # the counts in the run's event log line
+        report = run_retention.purge_runs(
+            context.instance, timedelta(days=config.keep_days), batch_size=config.batch_size,
+            budget_seconds=config.budget_seconds, own_run_id=context.run_id,
+        )
+    yield Output(report.fields(), metadata={
+        "runs_deleted": MetadataValue.int(report.runs_deleted),
+        "directories_removed": MetadataValue.int(report.directories_removed),
+        "bytes_removed": MetadataValue.int(report.bytes_removed),
+        "runs_kept_in_use": MetadataValue.int(report.runs_kept_in_use),
+        "left_for_next_time": MetadataValue.int(report.left_for_next_time),
+        "batches": MetadataValue.int(report.batches),
+        "duration_seconds": MetadataValue.float(round(report.duration_seconds, 3)),
+        "budget_exhausted": MetadataValue.bool(report.budget_exhausted),
+        "keep_days": MetadataValue.int(config.keep_days),
+        "cutoff": MetadataValue.text(report.cutoff.isoformat()),
+    })
+
+
+@job(
+    name=RUN_RETENTION_JOB_NAME,
+    description=(
+        "Dagster run retention: deletes finished runs (success, failure, canceled) created more "
+        "than keep_days ago (default 14), oldest first in batches, with their event logs, step "
+        "outputs and compute logs; never a run in flight, a run group being re-executed, or "
+        "itself. Stops within budget_seconds and counts what is left; the next run resumes. "
+        "Daily from dagster_run_retention_schedule."
+    ),
+    config=_validated_config(RUN_RETENTION_JOB_NAME, RunRetentionConfig, delete_old_runs),
+    executor_def=in_process_executor,
+    tags={KIND_TAG: "maintenance", "dagster/max_runtime": str(RUN_RETENTION_MAX_RUNTIME_SECONDS)},
+)
+def dagster_run_retention():
+    """One step: the retention pass."""
+    delete_old_runs()
+
+
+#: 02:43 UTC: off the hour, in the quiet of the night, apart from outbox retention (03:17).
+@schedule(
+    name="dagster_run_retention_schedule",
+    job=dagster_run_retention,
+    cron_schedule="43 2 * * *",
+    execution_timezone="UTC",
+    default_status=DefaultScheduleStatus.RUNNING,
+    description="Daily Dagster run retention with the defaults (keep 14 days); skipped while one is in flight.",
+)
+def dagster_run_retention_schedule(context: ScheduleEvaluationContext):
+    """A run a day, or a SkipReason naming the retention run still in flight."""
+    in_flight = context.instance.get_run_records(
+        filters=RunsFilter(job_name=RUN_RETENTION_JOB_NAME,
+                           statuses=list(run_retention.IN_FLIGHT_STATUSES)),
+        limit=1,
+    )
+    if in_flight:
+        run = in_flight[0].dagster_run
+        return SkipReason(f"run {run.run_id} of {RUN_RETENTION_JOB_NAME} is still {run.status.value}")
+    return RunRequest()

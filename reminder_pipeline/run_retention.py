@@ -1,0 +1,225 @@
+"""Dagster run retention: finished runs older than a retention go, with everything they left behind.
+
+A run every minute is 1,440 Dagster runs a day. Each leaves its row and tags and its event log in
+Dagster's database, and its step outputs (the ``fs_io_manager`` pickles) and compute logs under
+``<storage directory>/<run_id>/``. :func:`purge_runs` deletes the finished ones (success, failure,
+canceled) created before a cutoff, oldest first, through Dagster's public API only:
+
+* ``instance.get_run_records`` finds them, a small batch at a time;
+* the compute log manager's ``delete_logs(prefix=[run_id])`` and the run's directory under
+  ``instance.storage_directory()`` go first, so a stop in between leaves a run without files
+  (found and finished next time), never files without a run (found by nothing);
+* ``instance.delete_run`` deletes the run, its tags and its event log.
+
+It never touches a run in flight (queued, starting, started, canceling: only finished statuses
+are selected), the caller's own run, nor a run whose re-execution is in flight (that run loads
+its inputs from the older runs' step outputs). It stops before its time budget, with the count
+of what is left; the next call starts again from the oldest, so it resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from dagster import DagsterInstance, DagsterRun, DagsterRunStatus, RunsFilter
+
+from .logs import event
+
+log = logging.getLogger(__name__)
+
+DEFAULT_KEEP = timedelta(days=14)
+DEFAULT_BATCH_SIZE = 100
+DEFAULT_BUDGET_SECONDS = 600.0
+#: Only these are ever deleted: a run in any other status may still be running or be picked up.
+FINISHED_STATUSES = (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
+IN_FLIGHT_STATUSES = (
+    DagsterRunStatus.QUEUED,
+    DagsterRunStatus.NOT_STARTED,
+    DagsterRunStatus.STARTING,
+    DagsterRunStatus.STARTED,
+    DagsterRunStatus.CANCELING,
+)
+_PROGRESS_EVERY_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class RetentionReport:
+    """What one pass deleted and what it left for the next."""
+
+    runs_deleted: int
+    directories_removed: int
+    bytes_removed: int
+    runs_kept_in_use: int  # old and finished, but the caller's run or part of an in-flight re-execution
+    left_for_next_time: int  # old finished runs still there (the budget ran out, or kept in use)
+    batches: int
+    duration_seconds: float
+    budget_exhausted: bool
+    cutoff: datetime
+
+    def fields(self) -> dict[str, object]:
+        """The counts as flat log/metadata fields (the cutoff as ISO text)."""
+        values = asdict(self)
+        values["cutoff"] = self.cutoff.isoformat()
+        values["duration_seconds"] = round(self.duration_seconds, 3)
+        return values
+
+
+def cutoff_for(keep: timedelta, now: datetime | None = None) -> datetime:
+    """The creation time before which a finished run is deleted (UTC)."""
+    return (now or datetime.now(UTC)).astimezone(UTC) - keep
+
+
+def old_finished_runs(cutoff: datetime) -> RunsFilter:
+    """The runs retention deletes: finished, created before ``cutoff``."""
+    return RunsFilter(statuses=list(FINISHED_STATUSES), created_before=cutoff)
+
+
+def purge_runs(
+    instance: DagsterInstance,
+    keep: timedelta = DEFAULT_KEEP,
+    *,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    budget_seconds: float = DEFAULT_BUDGET_SECONDS,
+    own_run_id: str | None = None,
+    now: datetime | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> RetentionReport:
+    """Delete finished runs created more than ``keep`` ago, oldest first, until none or the budget is spent.
+
+    ``own_run_id`` (the retention run itself) is never deleted and is named in the log line.
+    ``clock`` measures the budget (seconds).
+    """
+    if keep <= timedelta(0):
+        raise ValueError(f"keep={keep} must be positive")
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} must be at least 1")
+    started = clock()
+    deadline = started + budget_seconds
+    cutoff = cutoff_for(keep, now)
+    selection = old_finished_runs(cutoff)
+    deleted = dirs = size = kept = batches = 0
+    # Ascending ids, so each batch is the oldest left. Deleted runs never come back; only runs
+    # kept in use would, so the cursor moves past the last of them (a run that still exists).
+    cursor: str | None = None
+    exhausted = False
+    next_progress = started + _PROGRESS_EVERY_SECONDS
+    while not exhausted:
+        if clock() >= deadline:
+            exhausted = True
+            break
+        records = instance.get_run_records(
+            filters=selection, limit=batch_size, ascending=True, cursor=cursor
+        )
+        if not records:
+            break
+        batches += 1
+        in_use = runs_in_use(instance, own_run_id)
+        for record in records:
+            run = record.dagster_run
+            if is_in_use(run, in_use):
+                kept += 1
+                cursor = run.run_id
+                continue
+            if clock() >= deadline:
+                exhausted = True
+                break
+            removed, removed_bytes = remove_run_files(instance, run.run_id)
+            instance.delete_run(run.run_id)
+            deleted += 1
+            dirs += removed
+            size += removed_bytes
+        if clock() >= next_progress:
+            next_progress = clock() + _PROGRESS_EVERY_SECONDS
+            event(log, logging.INFO, "dagster run retention in progress", run_id=own_run_id,
+                  runs_deleted=deleted, bytes_removed=size)
+        if len(records) < batch_size:
+            break
+    report = RetentionReport(
+        runs_deleted=deleted,
+        directories_removed=dirs,
+        bytes_removed=size,
+        runs_kept_in_use=kept,
+        left_for_next_time=instance.get_runs_count(selection),
+        batches=batches,
+        duration_seconds=clock() - started,
+        budget_exhausted=exhausted,
+        cutoff=cutoff,
+    )
+    event(log, logging.INFO, "dagster runs purged", run_id=own_run_id, keep_days=keep / timedelta(days=1),
+          **report.fields())
+    return report
+
+
+def runs_in_use(instance: DagsterInstance, own_run_id: str | None = None) -> frozenset[str]:
+    """Ids no pass may delete now: ``own_run_id``, and the run groups of in-flight re-executions.
+
+    A re-execution loads the step outputs it does not recompute from the runs before it in its
+    group (same root run), so the whole group stays until it has finished.
+    """
+    ids = {own_run_id} if own_run_id else set()
+    for record in instance.get_run_records(filters=RunsFilter(statuses=list(IN_FLIGHT_STATUSES))):
+        run = record.dagster_run
+        ids.add(run.run_id)
+        if run.root_run_id:
+            ids.add(run.root_run_id)
+        if run.parent_run_id:
+            ids.add(run.parent_run_id)
+    return frozenset(ids)
+
+
+def is_in_use(run: DagsterRun, in_use: Iterable[str]) -> bool:
+    """True when ``run`` is one of ``in_use`` or belongs to the run group of one of them."""
+    group = {run.run_id, run.root_run_id, run.parent_run_id} - {None}
+    return not group.isdisjoint(in_use)
+
+
+def run_directory(instance: DagsterInstance, run_id: str) -> Path | None:
+    """``<storage directory>/<run_id>``, or None when ``run_id`` is not a plain directory name."""
+    # Run ids are UUIDs; a custom one with a separator or dots must never reach rmtree.
+    if not run_id or run_id in (".", "..") or Path(run_id).name != run_id or os.sep in run_id:
+        return None
+    return Path(instance.storage_directory()) / run_id
+
+
+def remove_run_files(instance: DagsterInstance, run_id: str) -> tuple[int, int]:
+    """Delete the run's compute logs and step outputs; (directories removed, bytes removed)."""
+    directory = run_directory(instance, run_id)
+    if directory is None:
+        return 0, 0
+    existed = directory.is_dir()
+    size = tree_bytes(directory) if existed else 0
+    # The local compute log manager keeps a run's logs in this same directory (and removes it
+    # whole); another manager (cloud storage) deletes its own copies by the same prefix.
+    instance.compute_log_manager.delete_logs(prefix=[run_id])
+    try:
+        shutil.rmtree(directory)
+    except FileNotFoundError:
+        pass
+    return int(existed), size
+
+
+def tree_bytes(path: Path) -> int:
+    """Bytes of the regular files under ``path`` (symbolic links not followed)."""
+    total = 0
+    stack = [path]
+    while stack:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except FileNotFoundError:
+            continue
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(Path(entry.path))
+                elif entry.is_file(follow_symlinks=False):
+                    total += entry.stat(follow_symlinks=False).st_size
+            except FileNotFoundError:
+                continue
+    return total
