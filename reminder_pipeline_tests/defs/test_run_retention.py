@@ -27,10 +27,10 @@ from dagster import (
     DagsterRun,
     DagsterRunStatus,
     DefaultScheduleStatus,
+    FilesystemIOManager,
     RunRequest,
     SkipReason,
     build_schedule_context,
-    fs_io_manager,
     instance_for_test,
     job,
     op,
@@ -88,13 +88,13 @@ def explode(value: int) -> int:
     raise RuntimeError(f"failing on purpose with {value}")
 
 
-@job(resource_defs={"io_manager": fs_io_manager})
+@job(resource_defs={"io_manager": FilesystemIOManager()})
 def tiny():
     """Two steps whose outputs go to the instance's storage directory."""
     consume(produce())
 
 
-@job(resource_defs={"io_manager": fs_io_manager})
+@job(resource_defs={"io_manager": FilesystemIOManager()})
 def tiny_failing():
     """Two steps, the second fails."""
     explode(produce())
