@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_KEEP = timedelta(days=14)
 DEFAULT_BATCH_SIZE = 100
-DEFAULT_BUDGET_SECONDS = 600.0
+DEFAULT_BUDGET_SECONDS = 1200.0
 #: Only these are ever deleted: a run in any other status may still be running or be picked up.
 FINISHED_STATUSES = (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
 IN_FLIGHT_STATUSES = (
@@ -155,6 +155,18 @@ def purge_runs(
     event(log, logging.INFO, "dagster runs purged", run_id=own_run_id, keep_days=keep / timedelta(days=1),
           **report.fields())
     return report
+
+
+def pool_connections(instance: DagsterInstance, statement_timeout_ms: int = 60_000) -> None:
+    """Keep pooled connections to Dagster's storage for the rest of this process, as its webserver does.
+
+    dagster-postgres opens a new connection for every statement by default, and a run's deletion
+    takes about eight: a pass deleted 19 runs/s that way and 73 runs/s on pooled connections
+    (benchmarks/dagster_storage.py). Other storages ignore it.
+    """
+    instance.optimize_for_webserver(
+        statement_timeout=statement_timeout_ms, pool_recycle=3600, max_overflow=1
+    )
 
 
 def runs_in_use(instance: DagsterInstance, own_run_id: str | None = None) -> frozenset[str]:

@@ -35,7 +35,7 @@ from .jobs import KIND_TAG, _validated_config
 RUN_RETENTION_JOB_NAME = "dagster_run_retention"
 #: Run monitoring fails the run past this; the budget's upper bound leaves two minutes for the
 #: run worker's start, the last batch and the final count.
-RUN_RETENTION_MAX_RUNTIME_SECONDS = 900
+RUN_RETENTION_MAX_RUNTIME_SECONDS = 1500
 MAX_BUDGET_SECONDS = RUN_RETENTION_MAX_RUNTIME_SECONDS - 120
 #: Keeping more than a year (525,600 minute runs) is the unbounded growth this job exists to stop.
 MAX_KEEP_DAYS = 365
@@ -65,6 +65,7 @@ class RunRetentionConfig(Config):
 @op(description="Delete finished runs older than keep_days with their event logs, step outputs and compute logs.")
 def delete_old_runs(context: OpExecutionContext, config: RunRetentionConfig):
     """One retention pass over this instance; its counts as output metadata and a log line."""
+    run_retention.pool_connections(context.instance)
     with fields_in_event_log():  # the counts in the run's event log line
         report = run_retention.purge_runs(
             context.instance, timedelta(days=config.keep_days), batch_size=config.batch_size,
