@@ -90,11 +90,12 @@ def purge_runs(
     own_run_id: str | None = None,
     now: datetime | None = None,
     clock: Callable[[], float] = time.monotonic,
+    on_progress: Callable[[dict[str, object]], None] | None = None,
 ) -> RetentionReport:
     """Delete finished runs created more than ``keep`` ago, oldest first, until none or the budget is spent.
 
     ``own_run_id`` (the retention run itself) is never deleted and is named in the log line.
-    ``clock`` measures the budget (seconds).
+    ``clock`` measures the budget (seconds); ``on_progress`` gets the counts so far once a minute.
     """
     if keep <= timedelta(0):
         raise ValueError(f"keep={keep} must be positive")
@@ -137,8 +138,10 @@ def purge_runs(
             size += removed_bytes
         if clock() >= next_progress:
             next_progress = clock() + _PROGRESS_EVERY_SECONDS
-            event(log, logging.INFO, "dagster run retention in progress", run_id=own_run_id,
-                  runs_deleted=deleted, bytes_removed=size)
+            so_far = {"run_id": own_run_id, "runs_deleted": deleted, "bytes_removed": size}
+            event(log, logging.INFO, "dagster run retention in progress", **so_far)
+            if on_progress is not None:
+                on_progress(so_far)
         if len(records) < batch_size:
             break
     report = RetentionReport(

@@ -14,7 +14,6 @@ from datetime import timedelta
 from dagster import (
     Config,
     DefaultScheduleStatus,
-    MetadataValue,
     OpExecutionContext,
     Output,
     RunRequest,
@@ -29,7 +28,7 @@ from dagster import (
 from pydantic import Field
 
 from .. import run_retention
-from .event_log import fields_in_event_log
+from .event_log import line
 from .jobs import KIND_TAG, _validated_config
 
 RUN_RETENTION_JOB_NAME = "dagster_run_retention"
@@ -66,23 +65,15 @@ class RunRetentionConfig(Config):
 def delete_old_runs(context: OpExecutionContext, config: RunRetentionConfig):
     """One retention pass over this instance; its counts as output metadata and a log line."""
     run_retention.pool_connections(context.instance)
-    with fields_in_event_log():  # the counts in the run's event log line
-        report = run_retention.purge_runs(
-            context.instance, timedelta(days=config.keep_days), batch_size=config.batch_size,
-            budget_seconds=config.budget_seconds, own_run_id=context.run_id,
-        )
-    yield Output(report.fields(), metadata={
-        "runs_deleted": MetadataValue.int(report.runs_deleted),
-        "directories_removed": MetadataValue.int(report.directories_removed),
-        "bytes_removed": MetadataValue.int(report.bytes_removed),
-        "runs_kept_in_use": MetadataValue.int(report.runs_kept_in_use),
-        "left_for_next_time": MetadataValue.int(report.left_for_next_time),
-        "batches": MetadataValue.int(report.batches),
-        "duration_seconds": MetadataValue.float(round(report.duration_seconds, 3)),
-        "budget_exhausted": MetadataValue.bool(report.budget_exhausted),
-        "keep_days": MetadataValue.int(config.keep_days),
-        "cutoff": MetadataValue.text(report.cutoff.isoformat()),
-    })
+    report = run_retention.purge_runs(
+        context.instance, timedelta(days=config.keep_days), batch_size=config.batch_size,
+        budget_seconds=config.budget_seconds, own_run_id=context.run_id,
+        on_progress=lambda so_far: context.log.info(line("dagster run retention in progress", so_far)),
+    )
+    context.log.info(line("dagster runs purged", {"run_id": context.run_id, **report.fields()}))
+    counts = {**report.fields(), "keep_days": config.keep_days}
+    # Plain ints, floats and bools become Dagster's int/float/bool metadata (plotted over runs).
+    yield Output(counts, metadata=counts)
 
 
 @job(

@@ -13,6 +13,7 @@ is no public API to create a run in the past); this is done here, in tests only.
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -31,6 +32,7 @@ from dagster import (
     RunRequest,
     SkipReason,
     build_schedule_context,
+    build_sensor_context,
     instance_for_test,
     job,
     op,
@@ -48,6 +50,7 @@ from sqlalchemy.engine import make_url
 
 from reminder_pipeline import orchestrator, run_retention
 from reminder_pipeline.definitions import defs
+from reminder_pipeline.defs.resources import PostgresResource
 from reminder_pipeline.defs.run_retention import (
     MAX_BUDGET_SECONDS,
     RUN_RETENTION_JOB_NAME,
@@ -55,6 +58,7 @@ from reminder_pipeline.defs.run_retention import (
     dagster_run_retention,
     dagster_run_retention_schedule,
 )
+from reminder_pipeline.defs.sensors import reminder_health_sensor
 
 from . import instance_overrides, log_messages
 
@@ -378,3 +382,32 @@ def test_the_shipped_instance_config_bounds_schedule_and_sensor_ticks():
             days = instance.get_tick_retention_settings(kind)
             for status in (TickStatus.SKIPPED, TickStatus.SUCCESS, TickStatus.FAILURE):
                 assert 0 < days[status] <= 31, (kind, status, days[status])
+
+
+def test_progress_is_reported_while_a_long_pass_runs(instance, dagster_pg_url):
+    runs = [executed(instance) for _ in range(3)]
+    backdate(dagster_pg_url, runs, OLD)
+    ticks = itertools.count(step=100)  # every clock reading is 100 s later: a minute passes each time
+    reported: list[dict] = []
+
+    report = run_retention.purge_runs(instance, KEEP, batch_size=1, budget_seconds=10_000,
+                                      clock=lambda: float(next(ticks)), on_progress=reported.append)
+
+    assert report.runs_deleted == 3 and not report.budget_exhausted
+    assert reported, "no progress reported"
+    deleted = [r["runs_deleted"] for r in reported]
+    assert deleted == sorted(deleted) and 1 <= deleted[0] and deleted[-1] <= 3
+
+
+def test_the_health_sensor_leaves_no_log_file_per_tick(instance, database_url):
+    # Dagster purges old ticks (retention.sensor) but never their captured log files: a log line
+    # per evaluation would leave a file a minute under storage/ for good.
+    with build_sensor_context(
+        instance_ref=instance.get_ref(), repository_name="__repository__",
+        sensor_name="reminder_health_sensor", resources={"postgres": PostgresResource(database_url=database_url)},
+    ) as context:
+        result = reminder_health_sensor(context)
+        assert not context.has_captured_logs()
+    assert "health checks evaluated" in result.skip_reason.skip_message  # the verdict, on the tick
+    storage = Path(instance.storage_directory())
+    assert not [p for p in storage.rglob("*") if p.is_file()]
