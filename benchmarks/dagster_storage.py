@@ -1,4 +1,4 @@
-"""Dagster's storage after a month of minute runs, before and after run retention, and the Runs page.
+"""Dagster's storage after a month of minute runs, before and after retention, and the Runs page.
 
     python -m benchmarks.dagster_storage [--days 30] [--keep-days 14] [--loads 5] [--json FILE]
                                          [--keep-workdir]
@@ -23,7 +23,9 @@ What it does, on its own embedded PostgreSQL + broker (or DATABASE_URL / KAFKA_B
 
 The cloned event-log rows keep the template's JSON timestamps (their ``timestamp`` column is
 shifted); only sizes and run lists are read from them. Progress goes to stderr, the figures to
-stdout. Not a test: it takes ~15-25 minutes at 30 days on 2 CPUs.
+stdout. ``--budget-seconds`` gives the retention runs a smaller budget, so the passes show a
+run stopping on its budget and the next resuming where it stopped. Not a test: ~15 minutes at
+30 days on 2 CPUs, ~4 GB of disk.
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ class RetentionPass:
 class Result:
     days: int
     keep_days: int
+    budget_seconds: float | None = None
     template: dict = field(default_factory=dict)
     clone_seconds: float = 0.0
     sizes: list[Sizes] = field(default_factory=list)
@@ -129,8 +132,10 @@ def measure(srv: Servers, db: str, home: Path, label: str) -> Sizes:
         events = conn.execute("SELECT count(*) FROM event_logs").fetchone()[0]
     apparent, disk, files = home_size(home)
     sizes = Sizes(label, runs, events, database, tables, apparent, disk, files)
-    progress(f"{label}: {runs:,} runs, {events:,} event-log rows, database {mb(database)}, "
-             f"DAGSTER_HOME {mb(apparent)} ({mb(disk)} on disk, {files:,} files)")
+    progress(
+        f"{label}: {runs:,} runs, {events:,} event-log rows, database {mb(database)}, "
+        f"DAGSTER_HOME {mb(apparent)} ({mb(disk)} on disk, {files:,} files)"
+    )
     return sizes
 
 
@@ -160,26 +165,45 @@ def mb(value: float) -> str:
 def template_profile(srv: Servers, db: str, home: Path, run_id: str) -> dict:
     """What one real minute run leaves: rows and bytes per table, files under storage/."""
     with psycopg.connect(srv.dsn(db), autocommit=True) as conn:
+
         def one(query: str) -> tuple:
             return conn.execute(query, {"run": run_id}).fetchone()
 
-        events, event_bytes = one("SELECT count(*), coalesce(sum(pg_column_size(e.*)), 0) "
-                                  "FROM event_logs e WHERE run_id = %(run)s")
+        events, event_bytes = one(
+            "SELECT count(*), coalesce(sum(pg_column_size(e.*)), 0) "
+            "FROM event_logs e WHERE run_id = %(run)s"
+        )
         tags = one("SELECT count(*) FROM run_tags WHERE run_id = %(run)s")[0]
         run_bytes = one("SELECT pg_column_size(r.*) FROM runs r WHERE run_id = %(run)s")[0]
-        asset_tags = one("SELECT count(*) FROM asset_event_tags t JOIN event_logs e "
-                         "ON e.id = t.event_id WHERE e.run_id = %(run)s")[0]
-        types = dict(conn.execute(
-            "SELECT dagster_event_type, count(*) FROM event_logs WHERE run_id = %(run)s "
-            "GROUP BY 1 ORDER BY 2 DESC", {"run": run_id}).fetchall())
+        asset_tags = one(
+            "SELECT count(*) FROM asset_event_tags t JOIN event_logs e "
+            "ON e.id = t.event_id WHERE e.run_id = %(run)s"
+        )[0]
+        types = dict(
+            conn.execute(
+                "SELECT dagster_event_type, count(*) FROM event_logs WHERE run_id = %(run)s "
+                "GROUP BY 1 ORDER BY 2 DESC",
+                {"run": run_id},
+            ).fetchall()
+        )
         timezone = conn.execute("SHOW TimeZone").fetchone()[0]
     run_dir = home / "storage" / run_id
     files = sorted(p.relative_to(run_dir).as_posix() for p in run_dir.rglob("*") if p.is_file())
     apparent, disk, _ = home_size(run_dir)
-    return {"run_id": run_id, "event_log_rows": events, "event_log_row_bytes": event_bytes,
-            "other_storage": other_storage(home), "run_row_bytes": run_bytes, "run_tags": tags, "asset_event_tags": asset_tags,
-            "event_types": {str(k): v for k, v in types.items()}, "files": files,
-            "file_bytes": apparent, "file_disk_bytes": disk, "server_timezone": timezone}
+    return {
+        "run_id": run_id,
+        "event_log_rows": events,
+        "event_log_row_bytes": event_bytes,
+        "other_storage": other_storage(home),
+        "run_row_bytes": run_bytes,
+        "run_tags": tags,
+        "asset_event_tags": asset_tags,
+        "event_types": {str(k): v for k, v in types.items()},
+        "files": files,
+        "file_bytes": apparent,
+        "file_disk_bytes": disk,
+        "server_timezone": timezone,
+    }
 
 
 _RUN_ID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -204,8 +228,9 @@ CLONE_RUNS = """
 INSERT INTO runs (run_id, snapshot_id, pipeline_name, mode, status, run_body, partition,
                   partition_set, create_timestamp, update_timestamp, start_time, end_time,
                   backfill_id)
-SELECT c.rid, r.snapshot_id, r.pipeline_name, r.mode, r.status, replace(r.run_body, r.run_id, c.rid),
-       r.partition, r.partition_set, r.create_timestamp - make_interval(mins => c.i),
+SELECT c.rid, r.snapshot_id, r.pipeline_name, r.mode, r.status,
+       replace(r.run_body, r.run_id, c.rid), r.partition, r.partition_set,
+       r.create_timestamp - make_interval(mins => c.i),
        r.update_timestamp - make_interval(mins => c.i), r.start_time - c.i * 60.0,
        r.end_time - c.i * 60.0, r.backfill_id
   FROM runs r CROSS JOIN clone_ids c
@@ -244,8 +269,11 @@ def clone_runs(srv: Servers, db: str, home: Path, run_id: str, count: int) -> fl
     """``count`` copies of the run, one a minute back each: rows by SQL, files by copy."""
     started = time.monotonic()
     template_dir = home / "storage" / run_id
-    files = [(p.relative_to(template_dir), p.read_bytes())
-             for p in sorted(template_dir.rglob("*")) if p.is_file()]
+    files = [
+        (p.relative_to(template_dir), p.read_bytes())
+        for p in sorted(template_dir.rglob("*"))
+        if p.is_file()
+    ]
     chunk = MINUTES_PER_DAY
     with psycopg.connect(srv.dsn(db)) as conn:
         conn.execute(CREATE_CLONE_IDS, {"count": count})
@@ -259,7 +287,7 @@ def clone_runs(srv: Servers, db: str, home: Path, run_id: str, count: int) -> fl
             for statement in (CLONE_RUNS, CLONE_TAGS, CLONE_EVENTS):
                 conn.execute(statement, params)
             conn.commit()
-            for rid in rids[lo - 1:hi]:
+            for rid in rids[lo - 1 : hi]:
                 for relative, content in files:
                     target = home / "storage" / rid / relative
                     target.parent.mkdir(parents=True, exist_ok=True)
@@ -274,7 +302,7 @@ def clone_runs(srv: Servers, db: str, home: Path, run_id: str, count: int) -> fl
 
 
 def runs_page_loads(base_url: str, label: str, loads: int, artifacts: Path | None) -> PageLoads:
-    """Navigation → first run row of ``/runs`` visible: one cold load, then ``loads`` warm reloads."""
+    """Navigation to the first run row of ``/runs``: one cold load, then ``loads`` warm ones."""
     from reminder_pipeline_tests.e2e.ui import CHROMIUM_FLAGS, chromium_path
 
     result = PageLoads(label)
@@ -292,8 +320,11 @@ def runs_page_loads(base_url: str, label: str, loads: int, artifacts: Path | Non
             page = browser.new_page(viewport={"width": 1440, "height": 1000})
             page.set_default_timeout(180_000)
             # A run row links to its run page (/runs/<uuid>) with the id's first 8 characters.
-            first_row = page.locator("a[href^='/runs/']").filter(
-                has_text=re.compile(r"^[0-9a-f]{8}$")).first
+            first_row = (
+                page.locator("a[href^='/runs/']")
+                .filter(has_text=re.compile(r"^[0-9a-f]{8}$"))
+                .first
+            )
             for attempt in range(loads + 1):
                 started = time.perf_counter()
                 page.goto(f"{base_url}/runs", wait_until="commit")
@@ -309,8 +340,10 @@ def runs_page_loads(base_url: str, label: str, loads: int, artifacts: Path | Non
             result.error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
         finally:
             browser.close()
-    progress(f"Runs page {label}: cold {fmt_s(result.cold_s)}, warm median "
-             f"{fmt_s(result.warm_median_s)} {result.error or ''}")
+    progress(
+        f"Runs page {label}: cold {fmt_s(result.cold_s)}, warm median "
+        f"{fmt_s(result.warm_median_s)} {result.error or ''}"
+    )
     return result
 
 
@@ -339,31 +372,48 @@ def wait_for_run(instance, job_name: str, timeout: float, since_id: str | None =
         time.sleep(1.0)
 
 
-def retention_pass(stack, instance, keep_days: int) -> RetentionPass:
+def retention_pass(stack, instance, keep_days: int, budget_seconds: float | None) -> RetentionPass:
     """Launch dagster_run_retention from GraphQL, wait for it, read its output metadata."""
     from dagster_graphql import DagsterGraphQLClient
 
     client = DagsterGraphQLClient(stack.host, port_number=stack.port)
     started = time.monotonic()
-    run_id = client.submit_job_execution(RETENTION_JOB, run_config={"keep_days": keep_days})
-    progress(f"{RETENTION_JOB} run {run_id} launched (keep_days={keep_days})")
+    config: dict[str, object] = {"keep_days": keep_days}
+    if budget_seconds is not None:
+        config["budget_seconds"] = budget_seconds
+    run_id = client.submit_job_execution(RETENTION_JOB, run_config=config)
+    progress(f"{RETENTION_JOB} run {run_id} launched ({config})")
     while True:
         record = instance.get_run_record_by_id(run_id)
         if record is not None and record.dagster_run.status.value in FINISHED:
             break
         time.sleep(2.0)
     elapsed = time.monotonic() - started
-    outputs = [e for e in instance.all_logs(run_id) if e.is_dagster_event
-               and e.dagster_event.is_successful_output]
-    metadata = ({k: v.value for k, v in outputs[0].dagster_event.event_specific_data.metadata.items()}
-                if outputs else {})
+    outputs = [
+        e
+        for e in instance.all_logs(run_id)
+        if e.is_dagster_event and e.dagster_event.is_successful_output
+    ]
+    metadata = (
+        {k: v.value for k, v in outputs[0].dagster_event.event_specific_data.metadata.items()}
+        if outputs
+        else {}
+    )
     status = record.dagster_run.status.value
     progress(f"{RETENTION_JOB} {status} in {elapsed:.0f} s: {metadata}")
     return RetentionPass(run_id, status, metadata, elapsed)
 
 
-def run(srv: Servers, *, days: int, keep_days: int, loads: int, artifacts: Path | None,
-        max_passes: int = 4) -> Result:
+def run(
+    srv: Servers,
+    *,
+    days: int,
+    keep_days: int,
+    loads: int,
+    artifacts: Path | None,
+    budget_seconds: float | None = None,
+    max_passes: int = 12,
+) -> Result:
     from dagster import DagsterInstance
 
     from reminder_pipeline import demo
@@ -373,7 +423,7 @@ def run(srv: Servers, *, days: int, keep_days: int, loads: int, artifacts: Path 
     from reminder_pipeline.services import free_port
     from reminder_pipeline.store import migrate
 
-    result = Result(days=days, keep_days=keep_days)
+    result = Result(days=days, keep_days=keep_days, budget_seconds=budget_seconds)
     ensure_topic(srv.kafka)
     app_db = srv.create_database("app")
     dag_db = srv.create_database("dagster")
@@ -383,8 +433,11 @@ def run(srv: Servers, *, days: int, keep_days: int, loads: int, artifacts: Path 
     engine.dispose()
     home = srv.workdir / "dagster_home"
     dagster_url = dagster_storage_url(srv.url(dag_db))
-    env = {"DATABASE_URL": srv.url(app_db), "KAFKA_BOOTSTRAP_SERVERS": srv.bootstrap_servers,
-           "DAGSTER_PG_URL": dagster_url}
+    env = {
+        "DATABASE_URL": srv.url(app_db),
+        "KAFKA_BOOTSTRAP_SERVERS": srv.bootstrap_servers,
+        "DAGSTER_PG_URL": dagster_url,
+    }
     os.environ["DAGSTER_PG_URL"] = dagster_url
     os.environ["DAGSTER_HOME"] = str(home)
     prepare_home(home)
@@ -396,8 +449,10 @@ def run(srv: Servers, *, days: int, keep_days: int, loads: int, artifacts: Path 
         template = wait_for_run(instance, DISPATCH_JOB, timeout=240)
         stack.stop()
         result.template = template_profile(srv, dag_db, home, template)
-        progress(f"template run {template}: {result.template['event_log_rows']} event-log rows, "
-                 f"{len(result.template['files'])} files")
+        progress(
+            f"template run {template}: {result.template['event_log_rows']} event-log rows, "
+            f"{len(result.template['files'])} files"
+        )
         result.sizes.append(measure(srv, dag_db, home, "one real run"))
 
         total = days * MINUTES_PER_DAY
@@ -409,7 +464,7 @@ def run(srv: Servers, *, days: int, keep_days: int, loads: int, artifacts: Path 
         stack_started = time.monotonic()
         result.pages.append(runs_page_loads(stack.url, f"{days}-days", loads, artifacts))
         for _ in range(max_passes):
-            result.passes.append(retention_pass(stack, instance, keep_days))
+            result.passes.append(retention_pass(stack, instance, keep_days, budget_seconds))
             if not result.passes[-1].metadata.get("left_for_next_time"):
                 break
         result.sizes.append(measure(srv, dag_db, home, "after retention"))
@@ -434,30 +489,42 @@ def run(srv: Servers, *, days: int, keep_days: int, loads: int, artifacts: Path 
 def report(result: Result) -> str:
     """The figures as Markdown tables (sizes, Runs page, retention passes, a year's projection)."""
     lines = [
-        f"## Dagster storage: {result.days} days of minute runs, keep_days={result.keep_days}", ""
+        (
+            f"## Dagster storage: {result.days} days of minute runs, keep_days={result.keep_days}, "
+            f"budget_seconds={result.budget_seconds or 'default'}"
+        ),
+        "",
     ]
     t = result.template
     if t:
         lines += [
-            (f"One real `{DISPATCH_JOB}` run: {t['event_log_rows']} event-log rows "
-             f"({mb(t['event_log_row_bytes'])}), run row {mb(t['run_row_bytes'])}, "
-             f"{t['run_tags']} tags, {len(t['files'])} files ({mb(t['file_bytes'])}, "
-             f"{mb(t['file_disk_bytes'])} on disk); cloned in {result.clone_seconds:.0f} s."),
-            (f"Files under storage/ besides run directories: {t.get('other_storage') or 'none'} "
-             f"after the first run; {result.notes.get('other_storage_after') or 'none'} after "
-             f"the stack ran {result.notes.get('stack_minutes', '?')} more minutes, when "
-             f"Dagster's database also held {result.notes.get('runless', {})} (owned by no run)."),
+            (
+                f"One real `{DISPATCH_JOB}` run: {t['event_log_rows']} event-log rows "
+                f"({mb(t['event_log_row_bytes'])}), run row {mb(t['run_row_bytes'])}, "
+                f"{t['run_tags']} tags, {len(t['files'])} files ({mb(t['file_bytes'])}, "
+                f"{mb(t['file_disk_bytes'])} on disk); cloned in {result.clone_seconds:.0f} s."
+            ),
+            (
+                f"Files under storage/ besides run directories: {t.get('other_storage') or 'none'} "
+                f"after the first run; {result.notes.get('other_storage_after') or 'none'} after "
+                f"the stack ran {result.notes.get('stack_minutes', '?')} more minutes, when "
+                f"Dagster's database also held {result.notes.get('runless', {})} (owned by no run)."
+            ),
             "",
         ]
     lines += [
-        ("| moment | runs | event-log rows | database | event_logs | runs table | "
-         "DAGSTER_HOME (on disk) | files |"),
+        (
+            "| moment | runs | event-log rows | database | event_logs | runs table | "
+            "DAGSTER_HOME (on disk) | files |"
+        ),
         "|---|---|---|---|---|---|---|---|",
     ]
     for s in result.sizes:
-        lines.append(f"| {s.label} | {s.runs:,} | {s.event_log_rows:,} | {mb(s.database_bytes)} | "
-                     f"{mb(s.tables['event_logs'])} | {mb(s.tables['runs'])} | "
-                     f"{mb(s.home_bytes)} ({mb(s.home_disk_bytes)}) | {s.home_files:,} |")
+        lines.append(
+            f"| {s.label} | {s.runs:,} | {s.event_log_rows:,} | {mb(s.database_bytes)} | "
+            f"{mb(s.tables['event_logs'])} | {mb(s.tables['runs'])} | "
+            f"{mb(s.home_bytes)} ({mb(s.home_disk_bytes)}) | {s.home_files:,} |"
+        )
     lines += [
         "",
         "| Runs page (`/runs`, first run row visible) | cold load | warm median | warm loads |",
@@ -468,18 +535,23 @@ def report(result: Result) -> str:
         lines.append(f"| {p.label} | {fmt_s(p.cold_s)} | {fmt_s(p.warm_median_s)} | {warm} |")
     lines += [
         "",
-        ("| retention pass | status | runs deleted | dirs | removed | left | op seconds | "
-         "runs/s | launch to end |"),
-        "|---|---|---|---|---|---|---|---|---|",
+        (
+            "| retention pass | status | runs deleted | dirs | removed | left | budget spent | "
+            "op seconds | runs/s | launch to end |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for i, p in enumerate(result.passes, 1):
         m = p.metadata
         seconds = m.get("duration_seconds") or 0
         rate = m.get("runs_deleted", 0) / seconds if seconds else 0
-        lines.append(f"| {i} | {p.status} | {m.get('runs_deleted', 0):,} | "
-                     f"{m.get('directories_removed', 0):,} | {mb(m.get('bytes_removed', 0))} | "
-                     f"{m.get('left_for_next_time', 0):,} | {seconds:.0f} | {rate:,.0f} | "
-                     f"{p.run_seconds:.0f} s |")
+        lines.append(
+            f"| {i} | {p.status} | {m.get('runs_deleted', 0):,} | "
+            f"{m.get('directories_removed', 0):,} | {mb(m.get('bytes_removed', 0))} | "
+            f"{m.get('left_for_next_time', 0):,} | {m.get('budget_exhausted')} | "
+            f"{seconds:.0f} | {rate:,.0f} | "
+            f"{p.run_seconds:.0f} s |"
+        )
     lines += ["", projection(result)]
     return "\n".join(lines)
 
@@ -500,14 +572,16 @@ def projection(result: Result) -> str:
     year = 365 * MINUTES_PER_DAY
     backlog = year - result.keep_days * MINUTES_PER_DAY
     per_pass = rate * DEFAULT_BUDGET_SECONDS
+    # Each day's pass also has the day's new runs to delete once the backlog is past keep_days.
+    clearing_days = backlog / max(per_pass - MINUTES_PER_DAY, 1.0)
     return (
         f"Deletion rate {rate:,.0f} runs/s. Per run: {per_run_db / 1024:,.1f} kB of database, "
         f"{per_run_home / 1024:,.1f} kB of DAGSTER_HOME on disk. A year without retention: "
         f"~{per_run_db * year / 2**30:,.1f} GB of database, ~{per_run_home * year / 2**30:,.1f} GB "
         f"of DAGSTER_HOME. The first pass over a year ({backlog:,} runs to delete) stops at its "
-        f"{DEFAULT_BUDGET_SECONDS:.0f} s budget (max_runtime {RUN_RETENTION_MAX_RUNTIME_SECONDS} s) "
-        f"after ~{per_pass:,.0f} runs; daily passes clear the rest in ~{backlog / per_pass:,.1f} "
-        f"days (each day adds {MINUTES_PER_DAY:,})."
+        f"{DEFAULT_BUDGET_SECONDS:.0f} s budget "
+        f"(max_runtime {RUN_RETENTION_MAX_RUNTIME_SECONDS} s) after ~{per_pass:,.0f} runs; "
+        f"daily passes clear it in ~{clearing_days:,.1f} days (each day adds {MINUTES_PER_DAY:,})."
     )
 
 
@@ -516,9 +590,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--days", type=int, default=30, help="days of minute runs (default 30)")
     parser.add_argument("--keep-days", type=int, default=14, help="retention (default 14)")
     parser.add_argument("--loads", type=int, default=5, help="warm Runs page loads (default 5)")
+    parser.add_argument(
+        "--budget-seconds",
+        type=float,
+        help="the retention runs' budget_seconds (default: the job's); a small one "
+        "shows passes stopping on their budget and the next resuming",
+    )
     parser.add_argument("--json", type=Path, help="write every measurement to this file")
-    parser.add_argument("--artifacts", type=Path, default=Path("test-artifacts"),
-                        help="Runs page screenshots (default test-artifacts/)")
+    parser.add_argument(
+        "--artifacts",
+        type=Path,
+        default=Path("test-artifacts"),
+        help="Runs page screenshots (default test-artifacts/)",
+    )
     parser.add_argument("--keep-workdir", action="store_true", help="keep the temp dir")
     args = parser.parse_args(argv)
     if args.days * MINUTES_PER_DAY < 2 or not 1 <= args.keep_days < args.days:
@@ -526,8 +610,14 @@ def main(argv: list[str] | None = None) -> int:
     args.artifacts.mkdir(parents=True, exist_ok=True)
     with servers(keep_workdir=args.keep_workdir) as srv:
         progress(f"PostgreSQL {server_version(srv)}")
-        result = run(srv, days=args.days, keep_days=args.keep_days, loads=args.loads,
-                     artifacts=args.artifacts)
+        result = run(
+            srv,
+            days=args.days,
+            keep_days=args.keep_days,
+            loads=args.loads,
+            artifacts=args.artifacts,
+            budget_seconds=args.budget_seconds,
+        )
     print(report(result))
     if args.json:
         args.json.write_text(json.dumps(asdict(result), indent=2, default=str))

@@ -45,15 +45,21 @@ class RunRetentionConfig(Config):
     """How old a finished run must be to go, how many runs per batch, and the time budget."""
 
     keep_days: int = Field(
-        default=run_retention.DEFAULT_KEEP.days, ge=1, le=MAX_KEEP_DAYS,
+        default=run_retention.DEFAULT_KEEP.days,
+        ge=1,
+        le=MAX_KEEP_DAYS,
         description="Finished runs created more than this many days ago are deleted (default 14).",
     )
     batch_size: int = Field(
-        default=run_retention.DEFAULT_BATCH_SIZE, ge=1, le=MAX_BATCH_SIZE,
+        default=run_retention.DEFAULT_BATCH_SIZE,
+        ge=1,
+        le=MAX_BATCH_SIZE,
         description="Runs looked up per batch (oldest first).",
     )
     budget_seconds: float = Field(
-        default=run_retention.DEFAULT_BUDGET_SECONDS, ge=1.0, le=MAX_BUDGET_SECONDS,
+        default=run_retention.DEFAULT_BUDGET_SECONDS,
+        ge=1.0,
+        le=MAX_BUDGET_SECONDS,
         description=(
             f"Stop starting deletions after this many seconds (at most {MAX_BUDGET_SECONDS}, "
             f"the run is failed after {RUN_RETENTION_MAX_RUNTIME_SECONDS}); the next run resumes."
@@ -61,14 +67,19 @@ class RunRetentionConfig(Config):
     )
 
 
-@op(description="Delete finished runs older than keep_days with their event logs, step outputs and compute logs.")
+@op(description="Delete old finished runs with their event logs, step outputs and compute logs.")
 def delete_old_runs(context: OpExecutionContext, config: RunRetentionConfig):
     """One retention pass over this instance; its counts as output metadata and a log line."""
     run_retention.pool_connections(context.instance)
     report = run_retention.purge_runs(
-        context.instance, timedelta(days=config.keep_days), batch_size=config.batch_size,
-        budget_seconds=config.budget_seconds, own_run_id=context.run_id,
-        on_progress=lambda so_far: context.log.info(line("dagster run retention in progress", so_far)),
+        context.instance,
+        timedelta(days=config.keep_days),
+        batch_size=config.batch_size,
+        budget_seconds=config.budget_seconds,
+        own_run_id=context.run_id,
+        on_progress=lambda so_far: context.log.info(
+            line("dagster run retention in progress", so_far)
+        ),
     )
     context.log.info(line("dagster runs purged", {"run_id": context.run_id, **report.fields()}))
     counts = {**report.fields(), "keep_days": config.keep_days}
@@ -101,16 +112,19 @@ def dagster_run_retention():
     cron_schedule="43 2 * * *",
     execution_timezone="UTC",
     default_status=DefaultScheduleStatus.RUNNING,
-    description="Daily Dagster run retention with the defaults (keep 14 days); skipped while one is in flight.",
+    description="Daily run retention with the defaults (keep 14 days); skipped while one runs.",
 )
 def dagster_run_retention_schedule(context: ScheduleEvaluationContext):
     """A run a day, or a SkipReason naming the retention run still in flight."""
     in_flight = context.instance.get_run_records(
-        filters=RunsFilter(job_name=RUN_RETENTION_JOB_NAME,
-                           statuses=list(run_retention.IN_FLIGHT_STATUSES)),
+        filters=RunsFilter(
+            job_name=RUN_RETENTION_JOB_NAME, statuses=list(run_retention.IN_FLIGHT_STATUSES)
+        ),
         limit=1,
     )
     if in_flight:
         run = in_flight[0].dagster_run
-        return SkipReason(f"run {run.run_id} of {RUN_RETENTION_JOB_NAME} is still {run.status.value}")
+        return SkipReason(
+            f"run {run.run_id} of {RUN_RETENTION_JOB_NAME} is still {run.status.value}"
+        )
     return RunRequest()

@@ -127,7 +127,9 @@ def instance(dagster_pg_url: str, tmp_path: Path) -> Iterator[DagsterInstance]:
 
 def backdate(dagster_pg_url: str, run_ids: list[str], by: timedelta) -> None:
     """Move runs' creation time back (SQL on Dagster's runs table: tests only, no public API)."""
-    dsn = make_url(dagster_pg_url).set(drivername="postgresql").render_as_string(hide_password=False)
+    dsn = (
+        make_url(dagster_pg_url).set(drivername="postgresql").render_as_string(hide_password=False)
+    )
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
             "UPDATE runs SET create_timestamp = create_timestamp - %s WHERE run_id = ANY(%s)",
@@ -148,15 +150,28 @@ def executed(instance: DagsterInstance, job_def=tiny) -> str:
 def in_flight_run(instance: DagsterInstance, status: DagsterRunStatus, **kwargs) -> str:
     """A run in ``status`` with a file in its directory (what a step would be writing)."""
     # A queued run must say where its code is (the daemon launches it from there).
-    origin = RemoteJobOrigin(
-        repository_origin=RemoteRepositoryOrigin(
-            code_location_origin=InProcessCodeLocationOrigin(LoadableTargetOrigin(python_file=__file__)),
-            repository_name="__repository__",
-        ),
-        job_name=tiny.name,
-    ) if status is DagsterRunStatus.QUEUED else None
-    run = instance.add_run(DagsterRun(job_name=tiny.name, run_id=str(uuid.uuid4()), status=status,
-                                      remote_job_origin=origin, **kwargs))
+    origin = (
+        RemoteJobOrigin(
+            repository_origin=RemoteRepositoryOrigin(
+                code_location_origin=InProcessCodeLocationOrigin(
+                    LoadableTargetOrigin(python_file=__file__)
+                ),
+                repository_name="__repository__",
+            ),
+            job_name=tiny.name,
+        )
+        if status is DagsterRunStatus.QUEUED
+        else None
+    )
+    run = instance.add_run(
+        DagsterRun(
+            job_name=tiny.name,
+            run_id=str(uuid.uuid4()),
+            status=status,
+            remote_job_origin=origin,
+            **kwargs,
+        )
+    )
     directory = run_dir(instance, run.run_id)
     directory.mkdir(parents=True)
     (directory / "in-progress").write_text("a step output being written")
@@ -182,7 +197,9 @@ def assert_kept(instance: DagsterInstance, run_id: str) -> None:
     assert run_dir(instance, run_id).is_dir()
 
 
-def test_old_finished_runs_go_with_their_event_logs_outputs_and_compute_logs(instance, dagster_pg_url):
+def test_old_finished_runs_go_with_their_event_logs_outputs_and_compute_logs(
+    instance, dagster_pg_url
+):
     success = executed(instance)
     failure = executed(instance, tiny_failing)
     canceled = canceled_run(instance)
@@ -212,7 +229,11 @@ def test_old_finished_runs_go_with_their_event_logs_outputs_and_compute_logs(ins
         assert (run_dir(instance, run_id) / "in-progress").is_file()
     assert (report.runs_deleted, report.directories_removed) == (3, 2)
     assert report.bytes_removed == expected_bytes
-    assert (report.runs_kept_in_use, report.left_for_next_time, report.budget_exhausted) == (0, 0, False)
+    assert (report.runs_kept_in_use, report.left_for_next_time, report.budget_exhausted) == (
+        0,
+        0,
+        False,
+    )
     # A second pass finds nothing more to do.
     assert run_retention.purge_runs(instance, KEEP).runs_deleted == 0
     assert_kept(instance, recent)
@@ -237,8 +258,9 @@ def test_a_run_group_stays_while_its_re_execution_is_in_flight(instance, dagster
     ).run_id
     backdate(dagster_pg_url, [parent, sibling], OLD)
     # A re-execution from failure loads the parent's step outputs from the parent's directory.
-    reexecution = in_flight_run(instance, DagsterRunStatus.STARTED, parent_run_id=parent,
-                                root_run_id=parent)
+    reexecution = in_flight_run(
+        instance, DagsterRunStatus.STARTED, parent_run_id=parent, root_run_id=parent
+    )
 
     report = run_retention.purge_runs(instance, KEEP)
 
@@ -255,7 +277,9 @@ def test_a_run_group_stays_while_its_re_execution_is_in_flight(instance, dagster
     assert (report.runs_deleted, report.left_for_next_time) == (2, 0)
 
 
-def test_batches_go_oldest_first_and_a_pass_stopped_by_its_budget_is_resumed(instance, dagster_pg_url):
+def test_batches_go_oldest_first_and_a_pass_stopped_by_its_budget_is_resumed(
+    instance, dagster_pg_url
+):
     runs = [executed(instance) for _ in range(7)]
     backdate(dagster_pg_url, runs, OLD)
     selection = run_retention.old_finished_runs(run_retention.cutoff_for(KEEP))
@@ -264,15 +288,17 @@ def test_batches_go_oldest_first_and_a_pass_stopped_by_its_budget_is_resumed(ins
         """A clock that advances one "second" per run deleted: the budget counts deletions."""
         return float(len(runs) - instance.get_runs_count(selection))
 
-    first = run_retention.purge_runs(instance, KEEP, batch_size=2, budget_seconds=3,
-                                     clock=deletions_so_far)
+    first = run_retention.purge_runs(
+        instance, KEEP, batch_size=2, budget_seconds=3, clock=deletions_so_far
+    )
     assert (first.runs_deleted, first.left_for_next_time, first.budget_exhausted) == (3, 4, True)
     # Oldest first: the first three created are the ones gone.
     assert [instance.get_run_by_id(r) is None for r in runs] == [True] * 3 + [False] * 4
 
     start = deletions_so_far()
-    second = run_retention.purge_runs(instance, KEEP, batch_size=2, budget_seconds=3,
-                                      clock=lambda: deletions_so_far() - start)
+    second = run_retention.purge_runs(
+        instance, KEEP, batch_size=2, budget_seconds=3, clock=lambda: deletions_so_far() - start
+    )
     assert (second.runs_deleted, second.left_for_next_time, second.budget_exhausted) == (3, 1, True)
 
     last = run_retention.purge_runs(instance, KEEP, batch_size=2)
@@ -312,7 +338,9 @@ def test_the_job_records_its_counts_and_survives_its_own_pass(instance, dagster_
     assert all(instance.get_run_by_id(r) is None for r in old)
     assert_kept(instance, recent)
     assert instance.get_run_by_id(result.run_id).status is DagsterRunStatus.SUCCESS
-    [line] = [m for m in log_messages(instance, result.run_id) if m.startswith("dagster runs purged")]
+    [line] = [
+        m for m in log_messages(instance, result.run_id) if m.startswith("dagster runs purged")
+    ]
     assert f"run_id={result.run_id}" in line and "runs_deleted=2" in line
     assert "left_for_next_time=0" in line and "bytes_removed=" in line
 
@@ -353,7 +381,8 @@ def test_the_job_and_its_daily_schedule_are_in_the_definitions():
     max_runtime = int(dagster_run_retention.tags["dagster/max_runtime"])
     assert max_runtime == RUN_RETENTION_MAX_RUNTIME_SECONDS > MAX_BUDGET_SECONDS
     assert validate_run_config(dagster_run_retention, {})["ops"]["delete_old_runs"]["config"] == {
-        "keep_days": 14, "batch_size": run_retention.DEFAULT_BATCH_SIZE,
+        "keep_days": 14,
+        "batch_size": run_retention.DEFAULT_BATCH_SIZE,
         "budget_seconds": run_retention.DEFAULT_BUDGET_SECONDS,
     }
 
@@ -387,11 +416,18 @@ def test_the_shipped_instance_config_bounds_schedule_and_sensor_ticks():
 def test_progress_is_reported_while_a_long_pass_runs(instance, dagster_pg_url):
     runs = [executed(instance) for _ in range(3)]
     backdate(dagster_pg_url, runs, OLD)
-    ticks = itertools.count(step=100)  # every clock reading is 100 s later: a minute passes each time
+    # Every clock reading is 100 s after the one before: more than a minute passes each time.
+    ticks = itertools.count(step=100)
     reported: list[dict] = []
 
-    report = run_retention.purge_runs(instance, KEEP, batch_size=1, budget_seconds=10_000,
-                                      clock=lambda: float(next(ticks)), on_progress=reported.append)
+    report = run_retention.purge_runs(
+        instance,
+        KEEP,
+        batch_size=1,
+        budget_seconds=10_000,
+        clock=lambda: float(next(ticks)),
+        on_progress=reported.append,
+    )
 
     assert report.runs_deleted == 3 and not report.budget_exhausted
     assert reported, "no progress reported"
@@ -403,8 +439,10 @@ def test_the_health_sensor_leaves_no_log_file_per_tick(instance, database_url):
     # Dagster purges old ticks (retention.sensor) but never their captured log files: a log line
     # per evaluation would leave a file a minute under storage/ for good.
     with build_sensor_context(
-        instance_ref=instance.get_ref(), repository_name="__repository__",
-        sensor_name="reminder_health_sensor", resources={"postgres": PostgresResource(database_url=database_url)},
+        instance_ref=instance.get_ref(),
+        repository_name="__repository__",
+        sensor_name="reminder_health_sensor",
+        resources={"postgres": PostgresResource(database_url=database_url)},
     ) as context:
         result = reminder_health_sensor(context)
         assert not context.has_captured_logs()
