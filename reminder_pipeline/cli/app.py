@@ -38,6 +38,7 @@ from ..config import (
     check_batch_size,
     check_budget_seconds,
     check_max_batches,
+    check_number,
     check_poison_limit,
     check_port,
     check_purge_batch_size,
@@ -66,7 +67,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("reminder_pipeline.cli")
 
 #: How often a progress line is written on stderr during long work.
-PROGRESS_EVERY_SECONDS = 5.0
+DEFAULT_PROGRESS_SECONDS = 5.0
 
 
 class SchemaNotReady(RuntimeError):
@@ -112,6 +113,7 @@ RETENTION_HOURS = Checked(check_retention_hours, "HOURS")
 PURGE_BATCH_SIZE = Checked(check_purge_batch_size, "ROWS")
 POISON_LIMIT = Checked(check_poison_limit, "ROWS")
 PORT = Checked(check_port, "PORT")
+PROGRESS_SECONDS = Checked(lambda value, name: check_number(value, name, 0.0, 3600.0), "SECONDS")
 
 
 def _check_reminder_id(value: object, name: str) -> uuid.UUID:
@@ -207,7 +209,13 @@ def _stop_signals() -> Iterator[threading.Event]:
     default="INFO", envvar="REMINDER_LOG_LEVEL", show_envvar=True,
     help="Level of the JSON log lines on stderr.",
 )
-def cli(log_level: str) -> None:
+@click.option(
+    "--progress-seconds", type=PROGRESS_SECONDS, default=DEFAULT_PROGRESS_SECONDS,
+    envvar="REMINDER_PROGRESS_SECONDS", show_envvar=True,
+    help="Interval of the progress lines on stderr during long work (0: every step).",
+)
+@click.pass_context
+def cli(ctx: click.Context, log_level: str, progress_seconds: float) -> None:
     """The calendar's reminder dispatcher: the same use cases as the Dagster jobs, from a shell.
 
     Exit codes: 0 done; 1 runtime failure (a server down, a row not in a state the command may
@@ -215,6 +223,13 @@ def cli(log_level: str) -> None:
     (rows written, some outbox rows left unpublished for the next relay); 130 interrupted.
     """
     logs.configure(getattr(logging, log_level.upper(), logging.INFO))
+    ctx.obj = {"progress_seconds": progress_seconds}
+
+
+def progress_line() -> ProgressLine:
+    """A progress line on stderr at the interval given by ``--progress-seconds``."""
+    obj = click.get_current_context().find_root().obj or {}
+    return ProgressLine(sys.stderr, every_seconds=obj.get("progress_seconds", DEFAULT_PROGRESS_SECONDS))
 
 
 # --- dispatch and relay ------------------------------------------------------------------------
@@ -703,8 +718,7 @@ def _run_dagster(settings: Settings, endpoints: Endpoints, engine: Engine, *, de
     exporter = None
     try:
         # Ctrl-C while Dagster loads interrupts the start (which stops what it started).
-        progress = ProgressLine(sys.stderr, every_seconds=PROGRESS_EVERY_SECONDS)
-        stack.start(progress=progress.tick)
+        stack.start(progress=progress_line().tick)
         exporter = start_exporter(settings, endpoints)
         if feeder:
             feeder.start()
