@@ -79,9 +79,13 @@ class SchemaNotReady(RuntimeError):
 
 def _given_as(param: click.Parameter, ctx: click.Context | None) -> str:
     """The name the operator used for a value: its environment variable or its option."""
-    if ctx is not None and param.name is not None and isinstance(param.envvar, str):
-        if ctx.get_parameter_source(param.name) is ParameterSource.ENVIRONMENT:
-            return param.envvar
+    if (
+        ctx is not None
+        and param.name is not None
+        and isinstance(param.envvar, str)
+        and ctx.get_parameter_source(param.name) is ParameterSource.ENVIRONMENT
+    ):
+        return param.envvar
     if isinstance(param, click.Option):
         return max(param.opts, key=len)
     return param.human_readable_name
@@ -126,7 +130,12 @@ def _check_reminder_id(value: object, name: str) -> uuid.UUID:
 REMINDER_ID = Checked(_check_reminder_id, "REMINDER_ID")
 
 json_option = click.option(
-    "--json", "as_json", is_flag=True, default=False, envvar="REMINDER_JSON", show_envvar=True,
+    "--json",
+    "as_json",
+    is_flag=True,
+    default=False,
+    envvar="REMINDER_JSON",
+    show_envvar=True,
     help="Print the result as JSON (data for scripts) instead of text.",
 )
 
@@ -187,7 +196,9 @@ def _audit(message: str, action: str, **fields: Any) -> None:
 def _stop_signals() -> Iterator[threading.Event]:
     """An event set by SIGINT or SIGTERM (a clean stop of a long-running command)."""
     stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {
+        sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
+    }
     try:
         yield stop
     finally:
@@ -199,19 +210,29 @@ def _stop_signals() -> Iterator[threading.Event]:
 
 
 @click.group(
-    context_settings={"show_default": True, "help_option_names": ["-h", "--help"],
-                      "max_content_width": 100},
+    context_settings={
+        "show_default": True,
+        "help_option_names": ["-h", "--help"],
+        "max_content_width": 100,
+    },
 )
-@click.version_option(__version__, "--version", prog_name="reminder-pipeline",
-                      message="%(prog)s %(version)s")
+@click.version_option(
+    __version__, "--version", prog_name="reminder-pipeline", message="%(prog)s %(version)s"
+)
 @click.option(
-    "--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
-    default="INFO", envvar="REMINDER_LOG_LEVEL", show_envvar=True,
+    "--log-level",
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    default="INFO",
+    envvar="REMINDER_LOG_LEVEL",
+    show_envvar=True,
     help="Level of the JSON log lines on stderr.",
 )
 @click.option(
-    "--progress-seconds", type=PROGRESS_SECONDS, default=DEFAULT_PROGRESS_SECONDS,
-    envvar="REMINDER_PROGRESS_SECONDS", show_envvar=True,
+    "--progress-seconds",
+    type=PROGRESS_SECONDS,
+    default=DEFAULT_PROGRESS_SECONDS,
+    envvar="REMINDER_PROGRESS_SECONDS",
+    show_envvar=True,
     help="Interval of the progress lines on stderr during long work (0: every step).",
 )
 @click.pass_context
@@ -229,7 +250,9 @@ def cli(ctx: click.Context, log_level: str, progress_seconds: float) -> None:
 def progress_line() -> ProgressLine:
     """A progress line on stderr at the interval given by ``--progress-seconds``."""
     obj = click.get_current_context().find_root().obj or {}
-    return ProgressLine(sys.stderr, every_seconds=obj.get("progress_seconds", DEFAULT_PROGRESS_SECONDS))
+    return ProgressLine(
+        sys.stderr, every_seconds=obj.get("progress_seconds", DEFAULT_PROGRESS_SECONDS)
+    )
 
 
 # --- dispatch and relay ------------------------------------------------------------------------
@@ -240,23 +263,56 @@ def _relay_exit(failed: int) -> int:
 
 
 @cli.command()
-@click.option("--batch-size", type=BATCH_SIZE, default=DEFAULT_BATCH_SIZE,
-              envvar="REMINDER_BATCH_SIZE", show_envvar=True,
-              help="Rows per batch (each batch one transaction), 1..10,000.")
-@click.option("--max-batches", type=MAX_BATCHES, default=DEFAULT_MAX_BATCHES,
-              envvar="REMINDER_MAX_BATCHES", show_envvar=True,
-              help="Batches this cycle may drain (1 = the seed's cycle), 1..10,000.")
-@click.option("--budget-seconds", type=BUDGET_SECONDS, default=DEFAULT_CYCLE_BUDGET_SECONDS,
-              envvar="REMINDER_CYCLE_BUDGET_SECONDS", show_envvar=True,
-              help="No new batch starts after this many seconds, 1..600.")
-@click.option("--as-of", type=AS_OF, default=None, envvar="REMINDER_AS_OF", show_envvar=True,
-              show_default="now",
-              help="AsOf: ISO-8601 with a zone (2026-11-30T10:00:00Z), never in the future.")
-@click.option("--no-relay", is_flag=True, default=False, envvar="REMINDER_NO_RELAY",
-              show_envvar=True, help="Write Sent rows and their outbox rows, publish nothing.")
+@click.option(
+    "--batch-size",
+    type=BATCH_SIZE,
+    default=DEFAULT_BATCH_SIZE,
+    envvar="REMINDER_BATCH_SIZE",
+    show_envvar=True,
+    help="Rows per batch (each batch one transaction), 1..10,000.",
+)
+@click.option(
+    "--max-batches",
+    type=MAX_BATCHES,
+    default=DEFAULT_MAX_BATCHES,
+    envvar="REMINDER_MAX_BATCHES",
+    show_envvar=True,
+    help="Batches this cycle may drain (1 = the seed's cycle), 1..10,000.",
+)
+@click.option(
+    "--budget-seconds",
+    type=BUDGET_SECONDS,
+    default=DEFAULT_CYCLE_BUDGET_SECONDS,
+    envvar="REMINDER_CYCLE_BUDGET_SECONDS",
+    show_envvar=True,
+    help="No new batch starts after this many seconds, 1..600.",
+)
+@click.option(
+    "--as-of",
+    type=AS_OF,
+    default=None,
+    envvar="REMINDER_AS_OF",
+    show_envvar=True,
+    show_default="now",
+    help="AsOf: ISO-8601 with a zone (2026-11-30T10:00:00Z), never in the future.",
+)
+@click.option(
+    "--no-relay",
+    is_flag=True,
+    default=False,
+    envvar="REMINDER_NO_RELAY",
+    show_envvar=True,
+    help="Write Sent rows and their outbox rows, publish nothing.",
+)
 @json_option
-def dispatch(batch_size: int, max_batches: int, budget_seconds: float, as_of: datetime | None,
-             no_relay: bool, as_json: bool) -> int:
+def dispatch(
+    batch_size: int,
+    max_batches: int,
+    budget_seconds: float,
+    as_of: datetime | None,
+    no_relay: bool,
+    as_json: bool,
+) -> int:
     """Run one dispatch cycle now (select, decide, transition + outbox, relay); print its counts.
 
     Never migrates: run `db upgrade` first. Exit 3 when some outbox rows could not be published.
@@ -270,8 +326,12 @@ def dispatch(batch_size: int, max_batches: int, budget_seconds: float, as_of: da
         publisher = None if no_relay else _publisher(settings, endpoints.bootstrap_servers)
         try:
             report = cycle.run_cycle(
-                engine, publisher, as_of=as_of, batch_size=batch_size,
-                max_batches=max_batches, budget_seconds=budget_seconds,
+                engine,
+                publisher,
+                as_of=as_of,
+                batch_size=batch_size,
+                max_batches=max_batches,
+                budget_seconds=budget_seconds,
             )
         finally:
             if publisher is not None:
@@ -282,16 +342,36 @@ def dispatch(batch_size: int, max_batches: int, budget_seconds: float, as_of: da
     if as_json:
         print_json(counts)
     else:
-        print_fields("dispatch cycle", {k: counts.get(k) for k in (
-            "sent", "skipped", "skipped_locked", "failed", "published", "publish_failed",
-            "batches", "duration_ms", "backlog_remaining", "run_id")})
+        print_fields(
+            "dispatch cycle",
+            {
+                k: counts.get(k)
+                for k in (
+                    "sent",
+                    "skipped",
+                    "skipped_locked",
+                    "failed",
+                    "published",
+                    "publish_failed",
+                    "batches",
+                    "duration_ms",
+                    "backlog_remaining",
+                    "run_id",
+                )
+            },
+        )
     return _relay_exit(report.relay.failed)
 
 
 @cli.command()
-@click.option("--budget-seconds", type=BUDGET_SECONDS, default=DEFAULT_CYCLE_BUDGET_SECONDS,
-              envvar="REMINDER_CYCLE_BUDGET_SECONDS", show_envvar=True,
-              help="Stop publishing after this many seconds, 1..600.")
+@click.option(
+    "--budget-seconds",
+    type=BUDGET_SECONDS,
+    default=DEFAULT_CYCLE_BUDGET_SECONDS,
+    envvar="REMINDER_CYCLE_BUDGET_SECONDS",
+    show_envvar=True,
+    help="Stop publishing after this many seconds, 1..600.",
+)
 @json_option
 def relay(budget_seconds: float, as_json: bool) -> int:
     """Publish unpublished outbox rows now. Exit 3 when some could not be published."""
@@ -308,8 +388,13 @@ def relay(budget_seconds: float, as_json: bool) -> int:
             publisher.close()
     finally:
         engine.dispose()
-    data = {"published": result.published, "failed": result.failed, "batches": result.batches,
-            "busy": result.busy, "last_error": result.last_error}
+    data = {
+        "published": result.published,
+        "failed": result.failed,
+        "batches": result.batches,
+        "busy": result.busy,
+        "last_error": result.last_error,
+    }
     if as_json:
         print_json(data)
     else:
@@ -326,8 +411,14 @@ def poison() -> None:
 
 
 @poison.command("list")
-@click.option("--limit", type=POISON_LIMIT, default=DEFAULT_POISON_LIMIT,
-              envvar="REMINDER_POISON_LIMIT", show_envvar=True, help="Rows listed at most, 1..1,000.")
+@click.option(
+    "--limit",
+    type=POISON_LIMIT,
+    default=DEFAULT_POISON_LIMIT,
+    envvar="REMINDER_POISON_LIMIT",
+    show_envvar=True,
+    help="Rows listed at most, 1..1,000.",
+)
 @json_option
 def poison_list(limit: int, as_json: bool) -> int:
     """Pending rows with failed attempts, oldest due first, with their last error."""
@@ -343,8 +434,11 @@ def poison_list(limit: int, as_json: bool) -> int:
     if as_json:
         print_json(rows)
     else:
-        print_table(rows, ("id", "attempts", "next_attempt_at", "due_at", "last_error"),
-                    empty="no poison rows")
+        print_table(
+            rows,
+            ("id", "attempts", "next_attempt_at", "due_at", "last_error"),
+            empty="no poison rows",
+        )
     return EXIT_OK
 
 
@@ -361,8 +455,13 @@ def _poison_change(action: str, reminder_id: uuid.UUID, force: bool) -> int:
             state = None if changed else repository.reminder_operator_state(conn, reminder_id)
     finally:
         engine.dispose()
-    _audit(f"poison row {action}", f"poison {action}", reminder_id=str(reminder_id),
-           changed=changed, forced=force)
+    _audit(
+        f"poison row {action}",
+        f"poison {action}",
+        reminder_id=str(reminder_id),
+        changed=changed,
+        forced=force,
+    )
     if changed:
         print(f"poison {action}: done ({reminder_id})", flush=True)
         return EXIT_OK
@@ -376,8 +475,10 @@ def _poison_change(action: str, reminder_id: uuid.UUID, force: bool) -> int:
     return EXIT_FAILURE
 
 
-_FORCE_HELP = ("Act on a Pending row even if it never failed. No environment variable: "
-               "it must be typed each time.")
+_FORCE_HELP = (
+    "Act on a Pending row even if it never failed. No environment variable: "
+    "it must be typed each time."
+)
 
 
 @poison.command("retry")
@@ -405,12 +506,22 @@ def outbox() -> None:
 
 
 @outbox.command("purge")
-@click.option("--retention-hours", type=RETENTION_HOURS, default=DEFAULT_RETENTION_HOURS,
-              envvar="REMINDER_OUTBOX_RETENTION_HOURS", show_envvar=True,
-              help="Delete published rows older than this; at least 1 hour, at most 366 days.")
-@click.option("--batch-size", type=PURGE_BATCH_SIZE, default=DEFAULT_PURGE_BATCH_SIZE,
-              envvar="REMINDER_PURGE_BATCH_SIZE", show_envvar=True,
-              help="Rows per DELETE transaction, 1..10,000.")
+@click.option(
+    "--retention-hours",
+    type=RETENTION_HOURS,
+    default=DEFAULT_RETENTION_HOURS,
+    envvar="REMINDER_OUTBOX_RETENTION_HOURS",
+    show_envvar=True,
+    help="Delete published rows older than this; at least 1 hour, at most 366 days.",
+)
+@click.option(
+    "--batch-size",
+    type=PURGE_BATCH_SIZE,
+    default=DEFAULT_PURGE_BATCH_SIZE,
+    envvar="REMINDER_PURGE_BATCH_SIZE",
+    show_envvar=True,
+    help="Rows per DELETE transaction, 1..10,000.",
+)
 @json_option
 def outbox_purge(retention_hours: float, batch_size: int, as_json: bool) -> int:
     """Delete published outbox rows past the retention, in small batches; never unpublished ones."""
@@ -422,12 +533,18 @@ def outbox_purge(retention_hours: float, batch_size: int, as_json: bool) -> int:
         deleted = purge_outbox(engine, timedelta(hours=retention_hours), batch_size=batch_size)
     finally:
         engine.dispose()
-    _audit("outbox purged by an operator", "outbox purge", retention_hours=retention_hours,
-           deleted=deleted)
+    _audit(
+        "outbox purged by an operator",
+        "outbox purge",
+        retention_hours=retention_hours,
+        deleted=deleted,
+    )
     if as_json:
         print_json({"deleted": deleted, "retention_hours": retention_hours})
     else:
-        print(f"purged {deleted} published outbox rows older than {retention_hours:g} h", flush=True)
+        print(
+            f"purged {deleted} published outbox rows older than {retention_hours:g} h", flush=True
+        )
     return EXIT_OK
 
 
@@ -483,9 +600,13 @@ def db_current(as_json: bool) -> int:
 
 @db.command("downgrade")
 @click.argument("revision")
-@click.option("--yes", is_flag=True, default=False,
-              help="Confirm: a downgrade drops tables and columns with their data. No environment "
-                   "variable: it must be typed each time.")
+@click.option(
+    "--yes",
+    is_flag=True,
+    default=False,
+    help="Confirm: a downgrade drops tables and columns with their data. No environment "
+    "variable: it must be typed each time.",
+)
 def db_downgrade(revision: str, yes: bool) -> int:
     """Migrate the schema back to REVISION (a revision id, or `base` for nothing at all).
 
@@ -528,8 +649,9 @@ def services_start(as_json: bool) -> int:
 
     require_embedded()
     endpoints = ensure_servers(_settings())
-    data = {name: mask_url(value) if "URL" in name else value
-            for name, value in endpoints.env().items()}
+    data = {
+        name: mask_url(value) if "URL" in name else value for name, value in endpoints.env().items()
+    }
     if as_json:
         print_json(data)
     else:
@@ -559,8 +681,11 @@ def services_status(as_json: bool) -> int:
     settings = _settings()
     pg, broker = embedded_postgres(settings), embedded_broker(settings)
     data = {
-        "postgres": {"running": pg.is_running(), "url": mask_url(pg.url()),
-                     "data_dir": str(pg.data_dir)},
+        "postgres": {
+            "running": pg.is_running(),
+            "url": mask_url(pg.url()),
+            "data_dir": str(pg.data_dir),
+        },
         "broker": {"running": broker.is_running(), "bootstrap_servers": broker.bootstrap_servers},
     }
     if as_json:
@@ -575,22 +700,50 @@ def services_status(as_json: bool) -> int:
 
 
 @cli.command()
-@click.option("--group-id", default="notifications-reference", envvar="REMINDER_CONSUMER_GROUP_ID",
-              show_envvar=True, help="Kafka consumer group.")
-@click.option("--dedup-path", type=click.Path(dir_okay=False), default=None,
-              envvar="REMINDER_CONSUMER_DEDUP_PATH", show_envvar=True,
-              show_default="under REMINDER_PIPELINE_HOME",
-              help="SQLite file of delivered ReminderIds (durable de-duplication).")
-@click.option("--once", is_flag=True, default=False, envvar="REMINDER_CONSUMER_ONCE",
-              show_envvar=True, help="Exit when the topic has been idle for a while.")
-@click.option("--metrics-port", type=PORT, default=None, envvar="REMINDER_CONSUMER_METRICS_PORT",
-              show_envvar=True, show_default="no metrics endpoint",
-              help="Serve the consumer's Prometheus metrics on this port.")
-@click.option("--locale", type=click.Choice(["en", "ru"]), default="en",
-              envvar="REMINDER_CONSUMER_LOCALE", show_envvar=True,
-              help="Language of the printed notifications.")
-def consume(group_id: str, dedup_path: str | None, once: bool, metrics_port: int | None,
-            locale: str) -> int:
+@click.option(
+    "--group-id",
+    default="notifications-reference",
+    envvar="REMINDER_CONSUMER_GROUP_ID",
+    show_envvar=True,
+    help="Kafka consumer group.",
+)
+@click.option(
+    "--dedup-path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    envvar="REMINDER_CONSUMER_DEDUP_PATH",
+    show_envvar=True,
+    show_default="under REMINDER_PIPELINE_HOME",
+    help="SQLite file of delivered ReminderIds (durable de-duplication).",
+)
+@click.option(
+    "--once",
+    is_flag=True,
+    default=False,
+    envvar="REMINDER_CONSUMER_ONCE",
+    show_envvar=True,
+    help="Exit when the topic has been idle for a while.",
+)
+@click.option(
+    "--metrics-port",
+    type=PORT,
+    default=None,
+    envvar="REMINDER_CONSUMER_METRICS_PORT",
+    show_envvar=True,
+    show_default="no metrics endpoint",
+    help="Serve the consumer's Prometheus metrics on this port.",
+)
+@click.option(
+    "--locale",
+    type=click.Choice(["en", "ru"]),
+    default="en",
+    envvar="REMINDER_CONSUMER_LOCALE",
+    show_envvar=True,
+    help="Language of the printed notifications.",
+)
+def consume(
+    group_id: str, dedup_path: str | None, once: bool, metrics_port: int | None, locale: str
+) -> int:
     """Run the reference notifications consumer (one line per notification)."""
     from pathlib import Path
 
@@ -618,10 +771,21 @@ def consume(group_id: str, dedup_path: str | None, once: bool, metrics_port: int
 
 
 @cli.command()
-@click.option("--host", default="127.0.0.1", envvar="REMINDER_METRICS_HOST", show_envvar=True,
-              help="Address to listen on (a container sets 0.0.0.0).")
-@click.option("--port", type=PORT, default=9464, envvar="REMINDER_METRICS_PORT",
-              show_envvar=True, help="Port of the /metrics endpoint.")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    envvar="REMINDER_METRICS_HOST",
+    show_envvar=True,
+    help="Address to listen on (a container sets 0.0.0.0).",
+)
+@click.option(
+    "--port",
+    type=PORT,
+    default=9464,
+    envvar="REMINDER_METRICS_PORT",
+    show_envvar=True,
+    help="Port of the /metrics endpoint.",
+)
 def metrics(host: str, port: int) -> int:
     """Serve the Prometheus metrics endpoint (read from the database) until stopped."""
     from ..observability.exporter import start_exporter
@@ -640,12 +804,22 @@ def metrics(host: str, port: int) -> int:
 
 
 @cli.command()
-@click.option("--overdue", type=click.IntRange(0, 10_000), default=12,
-              envvar="REMINDER_DEMO_OVERDUE", show_envvar=True,
-              help="Demo events whose reminders are already due.")
-@click.option("--upcoming", type=click.IntRange(0, 10_000), default=30,
-              envvar="REMINDER_DEMO_UPCOMING", show_envvar=True,
-              help="Demo events whose reminders fall due over the next minutes.")
+@click.option(
+    "--overdue",
+    type=click.IntRange(0, 10_000),
+    default=12,
+    envvar="REMINDER_DEMO_OVERDUE",
+    show_envvar=True,
+    help="Demo events whose reminders are already due.",
+)
+@click.option(
+    "--upcoming",
+    type=click.IntRange(0, 10_000),
+    default=30,
+    envvar="REMINDER_DEMO_UPCOMING",
+    show_envvar=True,
+    help="Demo events whose reminders fall due over the next minutes.",
+)
 @json_option
 def demo(overdue: int, upcoming: int, as_json: bool) -> int:
     """Seed demo events (a development database; needs the migrated schema)."""
@@ -665,12 +839,30 @@ def demo(overdue: int, upcoming: int, as_json: bool) -> int:
 
 
 @cli.command()
-@click.option("--once", is_flag=True, default=False, envvar="REMINDER_UP_ONCE", show_envvar=True,
-              help="Stop after the first cycle (no Dagster).")
-@click.option("--no-demo", is_flag=True, default=False, envvar="REMINDER_UP_NO_DEMO",
-              show_envvar=True, help="Neither seed nor feed demo data.")
-@click.option("--keep-servers", is_flag=True, default=False, envvar="REMINDER_UP_KEEP_SERVERS",
-              show_envvar=True, help="Leave PostgreSQL and the broker running on exit.")
+@click.option(
+    "--once",
+    is_flag=True,
+    default=False,
+    envvar="REMINDER_UP_ONCE",
+    show_envvar=True,
+    help="Stop after the first cycle (no Dagster).",
+)
+@click.option(
+    "--no-demo",
+    is_flag=True,
+    default=False,
+    envvar="REMINDER_UP_NO_DEMO",
+    show_envvar=True,
+    help="Neither seed nor feed demo data.",
+)
+@click.option(
+    "--keep-servers",
+    is_flag=True,
+    default=False,
+    envvar="REMINDER_UP_KEEP_SERVERS",
+    show_envvar=True,
+    help="Leave PostgreSQL and the broker running on exit.",
+)
 def up(once: bool, no_demo: bool, keep_servers: bool) -> int:
     """Everything on the embedded default: servers, schema, topic, demo data, a cycle, Dagster.
 
@@ -704,8 +896,9 @@ def up(once: bool, no_demo: bool, keep_servers: bool) -> int:
     return _run_dagster(settings, endpoints, engine, demo=not no_demo, keep_servers=keep_servers)
 
 
-def _run_dagster(settings: Settings, endpoints: Endpoints, engine: Engine, *, demo: bool,
-                 keep_servers: bool) -> int:
+def _run_dagster(
+    settings: Settings, endpoints: Endpoints, engine: Engine, *, demo: bool, keep_servers: bool
+) -> int:
     """Dagster webserver + daemon, the exporter and the demo feeder until Ctrl-C; then stop all."""
     from .. import demo as demo_data
     from ..observability.exporter import start_exporter
@@ -724,8 +917,10 @@ def _run_dagster(settings: Settings, endpoints: Endpoints, engine: Engine, *, de
             feeder.start()
         print(f"Dagster UI: {stack.url}  (schedule reminder_dispatch_schedule runs every minute)")
         print(f"Prometheus metrics: {exporter.url}")
-        print("Watch reminders arrive: reminder-pipeline consume   |   Ctrl-C stops everything",
-              flush=True)
+        print(
+            "Watch reminders arrive: reminder-pipeline consume   |   Ctrl-C stops everything",
+            flush=True,
+        )
         with _stop_signals() as stop:
             stop.wait()
     finally:
@@ -756,8 +951,16 @@ def _exit_code(error: BaseException) -> int | None:
 
     if isinstance(error, ConfigError | cycle.AsOfInFutureError):
         return EXIT_USAGE
-    if isinstance(error, DatabaseUnavailable | ServiceError | OrchestratorError | SchemaNotReady
-                  | ConnectionError | sa_exc.DBAPIError | OSError):
+    if isinstance(
+        error,
+        DatabaseUnavailable
+        | ServiceError
+        | OrchestratorError
+        | SchemaNotReady
+        | ConnectionError
+        | sa_exc.DBAPIError
+        | OSError,
+    ):
         return EXIT_FAILURE
     try:
         from confluent_kafka import KafkaException
@@ -791,7 +994,7 @@ def main(argv: list[str] | None = None) -> int:
         return error.exit_code
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
-    except Exception as error:  # noqa: BLE001 - mapped to an exit code or re-raised
+    except Exception as error:  # mapped to a documented exit code, or re-raised
         code = _exit_code(error)
         if code is None:
             raise

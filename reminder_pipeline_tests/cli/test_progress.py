@@ -28,7 +28,10 @@ def test_a_line_is_written_only_once_per_interval():
     assert not progress.tick("loading")  # the interval counts from the last line
     clock.now += 5
     assert progress.tick(lambda: "loaded")
-    assert stream.getvalue().splitlines() == ["reminder-pipeline: loading", "reminder-pipeline: loaded"]
+    assert stream.getvalue().splitlines() == [
+        "reminder-pipeline: loading",
+        "reminder-pipeline: loaded",
+    ]
     assert progress.lines == 2
 
 

@@ -20,8 +20,12 @@ DOCKER = ROOT / "docker"
 COMPOSE_TEXT = (DOCKER / "compose.yaml").read_text()
 COMPOSE = yaml.safe_load(COMPOSE_TEXT)
 SERVICES = COMPOSE["services"]
-PASSWORDS = ("POSTGRES_PASSWORD", "REMINDER_APP_DB_PASSWORD", "DAGSTER_DB_PASSWORD",
-             "GRAFANA_ADMIN_PASSWORD")
+PASSWORDS = (
+    "POSTGRES_PASSWORD",
+    "REMINDER_APP_DB_PASSWORD",
+    "DAGSTER_DB_PASSWORD",
+    "GRAFANA_ADMIN_PASSWORD",
+)
 _VARIABLE = re.compile(r"\$\{([A-Z0-9_]+)(?:(:?[-?])([^}]*))?\}")
 BIND = "${REMINDER_BIND_ADDRESS:-127.0.0.1}"
 
@@ -56,7 +60,9 @@ def _strings(node: object):
 
 
 def _environment(name: str, env: dict[str, str]) -> dict[str, str]:
-    return {k: interpolate(str(v), env) for k, v in (SERVICES[name].get("environment") or {}).items()}
+    return {
+        k: interpolate(str(v), env) for k, v in (SERVICES[name].get("environment") or {}).items()
+    }
 
 
 FULL_ENV = {name: f"pw-{name.lower()}" for name in PASSWORDS}
@@ -87,7 +93,9 @@ def test_published_ports_listen_on_loopback_unless_the_operator_says_otherwise()
             assert str(port).startswith(f"{BIND}:"), f"{name} publishes {port} on every interface"
             published += 1
             assert interpolate(str(port), {}).startswith("127.0.0.1:")
-            assert interpolate(str(port), {"REMINDER_BIND_ADDRESS": "0.0.0.0"}).startswith("0.0.0.0:")
+            assert interpolate(str(port), {"REMINDER_BIND_ADDRESS": "0.0.0.0"}).startswith(
+                "0.0.0.0:"
+            )
     assert published >= 5
 
 
@@ -107,10 +115,15 @@ def test_only_the_migrate_step_connects_as_the_schema_owner():
             continue
         assert not {"db", "upgrade"} <= set(command), f"{name} migrates"
         app = make_url(env["DATABASE_URL"])
-        assert (app.username, app.password) == ("reminder_app", FULL_ENV["REMINDER_APP_DB_PASSWORD"])
+        assert (app.username, app.password) == (
+            "reminder_app",
+            FULL_ENV["REMINDER_APP_DB_PASSWORD"],
+        )
         dagster = make_url(env["DAGSTER_PG_URL"])
         assert (dagster.username, dagster.password) == (
-            "dagster_storage", FULL_ENV["DAGSTER_DB_PASSWORD"])
+            "dagster_storage",
+            FULL_ENV["DAGSTER_DB_PASSWORD"],
+        )
         assert owner not in (app.username, dagster.username)
 
 
@@ -126,18 +139,24 @@ def test_the_role_scripts_run_after_migrating_and_before_the_user_code_and_expor
         assert (DOCKER / source / Path(file).relative_to(target)).is_file()
     assert roles["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
     for name in ("user-code", "exporter"):
-        assert SERVICES[name]["depends_on"]["db-roles"]["condition"] == \
-            "service_completed_successfully"
+        assert (
+            SERVICES[name]["depends_on"]["db-roles"]["condition"]
+            == "service_completed_successfully"
+        )
     env = _environment("db-roles", FULL_ENV)
     assert (env["PGUSER"], env["PGPASSWORD"]) == ("reminder", FULL_ENV["POSTGRES_PASSWORD"])
     login = (ROOT / "sql" / "login_roles.sql").read_text()
     for variable in re.findall(r"\\getenv \w+ (\w+)", login):
         assert variable in env, f"login_roles.sql reads {variable}, which db-roles does not set"
     # The logins db-roles creates are the ones the services connect as.
-    assert env["REMINDER_APP_DB_USER"] == make_url(
-        _environment("user-code", FULL_ENV)["DATABASE_URL"]).username
-    assert env["DAGSTER_DB_USER"] == make_url(
-        _environment("user-code", FULL_ENV)["DAGSTER_PG_URL"]).username
+    assert (
+        env["REMINDER_APP_DB_USER"]
+        == make_url(_environment("user-code", FULL_ENV)["DATABASE_URL"]).username
+    )
+    assert (
+        env["DAGSTER_DB_USER"]
+        == make_url(_environment("user-code", FULL_ENV)["DAGSTER_PG_URL"]).username
+    )
 
 
 def test_grafana_has_no_default_admin_password():

@@ -43,7 +43,9 @@ class Pin:
     hashes: tuple[str, ...]
 
 
-_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+?)(?:\s*;[^-]*)?((?:\s+--hash=sha256:[0-9a-f]{64})*)\s*$")
+_PIN = re.compile(
+    r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+?)(?:\s*;[^-]*)?((?:\s+--hash=sha256:[0-9a-f]{64})*)\s*$"
+)
 
 
 def pins(lock: Path) -> dict[str, Pin]:
@@ -57,5 +59,7 @@ def pins(lock: Path) -> dict[str, Pin]:
         match = _PIN.match(line)
         assert match, f"{lock.name}: not an exact pin with hashes: {line[:120]!r}"
         name, version, hashes = match.groups()
-        found[canonicalize_name(name)] = Pin(name, version, tuple(re.findall(r"sha256:\w+", hashes)))
+        found[canonicalize_name(name)] = Pin(
+            name, version, tuple(re.findall(r"sha256:\w+", hashes))
+        )
     return found

