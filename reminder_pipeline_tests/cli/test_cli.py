@@ -10,8 +10,10 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import signal
 import subprocess
 import sys
+import urllib.request
 import uuid
 from datetime import timedelta
 
@@ -337,3 +339,44 @@ def test_services_start_prints_the_urls_with_their_passwords_masked(tmp_path):
         assert "postgresql+psycopg://app:***@db.example:5432/calendar" in result.stdout
         assert "postgresql+psycopg2://dagster:***@db.example:5432/dagster" in result.stdout
     assert not (tmp_path / "home").exists()
+
+
+def test_metrics_serves_the_endpoint_until_sigterm(engine, cli_env):
+    port = free_port()
+    base = {k: v for k, v in os.environ.items() if k not in SERVER_VARIABLES}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "reminder_pipeline.cli", "metrics", "--port", str(port)],
+        env={**base, **cli_env},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = proc.stdout.readline()  # printed once it listens
+        assert line.strip() == f"Prometheus metrics: http://127.0.0.1:{port}/metrics", line
+        with urllib.request.urlopen(line.split()[-1], timeout=30) as response:
+            assert b"calendar_reminder_dispatch_backlog" in response.read()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+def test_consume_once_prints_the_notifications_of_a_dispatched_reminder(engine, cli_env, tmp_path):
+    event_id = make_due_event(engine)
+    assert run_cli("dispatch", env=cli_env).returncode == 0
+    [row] = reminders(engine, event_id)
+    result = run_cli(
+        "consume",
+        "--once",
+        "--group-id",
+        f"cli-test-{uuid.uuid4().hex[:8]}",
+        "--dedup-path",
+        str(tmp_path / "dedup.sqlite"),
+        env=cli_env,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"reminder={row['id']}" in result.stdout
