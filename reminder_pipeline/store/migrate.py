@@ -46,3 +46,20 @@ def head_revision() -> str | None:
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
     return ScriptDirectory.from_config(config).get_current_head()
+
+
+def pending_upgrade(engine: Engine) -> tuple[str | None, str | None] | None:
+    """(current, head) when the database is behind this code's head revision, else None.
+
+    A revision this code does not know is a newer schema (the deploy order is: migrate, then
+    roll out the code), so only a schema older than this code is refused.
+    """
+    current, head = current_revision(engine), head_revision()
+    if current == head:
+        return None
+    if current is None:
+        return current, head
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    known = {script.revision for script in ScriptDirectory.from_config(config).walk_revisions()}
+    return (current, head) if current in known else None

@@ -240,10 +240,12 @@ LIST_POISON = text(
     """
 )
 
+# An operator's retry / skip changes a row only while it is Pending and has failed at least once
+# (a poison row), unless forced: a mistyped id can never skip a healthy reminder before it is sent.
 RETRY_POISON_NOW = text(
     """
     UPDATE event_reminders SET next_attempt_at = NULL, updated_at = now()
-     WHERE id = :id AND status = 'Pending'
+     WHERE id = :id AND status = 'Pending' AND (attempts > 0 OR :force)
     RETURNING id
     """
 )
@@ -251,8 +253,15 @@ RETRY_POISON_NOW = text(
 SKIP_POISON = text(
     """
     UPDATE event_reminders SET status = 'Skipped', updated_at = now()
-     WHERE id = :id AND status = 'Pending'
+     WHERE id = :id AND status = 'Pending' AND (attempts > 0 OR :force)
     RETURNING id
+    """
+)
+
+# Why a retry / skip changed nothing: the row's status and attempts (no event fields, no PII).
+REMINDER_OPERATOR_STATE = text(
+    """
+    SELECT status, attempts FROM event_reminders WHERE id = :id
     """
 )
 

@@ -322,14 +322,26 @@ def list_poison(conn: Connection, limit: int = 100) -> list[dict[str, Any]]:
     return [dict(r._mapping) for r in conn.execute(queries.LIST_POISON, {"limit": limit})]
 
 
-def retry_poison_now(conn: Connection, reminder_id: uuid.UUID) -> bool:
-    """Clear a poison row's back-off so the next cycle tries it; False if it is not Pending."""
-    return conn.execute(queries.RETRY_POISON_NOW, {"id": reminder_id}).first() is not None
+def retry_poison_now(conn: Connection, reminder_id: uuid.UUID, *, force: bool = False) -> bool:
+    """Clear a poison row's back-off so the next cycle tries it.
+
+    False (nothing changed) unless the row is Pending and has failed (attempts > 0); ``force``
+    drops the second condition.
+    """
+    params = {"id": reminder_id, "force": force}
+    return conn.execute(queries.RETRY_POISON_NOW, params).first() is not None
 
 
-def skip_poison(conn: Connection, reminder_id: uuid.UUID) -> bool:
-    """Move a Pending row to Skipped (never published); False if it is not Pending."""
-    return conn.execute(queries.SKIP_POISON, {"id": reminder_id}).first() is not None
+def skip_poison(conn: Connection, reminder_id: uuid.UUID, *, force: bool = False) -> bool:
+    """Move a poison row to Skipped (never published); False unless Pending and failed (or ``force``)."""
+    params = {"id": reminder_id, "force": force}
+    return conn.execute(queries.SKIP_POISON, params).first() is not None
+
+
+def reminder_operator_state(conn: Connection, reminder_id: uuid.UUID) -> tuple[str, int] | None:
+    """(status, attempts) of a reminder, or None when there is no such row."""
+    row = conn.execute(queries.REMINDER_OPERATOR_STATE, {"id": reminder_id}).first()
+    return None if row is None else (str(row.status), int(row.attempts))
 
 
 # --- calendar side -----------------------------------------------------------------------

@@ -47,7 +47,7 @@ SEED_ALERTS = {
     "ReminderDispatchLatenessSLOBurn",
 }
 _ENV_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
-_INTERPOLATION = re.compile(r"\$\{([A-Z0-9_]+)(?::?-([^}]*))?\}")
+_INTERPOLATION = re.compile(r"\$\{([A-Z0-9_]+)(?::?([-?])([^}]*))?\}")
 
 promtool = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(
@@ -119,8 +119,12 @@ def _project_services(compose: dict) -> dict[str, dict]:
 
 
 def _interpolate(value: str) -> str:
-    """Compose's ``${VAR:-default}`` with an empty environment: the defaults."""
-    return _INTERPOLATION.sub(lambda m: m.group(2) or "", str(value))
+    """Compose's ``${VAR:-default}`` with an empty environment: the defaults; a required
+    ``${VAR:?message}`` (a password) as a placeholder value."""
+    return _INTERPOLATION.sub(
+        lambda m: f"required-{m.group(1).lower()}" if m.group(2) == "?" else m.group(3) or "",
+        str(value),
+    )
 
 
 def _environment(service: dict) -> dict[str, str]:
@@ -252,9 +256,10 @@ def test_project_services_run_migrations_dagster_and_the_exporter():
     assert _command(services["exporter"]) == ["reminder-pipeline", "metrics"]
     assert _environment(services["exporter"])["REMINDER_METRICS_HOST"] == "0.0.0.0"
     for name in ("user-code", "webserver", "daemon"):
-        assert services[name]["depends_on"]["user-code" if name != "user-code" else "migrate"]
-    migrated = services["user-code"]["depends_on"]["migrate"]["condition"]
-    assert migrated == "service_completed_successfully"
+        assert services[name]["depends_on"]["user-code" if name != "user-code" else "db-roles"]
+    # db-roles runs after migrate: user code starts on a migrated schema with its grants.
+    for name, after in (("user-code", "db-roles"), ("db-roles", "migrate")):
+        assert services[name]["depends_on"][after]["condition"] == "service_completed_successfully"
 
     workspace = yaml.safe_load((DOCKER / "workspace.yaml").read_text())
     [location] = workspace["load_from"]
@@ -278,7 +283,8 @@ def test_the_dockerfile_parses_and_builds_this_project_from_existing_files():
     instructions = dockerfile_instructions(DOCKERFILE.read_text())
     assert {i for i, _ in instructions} <= KNOWN_INSTRUCTIONS
     assert instructions[0] == ("FROM", "python:3.11-slim")
-    assert any(i == "RUN" and "pip install ." in args for i, args in instructions)
+    assert any(i == "RUN" and "pip install --no-deps --no-build-isolation ." in args
+               for i, args in instructions)
     users = [args for i, args in instructions if i == "USER"]
     assert users and users[-1] not in ("root", "0")
 

@@ -48,10 +48,11 @@ def _read_until(proc: subprocess.Popen, needle: str, timeout: float) -> list[str
 
 
 def test_up_runs_everything_and_ctrl_c_stops_it(tmp_path):
-    env = _env(tmp_path / "home")
+    env = {**_env(tmp_path / "home"), "REMINDER_PROGRESS_SECONDS": "0"}  # a line per poll
+    stderr = (tmp_path / "up.stderr").open("w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "reminder_pipeline.cli", "up"],
-        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr,
         text=True, start_new_session=True,
     )
     try:
@@ -61,6 +62,11 @@ def test_up_runs_everything_and_ctrl_c_stops_it(tmp_path):
         sent = int(first.split("sent=")[1].split()[0])
         assert sent > 0  # the demo data had reminders already due
         ui = next(line for line in lines if line.startswith("Dagster UI:")).split()[2]
+        # While Dagster loaded, progress lines went to stderr (stdout stays the command's output).
+        progress = [line for line in (tmp_path / "up.stderr").read_text().splitlines()
+                    if line.startswith("reminder-pipeline: waiting for Dagster:")]
+        assert progress, "no progress line while Dagster loaded"
+        assert not any("waiting for Dagster" in line for line in lines)
         with urllib.request.urlopen(f"{ui}/server_info", timeout=10) as response:
             assert response.status == 200
         metrics = f"http://127.0.0.1:{env['REMINDER_METRICS_PORT']}/metrics"
@@ -75,6 +81,7 @@ def test_up_runs_everything_and_ctrl_c_stops_it(tmp_path):
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+        stderr.close()
     alive = [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
     assert alive == [], f"left running: {[c.cmdline()[:3] for c in alive]}"
 

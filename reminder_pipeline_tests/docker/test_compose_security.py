@@ -1,0 +1,166 @@
+"""docker/compose.yaml's least privilege, checked without a Docker engine.
+
+No password has a default (compose's ``${VAR:?message}`` refuses to start without it); every
+published port listens on 127.0.0.1 unless REMINDER_BIND_ADDRESS says otherwise; migrations run
+as the schema owner and nothing else does; the role script runs after them, and the user code,
+run workers and exporter connect as the least-privilege login it creates.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from sqlalchemy.engine import make_url
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKER = ROOT / "docker"
+COMPOSE_TEXT = (DOCKER / "compose.yaml").read_text()
+COMPOSE = yaml.safe_load(COMPOSE_TEXT)
+SERVICES = COMPOSE["services"]
+PASSWORDS = (
+    "POSTGRES_PASSWORD",
+    "REMINDER_APP_DB_PASSWORD",
+    "DAGSTER_DB_PASSWORD",
+    "GRAFANA_ADMIN_PASSWORD",
+)
+_VARIABLE = re.compile(r"\$\{([A-Z0-9_]+)(?:(:?[-?])([^}]*))?\}")
+BIND = "${REMINDER_BIND_ADDRESS:-127.0.0.1}"
+
+
+class MissingVariable(Exception):
+    """Compose would refuse to start: a required variable is unset."""
+
+
+def interpolate(value: str, env: dict[str, str]) -> str:
+    """Compose's interpolation: ``${X}``, ``${X:-default}``, ``${X:?message}`` (refuses)."""
+
+    def one(match: re.Match[str]) -> str:
+        name, operator, argument = match.groups()
+        if env.get(name):
+            return env[name]
+        if operator in (":?", "?"):
+            raise MissingVariable(f"{name}: {argument}")
+        return argument if operator in (":-", "-") else ""
+
+    return _VARIABLE.sub(one, value)
+
+
+def _strings(node: object):
+    if isinstance(node, dict):
+        for value in node.values():
+            yield from _strings(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _strings(value)
+    elif isinstance(node, str):
+        yield node
+
+
+def _environment(name: str, env: dict[str, str]) -> dict[str, str]:
+    return {
+        k: interpolate(str(v), env) for k, v in (SERVICES[name].get("environment") or {}).items()
+    }
+
+
+FULL_ENV = {name: f"pw-{name.lower()}" for name in PASSWORDS}
+
+
+def test_every_password_is_required_and_has_no_default():
+    used = {m.group(1) for m in _VARIABLE.finditer(COMPOSE_TEXT) if "PASSWORD" in m.group(1)}
+    assert set(PASSWORDS) <= used
+    for match in _VARIABLE.finditer(COMPOSE_TEXT):
+        if "PASSWORD" in match.group(1) and not match.group(1).startswith("KAFKA_"):
+            assert match.group(2) == ":?", f"{match.group(0)} must be ${{VAR:?message}}"
+
+
+@pytest.mark.parametrize("missing", PASSWORDS)
+def test_compose_refuses_to_start_without_each_password(missing):
+    env = {k: v for k, v in FULL_ENV.items() if k != missing}
+    with pytest.raises(MissingVariable, match=missing):
+        for text in _strings(COMPOSE):
+            interpolate(text, env)
+    for text in _strings(COMPOSE):  # and with all of them it interpolates
+        interpolate(text, FULL_ENV)
+
+
+def test_published_ports_listen_on_loopback_unless_the_operator_says_otherwise():
+    published = 0
+    for name, service in SERVICES.items():
+        for port in service.get("ports") or []:
+            assert str(port).startswith(f"{BIND}:"), f"{name} publishes {port} on every interface"
+            published += 1
+            assert interpolate(str(port), {}).startswith("127.0.0.1:")
+            assert interpolate(str(port), {"REMINDER_BIND_ADDRESS": "0.0.0.0"}).startswith(
+                "0.0.0.0:"
+            )
+    assert published >= 5
+
+
+def _project_services() -> list[str]:
+    return [name for name, service in SERVICES.items() if "build" in service]
+
+
+def test_only_the_migrate_step_connects_as_the_schema_owner():
+    owner = interpolate("${POSTGRES_USER:-reminder}", {})
+    migrate = make_url(_environment("migrate", FULL_ENV)["DATABASE_URL"])
+    assert (migrate.username, migrate.password) == (owner, FULL_ENV["POSTGRES_PASSWORD"])
+    for name in _project_services():
+        env = _environment(name, FULL_ENV)
+        command = [str(c) for c in SERVICES[name].get("command") or []]
+        if name == "migrate":
+            assert command == ["reminder-pipeline", "db", "upgrade"]
+            continue
+        assert not {"db", "upgrade"} <= set(command), f"{name} migrates"
+        app = make_url(env["DATABASE_URL"])
+        assert (app.username, app.password) == (
+            "reminder_app",
+            FULL_ENV["REMINDER_APP_DB_PASSWORD"],
+        )
+        dagster = make_url(env["DAGSTER_PG_URL"])
+        assert (dagster.username, dagster.password) == (
+            "dagster_storage",
+            FULL_ENV["DAGSTER_DB_PASSWORD"],
+        )
+        assert owner not in (app.username, dagster.username)
+
+
+def test_the_role_scripts_run_after_migrating_and_before_the_user_code_and_exporter():
+    roles = SERVICES["db-roles"]
+    command = [*roles["entrypoint"], *(roles.get("command") or [])]
+    assert command[0] == "psql" and "ON_ERROR_STOP=1" in command
+    files = [command[i + 1] for i, arg in enumerate(command) if arg == "-f"]
+    assert files == ["/sql/dispatcher_role.sql", "/sql/login_roles.sql"]
+    [mount] = roles["volumes"]
+    source, target = str(mount).split(":")[:2]
+    for file in files:
+        assert (DOCKER / source / Path(file).relative_to(target)).is_file()
+    assert roles["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+    for name in ("user-code", "exporter"):
+        assert (
+            SERVICES[name]["depends_on"]["db-roles"]["condition"]
+            == "service_completed_successfully"
+        )
+    env = _environment("db-roles", FULL_ENV)
+    assert (env["PGUSER"], env["PGPASSWORD"]) == ("reminder", FULL_ENV["POSTGRES_PASSWORD"])
+    login = (ROOT / "sql" / "login_roles.sql").read_text()
+    for variable in re.findall(r"\\getenv \w+ (\w+)", login):
+        assert variable in env, f"login_roles.sql reads {variable}, which db-roles does not set"
+    # The logins db-roles creates are the ones the services connect as.
+    assert (
+        env["REMINDER_APP_DB_USER"]
+        == make_url(_environment("user-code", FULL_ENV)["DATABASE_URL"]).username
+    )
+    assert (
+        env["DAGSTER_DB_USER"]
+        == make_url(_environment("user-code", FULL_ENV)["DAGSTER_PG_URL"]).username
+    )
+
+
+def test_grafana_has_no_default_admin_password():
+    env = _environment("grafana", FULL_ENV)
+    assert env["GF_SECURITY_ADMIN_PASSWORD"] == FULL_ENV["GRAFANA_ADMIN_PASSWORD"]
+    with pytest.raises(MissingVariable):
+        _environment("grafana", {})
