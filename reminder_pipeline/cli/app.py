@@ -753,20 +753,14 @@ def consume(
     settings = _settings()
     require_servers(settings, database=False)
     servers = settings.kafka_bootstrap_servers or embedded_broker(settings).start()
-    # Passed only when given: the consumer gains these keywords on its own branch.
-    extra: dict[str, Any] = {}
-    ctx = click.get_current_context()
-    if metrics_port is not None:
-        extra["metrics_port"] = metrics_port
-    if ctx.get_parameter_source("locale") is not ParameterSource.DEFAULT:
-        extra["locale"] = locale
     return consume_main(
         settings,
         group_id=group_id,
         dedup_path=Path(dedup_path) if dedup_path else None,
         once=once,
         bootstrap_servers=servers,
-        **extra,
+        metrics_port=metrics_port,
+        locale=locale,
     )
 
 

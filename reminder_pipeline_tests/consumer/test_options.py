@@ -48,17 +48,23 @@ def test_the_dedup_file_defaults_to_one_per_group_under_home(tmp_path) -> None:
     assert path.parent == tmp_path / "notifications" and "/" not in path.name
 
 
-def test_the_consume_command_takes_metrics_port_and_locale() -> None:
-    from reminder_pipeline.cli import build_parser, cmd_consume
+def test_the_consume_command_takes_metrics_port_and_locale(monkeypatch) -> None:
+    from reminder_pipeline import consumer
+    from reminder_pipeline.cli import main
 
-    args = build_parser().parse_args(["consume", "--metrics-port", "9465", "--locale", "ru"])
-    assert (args.metrics_port, args.locale, args.func) == (9465, "ru", cmd_consume)
-    assert build_parser().parse_args(["consume"]).locale == "en"
+    calls: list[dict] = []
+    monkeypatch.setattr(consumer, "consume_main", lambda settings, **kw: calls.append(kw) or 0)
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9")  # never contacted here
+    monkeypatch.delenv("REMINDER_CONSUMER_LOCALE", raising=False)
+    assert main(["consume", "--metrics-port", "9465", "--locale", "ru"]) == 0
+    assert main(["consume"]) == 0
+    assert [(c["metrics_port"], c["locale"]) for c in calls] == [(9465, "ru"), (None, "en")]
 
 
-def test_the_consume_command_refuses_an_unknown_locale(capsys: pytest.CaptureFixture[str]) -> None:
-    from reminder_pipeline.cli import build_parser
+def test_the_consume_command_refuses_an_unknown_locale(monkeypatch, capsys) -> None:
+    from reminder_pipeline.cli import main
 
-    with pytest.raises(SystemExit) as exited:
-        build_parser().parse_args(["consume", "--locale", "de"])
-    assert exited.value.code == 2 and "invalid choice: 'de'" in capsys.readouterr().err
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9")
+    assert main(["consume", "--locale", "de"]) == 2
+    err = capsys.readouterr().err
+    assert "'de' is not one of 'en', 'ru'" in err and len(err.strip().splitlines()) == 1

@@ -34,7 +34,10 @@ PROMETHEUS = DOCKER / "prometheus" / "prometheus.yml"
 DISPATCHER = "reminder-dispatcher"
 NOTIFICATIONS = "notifications"
 CONSUMER_SERVICE = "notifications-consumer"
-_INTERPOLATION = re.compile(r"\$\{([A-Z0-9_]+)(?::?-([^}]*))?\}")
+_INTERPOLATION = re.compile(r"\$\{([A-Z0-9_]+)(?::?([-?])([^}]*))?\}")
+#: What an operator must set (compose refuses to start without them: no default passwords).
+SECRETS = {name: f"pw-{name.lower()}" for name in
+           ("KAFKA_ADMIN_PASSWORD", "KAFKA_DISPATCHER_PASSWORD", "KAFKA_NOTIFICATIONS_PASSWORD")}
 
 
 def _compose() -> dict:
@@ -42,8 +45,16 @@ def _compose() -> dict:
 
 
 def _interpolate(value: object) -> str:
-    """Compose's ``${VAR:-default}`` with an empty environment: the defaults."""
-    return _INTERPOLATION.sub(lambda m: m.group(2) or "", str(value))
+    """Compose's interpolation with the operator's secrets set and nothing else: the defaults."""
+    def one(m: re.Match[str]) -> str:
+        name, operator, argument = m.groups()
+        if name in SECRETS:
+            return SECRETS[name]
+        if operator == "?":  # another required secret (a database password): any value
+            return f"pw-{name.lower()}"
+        return argument or ""
+
+    return _INTERPOLATION.sub(one, str(value))
 
 
 def _environment(service: dict) -> dict[str, str]:
@@ -106,11 +117,11 @@ def test_the_jaas_file_and_the_admin_properties_are_mounted_where_they_are_named
     configs = compose["configs"]
     jaas = configs["kafka-jaas"]["content"]
     assert "org.apache.kafka.common.security.scram.ScramLoginModule required;" in jaas
-    assert 'username="admin"' in jaas and 'user_admin="${KAFKA_ADMIN_PASSWORD:-' in jaas
+    assert 'username="admin"' in jaas and 'user_admin="${KAFKA_ADMIN_PASSWORD:?' in jaas
     admin = dict(line.split("=", 1) for line in configs["kafka-admin"]["content"].splitlines()
                  if line.strip())
     assert admin["security.protocol"] == "SASL_PLAINTEXT" and admin["sasl.mechanism"] == "PLAIN"
-    assert 'password="${KAFKA_ADMIN_PASSWORD:-' in admin["sasl.jaas.config"]
+    assert 'password="${KAFKA_ADMIN_PASSWORD:?' in admin["sasl.jaas.config"]
 
     broker = services["kafka"]
     jaas_path = _config_targets(broker)["kafka-jaas"]
@@ -148,7 +159,7 @@ def test_each_application_connects_as_its_own_scram_user_with_the_codes_settings
         # (the shared block's merged in, or the service's own override).
         secret = _raw_environment(service)["KAFKA_SASL_PASSWORD"]
         assert secret == password_of[users[name]], name
-        assert secret.startswith("${KAFKA_") and ":-" in secret, "a secret from the environment"
+        assert secret.startswith("${KAFKA_") and ":?" in secret, "a required secret, no default"
     assert users.pop(CONSUMER_SERVICE) == NOTIFICATIONS
     assert set(users.values()) == {DISPATCHER}
 
@@ -258,7 +269,8 @@ def test_the_scram_users_and_the_dead_letter_topic_are_created(tmp_path: Path) -
                                   _option(args, "--add-config"))
         assert credential and int(credential.group(1)) >= 4096
         users[_option(args, "--entity-name")] = credential.group(2)
-    assert users == {DISPATCHER: "dispatcher-local-only", NOTIFICATIONS: "notifications-local-only"}
+    assert users == {DISPATCHER: SECRETS["KAFKA_DISPATCHER_PASSWORD"],
+                     NOTIFICATIONS: SECRETS["KAFKA_NOTIFICATIONS_PASSWORD"]}
     [create] = [c[1:] for c in calls if c[0] == "kafka-topics.sh"]
     assert "--create" in create and "--if-not-exists" in create
     assert _option(create, "--topic") == DLQ_TOPIC
