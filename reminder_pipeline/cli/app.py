@@ -61,6 +61,8 @@ from .output import (
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
+    from ..domain.model import CycleCounts
+
     from ..messaging.kafka import KafkaPublisher
     from ..runtime import Endpoints
 
@@ -277,7 +279,7 @@ def _relay_exit(failed: int) -> int:
     default=DEFAULT_MAX_BATCHES,
     envvar="REMINDER_MAX_BATCHES",
     show_envvar=True,
-    help="Batches this cycle may drain (1 = the seed's cycle), 1..10,000.",
+    help="Batches this cycle may drain (1 = the design's cycle), 1..10,000.",
 )
 @click.option(
     "--budget-seconds",
@@ -324,6 +326,13 @@ def dispatch(
     try:
         _require_schema(engine)
         publisher = None if no_relay else _publisher(settings, endpoints.bootstrap_servers)
+        line = progress_line()
+
+        def progress(counts: CycleCounts) -> None:
+            # The backlog is counted only when a line is due (every few seconds of a drain).
+            if line.due():
+                line.rows(counts.selected, cycle.backlog_left(engine))
+
         try:
             report = cycle.run_cycle(
                 engine,
@@ -332,6 +341,7 @@ def dispatch(
                 batch_size=batch_size,
                 max_batches=max_batches,
                 budget_seconds=budget_seconds,
+                progress=progress,
             )
         finally:
             if publisher is not None:
@@ -422,13 +432,12 @@ def poison() -> None:
 @json_option
 def poison_list(limit: int, as_json: bool) -> int:
     """Pending rows with failed attempts, oldest due first, with their last error."""
-    from ..store import repository
+    from .. import poison as poison_rows
 
     _, engine = _open(_settings())
     try:
         _require_schema(engine)
-        with engine.connect() as conn:
-            rows = repository.list_poison(conn, limit)
+        rows = poison_rows.list_rows(engine, limit)
     finally:
         engine.dispose()
     if as_json:
@@ -444,34 +453,19 @@ def poison_list(limit: int, as_json: bool) -> int:
 
 def _poison_change(action: str, reminder_id: uuid.UUID, force: bool) -> int:
     """Retry or skip one row in its own transaction; refuse a row that has not failed."""
-    from ..store import repository
+    from .. import poison as poison_rows
 
-    change = repository.retry_poison_now if action == "retry" else repository.skip_poison
     _, engine = _open(_settings())
     try:
         _require_schema(engine)
-        with engine.begin() as conn:
-            changed = change(conn, reminder_id, force=force)
-            state = None if changed else repository.reminder_operator_state(conn, reminder_id)
+        done = poison_rows.change(engine, action, reminder_id, actor=_operator(), force=force)
     finally:
         engine.dispose()
-    _audit(
-        f"poison row {action}",
-        f"poison {action}",
-        reminder_id=str(reminder_id),
-        changed=changed,
-        forced=force,
-    )
-    if changed:
+    if done.changed:
         print(f"poison {action}: done ({reminder_id})", flush=True)
         return EXIT_OK
-    if state is None:
-        why = "there is no such reminder"
-    elif state[0] != "Pending":
-        why = f"it is {state[0]}, not Pending"
-    else:
-        why = "it has not failed (attempts=0); --force acts on any Pending row"
-    print_error(f"poison {action} {reminder_id}: nothing changed: {why}")
+    reason = (done.reason or "").replace("force acts", "--force acts")
+    print_error(f"poison {action} {reminder_id}: nothing changed: {reason}")
     return EXIT_FAILURE
 
 

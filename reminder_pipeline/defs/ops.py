@@ -9,74 +9,26 @@ nothing for rows that were sent, skipped or cancelled since (docs/design.md).
 
 # No ``from __future__ import annotations``: Dagster reads the ops' annotations when defining them.
 
-from datetime import datetime
-from typing import Any, Optional
+from typing import Any
 
-from dagster import AssetMaterialization, Config, Failure, MetadataValue, Out, Output, op
-from pydantic import Field, field_validator
+from dagster import AssetMaterialization, Failure, MetadataValue, Out, Output, op
 
 from .. import cycle
-from ..config import DEFAULT_BATCH_SIZE, MAX_BATCH_SIZE
+from ..config import check_as_of
+from ..logs import FoldingJournal
 from .assets import DISPATCH_ASSET_KEY
-from .event_log import DagsterJournal
+from .config import CycleConfig
 from .resources import KafkaResource, PostgresResource
-
-MAX_BATCHES = 10_000
-#: The widest time budget any job accepts; each job narrows it (jobs.py).
-MAX_BUDGET_SECONDS = 240.0
-
-
-def parse_as_of(value: str) -> datetime:
-    """An ISO-8601 timestamp with a zone, not in the future (AsOf is never ahead of the clock)."""
-    text = value.strip()
-    try:
-        parsed = datetime.fromisoformat(text)
-    except ValueError:
-        raise ValueError(
-            f"as_of {text!r} is not an ISO-8601 timestamp (e.g. 2026-11-30T10:00:00Z)"
-        ) from None
-    return cycle.check_as_of(parsed)
-
-
-class CycleConfig(Config):
-    """One dispatch cycle: the batch size, how many batches to drain, the time budget, AsOf."""
-
-    batch_size: int = Field(
-        default=DEFAULT_BATCH_SIZE, ge=1, le=MAX_BATCH_SIZE,
-        description=f"Rows per batch (each batch is one transaction), 1..{MAX_BATCH_SIZE}.",
-    )
-    max_batches: int = Field(
-        default=1, ge=1, le=MAX_BATCHES,
-        description="Batches per run (1 = the design's cycle); more drains a backlog, batch after "
-                    "batch, publishing as it goes, until the time budget is spent.",
-    )
-    budget_seconds: float = Field(
-        default=30.0, ge=1.0, le=MAX_BUDGET_SECONDS,
-        description="The cycle's time budget: no new batch starts after it is spent.",
-    )
-    as_of: Optional[str] = Field(
-        default=None,
-        description="AsOf, ISO-8601 with a zone (e.g. 2026-11-30T10:00:00Z). Default: now. "
-                    "Never in the future.",
-    )
-
-    @field_validator("as_of")
-    @classmethod
-    def _as_of_is_past(cls, value: Optional[str]) -> Optional[str]:
-        if value is None or not value.strip():
-            return None
-        parse_as_of(value)
-        return value.strip()
 
 
 @op(out=Out(dict), description="Due Pending rows, oldest first, reserved for this run in a "
                                "short transaction (FOR UPDATE SKIP LOCKED).")
 def select_due_batch(context, config: CycleConfig, postgres: PostgresResource) -> dict:
     """Step 1: the due rows this run takes; concurrent runs take disjoint batches."""
-    with DagsterJournal(context.log) as journal:
+    with FoldingJournal(context.log) as journal:
         # AsOf is checked against the clock again here: a queued run may start later.
         started = cycle.start(context.run_id, batch_size=config.batch_size,
-                              as_of=parse_as_of(config.as_of) if config.as_of else None,
+                              as_of=check_as_of(config.as_of),
                               max_batches=config.max_batches,
                               budget_seconds=config.budget_seconds, journal=journal)
         reserved = cycle.select(postgres.engine, started, journal=journal)
@@ -98,7 +50,7 @@ def resolve_event_status(context, selection: dict, postgres: PostgresResource) -
 def transition_and_outbox(context, decisions: dict, postgres: PostgresResource,
                           kafka: KafkaResource) -> dict:
     """Step 3: write the batch; with ``max_batches`` > 1 keep draining, publishing as it goes."""
-    with DagsterJournal(context.log) as journal:
+    with FoldingJournal(context.log) as journal:
         written = cycle.write(postgres.engine, cycle.Cycle.from_plain(decisions["cycle"]),
                               decisions["ids"], run_id=context.run_id,
                               skipped_locked=decisions["skipped_locked"],
@@ -110,7 +62,7 @@ def transition_and_outbox(context, decisions: dict, postgres: PostgresResource,
                                "record the run's figures on the asset.")
 def relay_outbox(context, written: dict, postgres: PostgresResource, kafka: KafkaResource):
     """Step 4: relay, then one materialization of the dispatcher; Failure if Kafka failed."""
-    with DagsterJournal(context.log) as journal:
+    with FoldingJournal(context.log) as journal:
         report = cycle.finish(postgres.engine, cycle.Cycle.from_plain(written["cycle"]),
                               cycle.Written.from_plain(written), run_id=context.run_id,
                               publisher=kafka.ready_publisher(), publisher_error=kafka.topic_error(),

@@ -34,11 +34,12 @@ from dagster import (
 )
 from pydantic import Field
 
+from ..logs import FoldingJournal
 from .. import republish, retention
 from ..domain import contract
-from .event_log import DagsterJournal
-from .jobs import CONCURRENCY_TAG, KIND_TAG, describe_validation_error
-from .maintenance import MAX_RETENTION_HOURS
+from ..config import MAX_RETENTION_HOURS
+from .config import describe_validation_error
+from .jobs import CONCURRENCY_TAG, KIND_TAG
 from .resources import KafkaResource, PostgresResource
 
 #: Run tags Dagster sets (documented tag names; no public constant for them).
@@ -131,7 +132,7 @@ def republish_day(
     requester = republish.Requester(context.run_id, tags.get(BACKFILL_ID_TAG), tags.get(USER_TAG))
     keep = timedelta(hours=config.retention_hours)
     now = datetime.now(UTC)
-    with DagsterJournal(context.log) as journal:  # who-what-when in the run's event log too
+    with FoldingJournal(context.log) as journal:  # who-what-when in the run's event log too
         try:
             republish.admit_day(day, requester, keep, now, journal)  # before touching the broker
         except republish.RepublishRefused as refused:

@@ -28,8 +28,9 @@ from dagster import (
 from pydantic import Field
 
 from .. import run_retention
-from .event_log import line
-from .jobs import KIND_TAG, _validated_config
+from ..logs import line
+from .config import validated
+from .jobs import KIND_TAG
 
 RUN_RETENTION_JOB_NAME = "dagster_run_retention"
 #: Run monitoring fails the run past this; the budget's upper bound leaves two minutes for the
@@ -96,7 +97,7 @@ def delete_old_runs(context: OpExecutionContext, config: RunRetentionConfig):
         "itself. Stops within budget_seconds and counts what is left; the next run resumes. "
         "Daily from dagster_run_retention_schedule."
     ),
-    config=_validated_config(RUN_RETENTION_JOB_NAME, RunRetentionConfig, delete_old_runs),
+    config=validated(RUN_RETENTION_JOB_NAME, RunRetentionConfig, delete_old_runs),
     executor_def=in_process_executor,
     tags={KIND_TAG: "maintenance", "dagster/max_runtime": str(RUN_RETENTION_MAX_RUNTIME_SECONDS)},
 )

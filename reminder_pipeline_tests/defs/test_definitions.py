@@ -118,14 +118,16 @@ def test_defaults_and_a_valid_config_are_accepted():
 @pytest.mark.parametrize(
     ("job", "run_config", "message"),
     [
-        ("reminder_dispatch", {"batch_size": 0}, "batch_size=0: Input should be greater than or equal to 1"),
-        ("reminder_dispatch", {"batch_size": 10_001}, "batch_size=10001: Input should be less than or equal to 10000"),
-        ("reminder_dispatch", {"max_batches": 0}, "max_batches=0: Input should be greater than or equal to 1"),
-        ("reminder_dispatch", {"budget_seconds": 91}, "budget_seconds=91.0: Input should be less than or equal to 90"),
-        ("reminder_catch_up", {"budget_seconds": 241}, "budget_seconds=241.0: Input should be less than or equal to 240"),
-        ("reminder_dispatch", {"as_of": "2999-01-01T00:00:00Z"}, "as_of 2999-01-01T00:00:00+00:00 is in the future; it must be <= now"),
-        ("reminder_dispatch", {"as_of": "yesterday"}, "as_of 'yesterday' is not an ISO-8601 timestamp"),
-        ("reminder_dispatch", {"as_of": "2020-01-01T00:00:00"}, "as_of must carry a time zone"),
+        # The same bounds and lines as the CLI and the environment (config.check_*).
+        ("reminder_dispatch", {"batch_size": 0}, "batch_size=0 is out of range [1, 10000]"),
+        ("reminder_dispatch", {"batch_size": 10_001}, "batch_size=10001 is out of range [1, 10000]"),
+        ("reminder_dispatch", {"max_batches": 0}, "max_batches=0 is out of range [1, 10000]"),
+        ("reminder_dispatch", {"budget_seconds": 91}, "budget_seconds=91 is out of range [1, 90]"),
+        ("reminder_catch_up", {"budget_seconds": 241}, "budget_seconds=241 is out of range [1, 240]"),
+        ("reminder_dispatch", {"budget_seconds": float("nan")}, "budget_seconds=nan is not a finite number"),
+        ("reminder_dispatch", {"as_of": "2999-01-01T00:00:00Z"}, "as_of='2999-01-01T00:00:00+00:00' is in the future; it must be <= now"),
+        ("reminder_dispatch", {"as_of": "yesterday"}, "as_of='yesterday' is not an ISO-8601 timestamp"),
+        ("reminder_dispatch", {"as_of": "2020-01-01T00:00:00"}, "as_of='2020-01-01T00:00:00' has no time zone"),
     ],
 )
 def test_a_bad_value_is_refused_with_a_one_line_message(job, run_config, message):

@@ -1,4 +1,4 @@
-"""What a Dagster run's event log shows of a cycle's records (defs.event_log.DagsterJournal)."""
+"""What a Dagster run's event log shows of a cycle's records (defs.event_log.FoldingJournal)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from reminder_pipeline.defs.event_log import ITEM_LINES, DagsterJournal
+from reminder_pipeline.logs import ITEM_LINES, FoldingJournal
 
 
 class _RunLog:
@@ -35,7 +35,7 @@ class _Clock:
 @pytest.fixture
 def journaled():
     run_log, clock = _RunLog(), _Clock()
-    return DagsterJournal(run_log, window_seconds=10.0, clock=clock), run_log, clock
+    return FoldingJournal(run_log, window_seconds=10.0, clock=clock), run_log, clock
 
 
 def _batch(n: int, start: int = 0) -> list[dict]:
@@ -128,7 +128,7 @@ def test_a_real_step_gets_one_batch_entry_and_one_folded_entry():
 
     @op
     def drains(context) -> None:
-        with DagsterJournal(context.log) as journal:
+        with FoldingJournal(context.log) as journal:
             for k in range(20):
                 journal.batch(logging.INFO, "batch written", _batch(250, start=250 * k),
                               run_id=context.run_id)

@@ -44,6 +44,7 @@ def test_the_dispatcher_asset_has_its_five_checks_and_a_five_minute_freshness_po
 def test_operator_job_defaults(monkeypatch):
     monkeypatch.setenv("DATABASE_URL", "postgresql+psycopg://user@127.0.0.1:5432/reminders")
     poison = validate_run_config(defs.get_job_def("reminder_poison_rows"), {})["ops"]
-    assert poison["poison_rows"]["config"] == {"action": "list", "reminder_id": None, "limit": 100}
+    assert poison["poison_rows"]["config"] == {"action": "list", "reminder_id": None, "force": False,
+                                             "limit": 100}
     purge = validate_run_config(defs.get_job_def("outbox_retention"), {})["ops"]
     assert purge["purge_outbox"]["config"] == {"retention_hours": 168.0, "batch_size": 1000}

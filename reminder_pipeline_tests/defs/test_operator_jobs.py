@@ -136,7 +136,7 @@ def test_retry_clears_the_back_off_and_skip_ends_the_row_each_logged(
     assert not again.success
     failure = next(e for e in again.all_events if e.is_step_failure)
     assert failure.step_failure_data.user_failure_data.description == (
-        f"poison skip: reminder {reminder_id} is not Pending; nothing changed"
+        f"poison skip: reminder {reminder_id}: nothing changed: it is Skipped, not Pending"
     )
     assert any("poison row skip" in line and "changed=False" in line
                for line in log_messages(instance, again.run_id))
@@ -150,7 +150,7 @@ def test_retry_clears_the_back_off_and_skip_ends_the_row_each_logged(
         ({"action": "skip", "reminder_id": "1234"}, "reminder_id '1234' is not a UUID"),
         ({"action": "skip"}, "reminder_id is required for action 'skip'"),
         ({"action": "retry", "reminder_id": " "}, "reminder_id is required for action 'retry'"),
-        ({"limit": 0}, "limit=0: Input should be greater than or equal to 1"),
+        ({"limit": 0}, "limit=0 is out of range [1, 1000]"),
     ],
 )
 def test_a_bad_poison_config_is_refused_in_one_line_before_any_run(
@@ -229,9 +229,9 @@ def test_retention_deletes_only_old_published_rows_never_unpublished_ones(
 @pytest.mark.parametrize(
     ("run_config", "message"),
     [
-        ({"retention_hours": 0}, "retention_hours=0.0: Input should be greater than or equal to 1"),
-        ({"batch_size": 0}, "batch_size=0: Input should be greater than or equal to 1"),
-        ({"batch_size": 100_000}, "batch_size=100000: Input should be less than or equal to 10000"),
+        ({"retention_hours": 0}, "retention_hours=0 is out of range [1, 8784]"),
+        ({"batch_size": 0}, "batch_size=0 is out of range [1, 10000]"),
+        ({"batch_size": 100_000}, "batch_size=100000 is out of range [1, 10000]"),
     ],
 )
 def test_a_bad_retention_config_is_refused_in_one_line(database_url, instance, run_config, message):
@@ -251,3 +251,24 @@ def test_retention_runs_daily_by_default_and_neither_job_waits_for_dispatch():
         assert CONCURRENCY_TAG not in job.tags
         assert job.executor_def.name == "in_process"
     assert timedelta(hours=168) == timedelta(days=7)  # the documented default is the seed's week
+
+
+def test_the_job_touches_a_row_that_never_failed_only_when_forced(engine, database_url, instance):
+    """The same rule as ``reminder-pipeline poison skip`` (one implementation: poison.py)."""
+    event_id = make_due_event(engine, minutes_overdue=1)  # Pending, never failed: not poison
+    [row] = reminders(engine, event_id)
+    refused = reminder_poison_rows.execute_in_process(
+        run_config={"action": "skip", "reminder_id": str(row["id"])},
+        instance=instance, resources=_resources(database_url), raise_on_error=False,
+    )
+    assert not refused.success
+    failure = next(e for e in refused.all_events if e.is_step_failure)
+    assert "it has not failed (attempts=0)" in failure.step_failure_data.user_failure_data.description
+    assert reminders(engine, event_id)[0]["status"] == "Pending"
+    forced = reminder_poison_rows.execute_in_process(
+        run_config={"action": "skip", "reminder_id": str(row["id"]), "force": True},
+        instance=instance, resources=_resources(database_url),
+    )
+    assert forced.success and reminders(engine, event_id)[0]["status"] == "Skipped"
+    assert any("poison row skip" in line and "forced=True" in line and "operator=" in line
+               for line in log_messages(instance, forced.run_id))
