@@ -176,4 +176,5 @@ def test_an_unreachable_database_fails_the_run_naming_the_setting(kafka_settings
         for e in result.all_events
         if getattr(e.event_specific_data, "error", None) is not None
     ]
-    assert any("DATABASE_URL: cannot connect to 127.0.0.1" in m for m in errors), errors
+    assert any("DATABASE_URL: cannot connect to postgresql+psycopg://nobody@127.0.0.1" in m
+               for m in errors), errors
