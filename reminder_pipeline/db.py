@@ -58,3 +58,26 @@ def check_connection(engine: Engine, setting: str = "DATABASE_URL") -> None:
         raise DatabaseUnavailable(
             f"{setting}: cannot connect to {url}: {mask_secrets(reason)}"
         ) from None
+
+
+def dagster_storage_url(url: str, database: str | None = None) -> str:
+    """``url`` (any PostgreSQL driver) as dagster-postgres needs it: ``postgresql+psycopg2://``."""
+    parsed = make_url(url).set(drivername="postgresql+psycopg2")
+    if database is not None:
+        parsed = parsed.set(database=database)
+    return parsed.render_as_string(hide_password=False)
+
+
+def create_database(admin_url: str, name: str) -> None:
+    """``CREATE DATABASE name`` on the server of ``admin_url`` unless it exists (races tolerated)."""
+    import psycopg
+    from psycopg import errors, sql
+
+    dsn = make_url(admin_url).set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
+            return
+        try:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        except (errors.DuplicateDatabase, errors.UniqueViolation):
+            pass  # created meanwhile by another process

@@ -27,23 +27,17 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO
 
-from sqlalchemy.engine import make_url
 
 from .config import mask_secrets
+from .db import create_database, dagster_storage_url
 
 log = logging.getLogger(__name__)
 
 #: The instance config shipped in the package; identical to the repository's root dagster.yaml.
 INSTANCE_YAML = Path(__file__).with_name("dagster_instance.yaml")
+#: The workspace shipped in the package; identical to the repository's root workspace.yaml.
+WORKSPACE_YAML = Path(__file__).with_name("dagster_workspace.yaml")
 LOCATION_NAME = "reminder_pipeline"
-WORKSPACE_YAML = f"""\
-# The Dagster workspace: one code location, the project's single Definitions object.
-load_from:
-  - python_module:
-      module_name: reminder_pipeline.definitions
-      attribute: defs
-      location_name: {LOCATION_NAME}
-"""
 REQUIRED_ENV = ("DATABASE_URL", "KAFKA_BOOTSTRAP_SERVERS", "DAGSTER_PG_URL")
 #: Where the webserver's and daemon's output goes, under DAGSTER_HOME. Never "logs": Dagster's
 #: webserver and daemon treat $DAGSTER_HOME/logs/ as their telemetry spool and upload whatever is
@@ -56,23 +50,9 @@ class OrchestratorError(RuntimeError):
     """The Dagster stack could not be prepared or started; the message is one line."""
 
 
-def dagster_storage_url(url: str, database: str | None = None) -> str:
-    """``url`` (any PostgreSQL driver) as the ``postgresql+psycopg2://`` URL dagster-postgres needs."""
-    parsed = make_url(url).set(drivername="postgresql+psycopg2")
-    if database is not None:
-        parsed = parsed.set(database=database)
-    return parsed.render_as_string(hide_password=False)
-
-
 def ensure_database(admin_url: str, name: str) -> str:
     """Create database ``name`` on the server of ``admin_url`` if missing; its Dagster storage URL."""
-    import psycopg
-
-    dsn = make_url(admin_url).set(drivername="postgresql").render_as_string(hide_password=False)
-    with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
-        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
-        if not exists:
-            conn.execute(f'CREATE DATABASE "{name}"')
+    create_database(admin_url, name)
     return dagster_storage_url(admin_url, database=name)
 
 
@@ -86,7 +66,7 @@ def prepare_home(home: Path, instance_yaml: Path | None = None) -> Path:
     (home / PROCESS_LOG_DIR).mkdir(exist_ok=True)
     # Overwritten every time: the shipped config is the source of truth (an upgrade changes it).
     shutil.copyfile(source, home / "dagster.yaml")
-    (home / "workspace.yaml").write_text(WORKSPACE_YAML)
+    shutil.copyfile(WORKSPACE_YAML, home / "workspace.yaml")
     return home
 
 

@@ -12,9 +12,8 @@ import importlib.util
 import logging
 from dataclasses import dataclass
 
-from sqlalchemy.engine import make_url
-
 from .config import ConfigError, Settings
+from .db import dagster_storage_url
 from .logs import event
 from .services import EmbeddedBroker, EmbeddedPostgres
 
@@ -86,15 +85,6 @@ def embedded_broker(settings: Settings) -> EmbeddedBroker:
     return EmbeddedBroker(state_dir=settings.home / "broker", port=settings.embedded_broker_port)
 
 
-def dagster_url_for(database_url: str) -> str:
-    """Dagster's storage next to the app's database: same server, database ``dagster``, psycopg2."""
-    return (
-        make_url(database_url)
-        .set(drivername="postgresql+psycopg2", database=DAGSTER_DATABASE)
-        .render_as_string(hide_password=False)
-    )
-
-
 def ensure_servers(settings: Settings, *, broker: bool = True) -> Endpoints:
     """Start whatever embedded server the environment does not replace; return the endpoints.
 
@@ -111,9 +101,7 @@ def ensure_servers(settings: Settings, *, broker: bool = True) -> Endpoints:
         pg.start()
         database_url = pg.ensure_database(APP_DATABASE)
         if dagster_pg_url is None:
-            dagster_pg_url = make_url(pg.ensure_database(DAGSTER_DATABASE)).set(
-                drivername="postgresql+psycopg2"
-            ).render_as_string(hide_password=False)
+            dagster_pg_url = dagster_storage_url(pg.ensure_database(DAGSTER_DATABASE))
         event(log, logging.INFO, "embedded PostgreSQL ready", port=settings.embedded_pg_port)
     servers = settings.kafka_bootstrap_servers
     if servers is None and broker:
@@ -122,7 +110,7 @@ def ensure_servers(settings: Settings, *, broker: bool = True) -> Endpoints:
         event(log, logging.INFO, "embedded broker ready", bootstrap_servers=servers)
     return Endpoints(
         database_url=database_url,
-        dagster_pg_url=dagster_pg_url or dagster_url_for(database_url),
+        dagster_pg_url=dagster_pg_url or dagster_storage_url(database_url, DAGSTER_DATABASE),
         bootstrap_servers=servers,
     )
 

@@ -316,23 +316,11 @@ class EmbeddedPostgres:
     def ensure_database(self, name: str) -> str:
         """CREATE DATABASE ``name`` if missing; return its url()."""
         import psycopg
-        from psycopg import errors, sql
-        from psycopg.conninfo import make_conninfo
 
-        conninfo = make_conninfo(
-            host=self.host, port=self.port, user=PG_SUPERUSER, dbname="postgres", connect_timeout=10
-        )
+        from .db import create_database
+
         try:
-            with psycopg.connect(conninfo, autocommit=True) as conn:
-                exists = conn.execute(
-                    "SELECT 1 FROM pg_database WHERE datname = %s", (name,)
-                ).fetchone()
-                if exists is None:
-                    try:
-                        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-                        logger.info("created database %r on %s:%s", name, self.host, self.port)
-                    except (errors.DuplicateDatabase, errors.UniqueViolation):
-                        pass  # created concurrently by another process
+            create_database(self.url("postgres"), name)
         except psycopg.OperationalError as exc:
             raise ServiceError(
                 f"cannot create database {name!r} on {self.host}:{self.port}: {_one_line(exc)}"

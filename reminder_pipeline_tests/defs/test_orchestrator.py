@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reminder_pipeline import orchestrator
+from reminder_pipeline import db, orchestrator
 
 
 def test_storage_urls_are_moved_to_psycopg2():
-    assert orchestrator.dagster_storage_url("postgresql+psycopg://u:p@h:5/app", database="dagster") == (
+    assert db.dagster_storage_url("postgresql+psycopg://u:p@h:5/app", database="dagster") == (
         "postgresql+psycopg2://u:p@h:5/dagster"
     )
-    assert orchestrator.dagster_storage_url("postgresql://u@h/db") == "postgresql+psycopg2://u@h/db"
+    assert db.dagster_storage_url("postgresql://u@h/db") == "postgresql+psycopg2://u@h/db"
 
 
 def test_prepare_home_copies_the_instance_config_and_writes_the_workspace(tmp_path: Path):
