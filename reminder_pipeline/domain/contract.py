@@ -70,7 +70,7 @@ def validate(payload: dict[str, Any]) -> None:
 
     Straight-line code that accepts exactly what the shipped JSON Schema accepts (same patterns,
     bounds and types; a bool is not an integer): it runs once per dispatched row, where the
-    generic validator cost ~45 % of a catch-up's Python time. :func:`validate_with_schema` is the
+    generic validator is slow (benchmarks/README.md). :func:`validate_with_schema` is the
     reference; a property test keeps the two in agreement.
     """
     if not isinstance(payload, dict):

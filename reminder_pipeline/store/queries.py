@@ -12,9 +12,8 @@ from sqlalchemy import text
 
 # Columns of a due row plus the payload fields of its event. Title, description and location
 # are deliberately absent: the dispatcher never reads PII. Ids come back as their canonical text
-# (what the payload, the logs and the outbox need): a uuid.UUID per id, made by the driver and
-# turned back into text for the message, was ~1 ms of every 200-row due query and ~10 ms of
-# every 1,000-row catch-up batch (benchmarks/README.md). Out-of-range timestamps (far
+# (what the payload, the logs and the outbox need), not as a uuid.UUID per id that the payload
+# would turn back into text (its cost: benchmarks/README.md). Out-of-range timestamps (far
 # past/future values that Python's datetime cannot hold) come back NULL, so one odd row
 # becomes a poison row instead of failing the whole batch on fetch.
 _DUE_COLUMNS = """
@@ -353,7 +352,7 @@ REPUBLISH_DAY_BOUNDS = text(
 # The next chunk of the day's published rows after :after_id, in id order (each key's order on
 # the topic). Bounded by the day's last id from REPUBLISH_DAY_BOUNDS: the primary key is walked
 # from :after_id and the walk stops at :last_id, so a day costs one pass over its id range
-# (measured: 100k rows in 0.6 s). Without the bound the planner may pick a bitmap scan of the
+# (benchmarks/README.md). Without the bound the planner may pick a bitmap scan of the
 # whole day plus a sort for every chunk, quadratic in the day's size.
 SELECT_PUBLISHED_OF_DAY = text(
     """

@@ -71,7 +71,7 @@ event_reminders = sa.Table(
     sa.CheckConstraint("status <> 'Sent' OR sent_at IS NOT NULL", name="sent_has_sent_at"),
     sa.CheckConstraint("offset_minutes >= 0", name="offset_non_negative"),
     # The due query's index. Partial: a row leaving Pending leaves the index, so it stays small
-    # however many Sent/Skipped rows accumulate (measured ~5x smaller, ~12% faster draining).
+    # however many Sent/Skipped rows accumulate (smaller and faster to drain than a full index).
     # (due_at, id): the due query's total order, so the rows a batch passed over are countable.
     sa.Index(
         "ix_event_reminders_status_due_at",
