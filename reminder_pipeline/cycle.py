@@ -42,7 +42,7 @@ from .memory import young_generation
 from .messaging.relay import OutboxRelay, Publisher, RelayResult, relay_outbox
 from .observability import ledger, tracing
 from .store import repository
-from .store.repository import ClaimedMessage
+from .domain.model import ClaimedMessage
 
 #: How long the rows a Dagster run selected stay reserved for its writing step. The write
 #: follows the selection within seconds; a run that dies in between releases its rows by

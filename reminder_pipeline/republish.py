@@ -37,7 +37,7 @@ from .logs import Journal, event
 from .messaging.relay import Publisher, relay_lock
 from .retention import DEFAULT_RETENTION
 from .store import repository
-from .store.repository import ClaimedMessage
+from .domain.model import ClaimedMessage
 
 log = logging.getLogger(__name__)
 

@@ -94,6 +94,17 @@ class OutboxMessage:
     headers: dict[str, str]
 
 
+@dataclass(slots=True)
+class ClaimedMessage:
+    """An outbox row as the relay hands it to the producer (payload as stored, text)."""
+
+    id: int
+    topic: str
+    message_key: str
+    payload: str
+    headers: dict[str, str]
+
+
 @dataclass(frozen=True)
 class PoisonRow:
     """A row whose payload cannot be built or breaks the contract: left Pending, logged, counted."""

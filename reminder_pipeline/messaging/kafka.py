@@ -13,7 +13,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from ..config import KafkaSettings
 from ..domain import contract
 from ..logs import event
-from ..store.repository import ClaimedMessage
+from ..domain.model import ClaimedMessage
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from ..logs import event
 from ..store import repository
-from ..store.repository import ClaimedMessage
+from ..domain.model import ClaimedMessage
 from .kafka import DeliveryResult
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,14 @@ import sqlalchemy as sa
 import orjson
 from sqlalchemy.engine import Connection
 
-from ..domain.model import DueReminder, EventStatus, OutboxMessage, PoisonRow, ReminderStatus
+from ..domain.model import (
+    ClaimedMessage,
+    DueReminder,
+    EventStatus,
+    OutboxMessage,
+    PoisonRow,
+    ReminderStatus,
+)
 from . import queries
 from .tables import calendar_events, event_reminders
 
@@ -243,17 +250,6 @@ def outbox_lag(conn: Connection) -> OutboxLag:
 
 
 # --- relay -------------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class ClaimedMessage:
-    """An unpublished outbox row handed to the producer."""
-
-    id: int
-    topic: str
-    message_key: str
-    payload: str
-    headers: dict[str, str]
 
 
 def unpublished(conn: Connection, limit: int) -> list[ClaimedMessage]:
