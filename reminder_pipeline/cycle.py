@@ -26,8 +26,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -291,7 +290,7 @@ def transition_and_outbox(
 
 
 def dispatch_batch(
-    bind: Engine | Connection,
+    engine: Engine,
     as_of: datetime,
     batch_size: int,
     *,
@@ -300,13 +299,12 @@ def dispatch_batch(
 ) -> BatchOutcome:
     """Select and write one batch in one transaction (locks held from select to commit).
 
-    ``bind``: an engine (a pooled connection for the batch), or a connection with no transaction
-    open that a drain keeps for all its batches. Its log lines and span events follow the
-    commit; a batch that rolls back logs that it did, and never "reminder sent".
+    Its log lines and span events follow the commit; a batch that rolls back logs that it did,
+    and never "reminder sent".
     """
     journal = journal or Journal()
     try:
-        with _transaction(bind) as conn:
+        with engine.begin() as conn:
             selection = select_due_batch(conn, as_of, batch_size)
             outcome = transition_and_outbox(conn, selection.ids, as_of, held=selection.candidates,
                                             correlation_id=correlation_id)
@@ -318,17 +316,6 @@ def dispatch_batch(
     _report(journal, outcome, correlation_id, selected=(len(selection.candidates),
                                                         selection.skipped_locked))
     return outcome
-
-
-@contextmanager
-def _transaction(bind: Engine | Connection) -> Iterator[Connection]:
-    """A transaction on ``bind``, committed when the block ends, rolled back on an error."""
-    if isinstance(bind, Engine):
-        with bind.begin() as conn:
-            yield conn
-    else:
-        with bind.begin():
-            yield bind
 
 
 def _report(
@@ -388,11 +375,9 @@ def drain(
         relay = OutboxRelay(engine, publisher, correlation_id=correlation_id)
         relay.start(deadline=time.monotonic() + max(started + budget_seconds - time.time(), 1.0))
     try:
-        # One connection for all the batches: a pool checkout per batch cost a pre-ping round
-        # trip each (benchmarks/README.md).
-        with young_generation(), engine.connect() as conn:
+        with young_generation():
             for _ in range(max_batches):
-                outcome = dispatch_batch(conn, as_of, batch_size,
+                outcome = dispatch_batch(engine, as_of, batch_size,
                                          correlation_id=correlation_id, journal=journal)
                 counts.add(outcome.counts())
                 if relay is not None:
