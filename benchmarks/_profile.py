@@ -22,6 +22,7 @@ from reminder_pipeline import cycle, logs
 from reminder_pipeline.db import make_engine
 from reminder_pipeline.domain.model import CycleCounts
 from reminder_pipeline.messaging.kafka import KafkaPublisher, ensure_topic
+from reminder_pipeline.messaging.relay import relay_outbox
 from reminder_pipeline.store import migrate
 
 from ._infra import progress, servers
@@ -40,6 +41,9 @@ def main() -> int:
                         help="run the drain as a reminder_catch_up Dagster run (in process, "
                              "Dagster storage in PostgreSQL as dagster.yaml has it) instead of "
                              "run_cycle")
+    parser.add_argument("--relay-only", action="store_true",
+                        help="write the backlog to the outbox first (no publisher), then time the "
+                             "relay alone: what one relay lock publishes per second")
     args = parser.parse_args()
     with servers(stat_statements=True) as srv:
         ensure_topic(srv.kafka)
@@ -53,11 +57,19 @@ def main() -> int:
         if not args.no_log:
             logs.configure(logging.INFO, open(srv.workdir / "profile.jsonl", "a"))  # noqa: SIM115
         publisher = KafkaPublisher(srv.kafka)
+        if args.relay_only:
+            cycle.drain(engine, datetime.now(UTC), args.batch_size, max_batches=10_000,
+                        budget_seconds=3600)
+            with psycopg.connect(srv.dsn(db), autocommit=True) as conn:
+                conn.execute("SELECT pg_stat_statements_reset()")
         profiler = cProfile.Profile()
         t0 = time.perf_counter()
         if not args.no_cprofile:
             profiler.enable()
-        if args.dagster:
+        if args.relay_only:
+            relayed = relay_outbox(engine, publisher, budget_seconds=3600)
+            c = CycleCounts(sent=relayed.published, published=relayed.published)
+        elif args.dagster:
             c = _dagster_run(srv, db, args.batch_size, args.rows, profiler if not args.no_cprofile
                              else None)
         else:
@@ -66,7 +78,9 @@ def main() -> int:
         profiler.disable()
         elapsed = time.perf_counter() - t0
         published = c.published
-        print(f"{'reminder_catch_up' if args.dagster else 'run_cycle'}: {c.sent + c.skipped:,} rows in {elapsed:.2f}s = "
+        what = ("relay alone" if args.relay_only
+                else "reminder_catch_up" if args.dagster else "run_cycle")
+        print(f"{what}: {c.sent + c.skipped:,} rows in {elapsed:.2f}s = "
               f"{(c.sent + c.skipped) / elapsed:,.0f} rows/s (published {published})")
         if not args.no_cprofile:
             buf = io.StringIO()
@@ -121,7 +135,7 @@ def _dagster_run(srv, db: str, batch_size: int, rows: int, profiler) -> CycleCou
         progress(f"event-log entries: {len(entries)}: {kinds}")
     meta = {k: v.value for k, v in m.metadata.items()}
     return CycleCounts(sent=int(meta["sent_count"]), skipped=int(meta["skipped_count"]),
-                             published=int(meta["published_count"]))
+                       published=int(meta["published_count"]))
 
 
 if __name__ == "__main__":
