@@ -9,7 +9,6 @@ from datetime import UTC, datetime
 
 import psycopg
 from psycopg import sql as psql
-from sqlalchemy import text
 
 from reminder_pipeline.db import make_engine
 from reminder_pipeline.store import migrate, queries
@@ -19,22 +18,6 @@ from ._seed import _bind, seed_history
 
 INDEX_NAME = "ix_event_reminders_status_due_at"
 BATCH = 200
-
-
-# Baseline for the p99 row: the due rows locked and read from event_reminders alone.
-REMINDERS_ALONE = text(
-    """
-    SELECT CAST(r.id AS text) AS reminder_id, CAST(r.calendar_event_id AS text) AS event_id,
-           r.offset_minutes, r.due_at, r.attempts
-      FROM event_reminders r
-     WHERE r.status = 'Pending'
-       AND r.due_at < :as_of
-       AND (r.next_attempt_at IS NULL OR r.next_attempt_at <= :as_of)
-     ORDER BY r.due_at
-     LIMIT :batch_size
-       FOR UPDATE OF r SKIP LOCKED
-    """
-)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -135,25 +118,20 @@ def run(srv: Servers, rows: int, executions: int, due: int = 5000, seqscan_runs:
 
     # The app's path: SQLAlchemy + psycopg 3 (server-side prepared after 5 executions), each
     # execution in its own transaction rolled back, so nothing changes between executions.
-    # Alternating with it, on the same connection: the same walk of event_reminders without the
-    # event's columns (the issue's baseline shape; the seed reads the event with the row).
     engine = make_engine(srv.url(db), pool_size=1)
     statement = queries.SELECT_DUE_FOR_UPDATE_SKIP_LOCKED
     times: list[float] = []
-    nojoin: list[float] = []
     counts: list[int] = []
     with engine.connect() as conn:
         for i in range(executions + 20):
-            for query, series in ((statement, times), (REMINDERS_ALONE, nojoin)):
-                trans = conn.begin()
-                t0 = time.perf_counter()
-                fetched = conn.execute(query, {"as_of": datetime.now(UTC), "batch_size": BATCH}).all()
-                elapsed = time.perf_counter() - t0
-                trans.rollback()
-                if i >= 20:  # warm-up
-                    series.append(elapsed * 1000)
-                    if series is times:
-                        counts.append(len(fetched))
+            trans = conn.begin()
+            t0 = time.perf_counter()
+            fetched = conn.execute(statement, {"as_of": datetime.now(UTC), "batch_size": BATCH}).all()
+            elapsed = time.perf_counter() - t0
+            trans.rollback()
+            if i >= 20:  # warm-up
+                times.append(elapsed * 1000)
+                counts.append(len(fetched))
             if i >= 20 and (i - 19) % 100 == 0:
                 progress(f"due query: {i - 19}/{executions} executions, p50 "
                          f"{statistics.median(times):.1f} ms, p99 {percentile(times, 99):.1f} ms")
@@ -165,7 +143,6 @@ def run(srv: Servers, rows: int, executions: int, due: int = 5000, seqscan_runs:
         p90_ms=percentile(times, 90),
         p99_ms=percentile(times, 99),
         max_ms=max(times),
-        nojoin={"p50_ms": statistics.median(nojoin), "p99_ms": percentile(nojoin, 99)},
     )
     out["prepared"] = _prepared_series(srv, db, executions)
     # Baseline: the same query with index scans disabled (a sequential scan), a few executions.

@@ -74,9 +74,9 @@ def server_series(srv: Servers, db: str, n: int) -> dict:
             exec_ms.append(float(re.search(r"Execution Time: ([\d.]+)", text).group(1)))
             plan_ms.append(float(re.search(r"Planning Time: ([\d.]+)", text).group(1)))
             top = next((ln for ln in lines if "Buffers:" in ln), "")
-            for key in bufs:
+            for key, series in bufs.items():
                 m = re.search(rf"{key}=(\d+)", top)
-                bufs[key].append(int(m.group(1)) if m else 0)
+                series.append(int(m.group(1)) if m else 0)
     return {"exec_p50": statistics.median(exec_ms), "exec_p99": percentile(exec_ms, 99),
             "plan_p50": statistics.median(plan_ms),
             **{f"buf_{k}_avg": round(statistics.mean(v), 1) for k, v in bufs.items()}}

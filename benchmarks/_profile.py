@@ -1,8 +1,9 @@
-"""Profiling aid for the catch-up figure: ``python -m benchmarks._profile [--rows N] [--variant V]``.
+"""Profiling aid for the catch-up figure: ``python -m benchmarks._profile [--rows N] [--dagster]``.
 
-Seeds a due backlog, runs one catch-up in this process under cProfile with pg_stat_statements
-loaded, and prints the hottest Python functions and SQL statements. Variants are prototypes of
-proposed fixes (see ``benchmarks/_variants.py``); ``none`` is the code as it is.
+Seeds a due backlog, runs one catch-up in this process (``run_cycle``, or a ``reminder_catch_up``
+Dagster run) under cProfile with pg_stat_statements loaded, and prints the hottest Python
+functions and SQL statements. cProfile sees the main thread only: for the relay thread, run it
+under py-spy with ``--no-cprofile``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from reminder_pipeline import cycle, logs
 from reminder_pipeline.db import make_engine
 from reminder_pipeline.domain.model import CycleCounts
 from reminder_pipeline.messaging.kafka import KafkaPublisher, ensure_topic
+from reminder_pipeline.messaging.relay import relay_outbox
 from reminder_pipeline.store import migrate
 
 from ._infra import progress, servers
@@ -31,14 +33,17 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=20_000)
     parser.add_argument("--batch-size", type=int, default=1000)
-    parser.add_argument("--variant", default="none")
     parser.add_argument("--no-log", action="store_true", help="do not configure INFO logging")
     parser.add_argument("--top", type=int, default=35)
     parser.add_argument("--no-cprofile", action="store_true",
                         help="no cProfile (e.g. under py-spy, which also sees the relay thread)")
     parser.add_argument("--dagster", action="store_true",
                         help="run the drain as a reminder_catch_up Dagster run (in process, "
-                             "PostgreSQL storage, python_logs as dagster.yaml) instead of run_cycle")
+                             "Dagster storage in PostgreSQL as dagster.yaml has it) instead of "
+                             "run_cycle")
+    parser.add_argument("--relay-only", action="store_true",
+                        help="write the backlog to the outbox first (no publisher), then time the "
+                             "relay alone: what one relay lock publishes per second")
     args = parser.parse_args()
     with servers(stat_statements=True) as srv:
         ensure_topic(srv.kafka)
@@ -51,15 +56,20 @@ def main() -> int:
             conn.execute("SELECT pg_stat_statements_reset()")
         if not args.no_log:
             logs.configure(logging.INFO, open(srv.workdir / "profile.jsonl", "a"))  # noqa: SIM115
-        if args.variant != "none":
-            from . import _variants
-            _variants.apply(args.variant)
         publisher = KafkaPublisher(srv.kafka)
+        if args.relay_only:
+            cycle.drain(engine, datetime.now(UTC), args.batch_size, max_batches=10_000,
+                        budget_seconds=3600)
+            with psycopg.connect(srv.dsn(db), autocommit=True) as conn:
+                conn.execute("SELECT pg_stat_statements_reset()")
         profiler = cProfile.Profile()
         t0 = time.perf_counter()
         if not args.no_cprofile:
             profiler.enable()
-        if args.dagster:
+        if args.relay_only:
+            relayed = relay_outbox(engine, publisher, budget_seconds=3600)
+            c = CycleCounts(sent=relayed.published, published=relayed.published)
+        elif args.dagster:
             c = _dagster_run(srv, db, args.batch_size, args.rows, profiler if not args.no_cprofile
                              else None)
         else:
@@ -68,7 +78,9 @@ def main() -> int:
         profiler.disable()
         elapsed = time.perf_counter() - t0
         published = c.published
-        print(f"variant={args.variant}: {c.sent + c.skipped:,} rows in {elapsed:.2f}s = "
+        what = ("relay alone" if args.relay_only
+                else "reminder_catch_up" if args.dagster else "run_cycle")
+        print(f"{what}: {c.sent + c.skipped:,} rows in {elapsed:.2f}s = "
               f"{(c.sent + c.skipped) / elapsed:,.0f} rows/s (published {published})")
         if not args.no_cprofile:
             buf = io.StringIO()
@@ -101,9 +113,7 @@ def _dagster_run(srv, db: str, batch_size: int, rows: int, profiler) -> CycleCou
 
     job = defs.resolve_job_def("reminder_catch_up")
     dagster_db = srv.create_database("profile_dagster")
-    overrides = {"python_logs": {"managed_python_loggers": ["reminder_pipeline"],
-                                 "python_log_level": "INFO"},
-                 "telemetry": {"enabled": False},
+    overrides = {"telemetry": {"enabled": False},
                  "storage": {"postgres": {"postgres_url": srv.url(dagster_db, driver="psycopg2")}}}
     with instance_for_test(overrides=overrides) as instance:
         if profiler is not None:
@@ -125,7 +135,7 @@ def _dagster_run(srv, db: str, batch_size: int, rows: int, profiler) -> CycleCou
         progress(f"event-log entries: {len(entries)}: {kinds}")
     meta = {k: v.value for k, v in m.metadata.items()}
     return CycleCounts(sent=int(meta["sent_count"]), skipped=int(meta["skipped_count"]),
-                             published=int(meta["published_count"]))
+                       published=int(meta["published_count"]))
 
 
 if __name__ == "__main__":

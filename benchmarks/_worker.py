@@ -1,4 +1,5 @@
-"""A catch-up process for the benchmark: our pipeline (``run_cycle``) or the raw set-based limit.
+"""A process of the benchmark: a catch-up by our pipeline (``run_cycle``, or a ``reminder_catch_up``
+Dagster run), the raw set-based limit, or one ``reminder_dispatch`` run.
 
 ``python -m benchmarks._worker '<json options>'`` imports and connects, prints ``ready``, waits
 for a ``go`` line on stdin (so several workers start together and imports are not timed), runs,
@@ -34,24 +35,24 @@ def _wait_go() -> None:
         sys.exit(3)
 
 
+def _json_log(opts: dict) -> None:
+    """As the CLI and a run worker do: JSON lines at INFO (one per reminder), here into a file."""
+    from reminder_pipeline import logs
+
+    if opts.get("log_file"):
+        logs.configure(logging.INFO, open(opts["log_file"], "a", buffering=1 << 16))  # noqa: SIM115
+
+
 # --- our pipeline ---------------------------------------------------------------------------
 
 
 def run_pipeline(opts: dict) -> dict:
-    from reminder_pipeline import cycle, logs
+    from reminder_pipeline import cycle
     from reminder_pipeline.config import KafkaSettings
     from reminder_pipeline.db import make_engine
     from reminder_pipeline.messaging.kafka import KafkaPublisher
 
-    log_file = opts.get("log_file")
-    if log_file:
-        # As the CLI does: JSON lines at INFO (one per reminder sent/skipped), here into a file.
-        logs.configure(logging.INFO, open(log_file, "a", buffering=1 << 16))  # noqa: SIM115
-    variants = []
-    if opts.get("variants"):
-        from benchmarks import _variants
-
-        variants = _variants.apply(opts["variants"])
+    _json_log(opts)
     engine = make_engine(opts["url"], pool_size=5, application_name="bench-pipeline")
     publisher = KafkaPublisher(KafkaSettings(opts["bootstrap"]))
     with engine.connect() as conn:  # open a pooled connection before the clock starts
@@ -72,7 +73,6 @@ def run_pipeline(opts: dict) -> dict:
     c = report.counts
     return {
         "mode": "pipeline",
-        "variants": variants,
         "rows": c.sent + c.skipped,
         "sent": c.sent,
         "skipped": c.skipped,
@@ -98,9 +98,11 @@ def run_pipeline(opts: dict) -> dict:
 
 def run_dagster(opts: dict) -> dict:
     """``reminder_catch_up`` executed in this process (its in-process executor) on a throwaway
-    instance configured like dagster.yaml (storage in PostgreSQL, ``python_logs``: the package's
-    INFO lines go into the run's event log). Timed from ``execute_in_process`` to its return: the run's own overhead
-    (event log, step outputs, the materialization) included, the run worker's start excluded."""
+    instance with its storage in PostgreSQL, as dagster.yaml has it; the ops write the cycle's
+    records into the run's event log through their journal (``defs/event_log.py``), and the JSON
+    log gets every line, as a run worker's stderr would. Timed from ``execute_in_process`` to its
+    return: the run's own overhead (event log, step outputs, the materialization) included, the
+    run worker's start excluded."""
     from dagster import instance_for_test
 
     from reminder_pipeline.definitions import defs
@@ -109,9 +111,8 @@ def run_dagster(opts: dict) -> dict:
     job = defs.resolve_job_def("reminder_catch_up")
     resources = {"postgres": PostgresResource(database_url=opts["url"]),
                  "kafka": KafkaResource(bootstrap_servers=opts["bootstrap"])}
-    overrides = {"python_logs": {"managed_python_loggers": ["reminder_pipeline"],
-                                 "python_log_level": "INFO"},
-                 "telemetry": {"enabled": False}}
+    _json_log(opts)
+    overrides: dict = {"telemetry": {"enabled": False}}
     if opts.get("dagster_pg_url"):  # Dagster's storage in PostgreSQL, as dagster.yaml has it
         overrides["storage"] = {"postgres": {"postgres_url": opts["dagster_pg_url"]}}
     with instance_for_test(overrides=overrides) as instance:
@@ -139,12 +140,50 @@ def run_dagster(opts: dict) -> dict:
     }
 
 
+# --- one reminder_dispatch run, as one of several deployments started together --------------------
+
+
+def run_dispatch(opts: dict) -> dict:
+    """One ``reminder_dispatch`` run (the seed's cycle: one batch) on an instance of its own, as a
+    separate deployment (or one of N runs a raised concurrency limit lets go) would run it."""
+    from dagster import DagsterInstance
+
+    from reminder_pipeline.defs.jobs import reminder_dispatch
+    from reminder_pipeline.defs.resources import KafkaResource, PostgresResource
+
+    resources = {"postgres": PostgresResource(database_url=opts["url"]),
+                 "kafka": KafkaResource(bootstrap_servers=opts["bootstrap"])}
+    _json_log(opts)
+    instance = DagsterInstance.ephemeral()
+    rss_before = _rss_mb()
+    _wait_go()
+    started_wall = time.time()
+    t0 = time.perf_counter()
+    result = reminder_dispatch.execute_in_process(
+        run_config={"batch_size": opts["batch_size"]}, instance=instance, resources=resources,
+        raise_on_error=False,
+    )
+    elapsed = time.perf_counter() - t0
+    [materialization] = result.asset_materializations_for_node("relay_outbox")
+    meta = {k: v.value for k, v in materialization.metadata.items()}
+    sent, skipped = int(meta["sent_count"]), int(meta["skipped_count"])
+    return {
+        "mode": "dispatch", "success": result.success, "rows": sent + skipped, "sent": sent,
+        "skipped": skipped, "skipped_locked": int(meta["skipped_locked_count"]),
+        "published": int(meta["published_count"]), "elapsed_s": elapsed,
+        "started_wall": started_wall, "ended_wall": time.time(), "rss_before_mb": rss_before,
+        "peak_rss_mb": _peak_mb(),
+    }
+
+
 # --- the raw set-based limit ----------------------------------------------------------------
 
+# The raw limit of a catch-up (issue 13): its own SQL by definition, not the shipped statements.
 # One statement per batch: lock the oldest due rows (SKIP LOCKED), move them Sent/Skipped from
-# their event's status, insert one outbox row per Sent row with the JSON payload and headers built
-# in SQL, and return the outbox rows to produce. The ids go through ARRAY(...) so the UPDATE keeps
-# a primary-key index scan (see shared/POSTGRES-NOTES.md).
+# their event's status, insert one outbox row per Sent row (the same columns ours writes) with the
+# JSON payload and headers built in SQL, and return the outbox rows to produce; then an idempotent
+# acks=all producer, flush, mark published. Serial, one connection, nothing per batch that ours
+# does not also pay. The ids go through ARRAY(...) so the UPDATE keeps a primary-key index scan.
 RAW_BATCH = """
 WITH due AS (
     SELECT r.id
@@ -170,7 +209,7 @@ moved AS (
               e.owner_user_id, e.client_user_id, e.kind, e.start_at, e.time_zone, e.appointment_id
 ),
 ins AS (
-    INSERT INTO outbox (topic, message_key, payload, headers, reminder_id)
+    INSERT INTO outbox (topic, message_key, payload, headers, reminder_id, due_at)
     SELECT %(topic)s, m.event_id::text,
            jsonb_build_object(
                'ReminderId', m.id::text, 'EventId', m.event_id::text,
@@ -183,7 +222,7 @@ ins AS (
                'contract-version', '1', 'event-type', 'pin.calendar.reminder-due',
                'reminder-id', m.id::text, 'content-type', 'application/json',
                'correlation-id', CAST(%(run_id)s AS text)),
-           m.id
+           m.id, m.due_at
       FROM moved m
      WHERE m.status = 'Sent'
      ORDER BY m.due_at
@@ -236,7 +275,7 @@ def run_raw(opts: dict) -> dict:
         batches += 1
         errors: dict[int, str | None] = {}
         for _, oid, key, payload, headers in messages:
-            def report(err, _msg, oid=oid):
+            def report(err, _msg, oid=oid, errors=errors):
                 errors[oid] = None if err is None else str(err)
             while True:
                 try:
@@ -285,7 +324,8 @@ def run_raw(opts: dict) -> dict:
 def main() -> int:
     opts = json.loads(sys.argv[1])
     mode = opts["mode"]
-    runners = {"pipeline": run_pipeline, "raw": run_raw, "dagster": run_dagster}
+    runners = {"pipeline": run_pipeline, "raw": run_raw, "dagster": run_dagster,
+               "dispatch": run_dispatch}
     result = runners[mode](opts)
     result["pid"] = os.getpid()
     print("result " + json.dumps(result), flush=True)

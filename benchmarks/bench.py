@@ -1,7 +1,7 @@
 """The dispatcher's performance figures, each measured side by side with its baseline in one run.
 
-    python -m benchmarks.bench [--only catchup,dueq,parallel,idle,steady] [--rows N] [--backlog N]
-                               [--steady-minutes M] [--quick] [--variants all] [--json FILE]
+    python -m benchmarks.bench [--only catchup,dueq,parallel,runs,idle,steady] [--rows N] [--backlog N]
+                               [--steady-minutes M] [--quick] [--json FILE]
 
 Starts its own embedded PostgreSQL + broker on free ports in a temp dir (or uses DATABASE_URL /
 KAFKA_BOOTSTRAP_SERVERS, creating and dropping its own databases there), prints progress on
@@ -24,7 +24,7 @@ import psutil
 
 from ._infra import fmt_rate, progress, server_version, servers
 
-FIGURES = ("catchup", "dueq", "parallel", "idle", "steady")
+FIGURES = ("catchup", "dueq", "parallel", "runs", "idle", "steady")
 
 
 @dataclass
@@ -44,10 +44,11 @@ def _verdict(ok: bool | None) -> str:
 def machine() -> dict:
     cpu = platform.processor() or ""
     try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
     except OSError:
         pass
     return {
@@ -70,15 +71,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--executions", type=int, help="due query executions (default 500)")
     p.add_argument("--backlog", type=int, help="due backlog of the catch-up figure (default 100,000)")
     p.add_argument("--parallel-backlog", type=int, help="backlog of the parallel figure (default 50,000)")
+    p.add_argument("--runs-backlog", type=int, default=2_000,
+                   help="backlog under the concurrent reminder_dispatch runs (default 2,000; "
+                        "at least 4 x 200)")
     p.add_argument("--steady-minutes", type=float, help="steady-state feeding time (default 10)")
     p.add_argument("--idle-ticks", type=int, help="idle schedule ticks to measure (default 3)")
     p.add_argument("--rate", type=float, default=50.0, help="steady-state reminders due per minute")
     p.add_argument("--without-schedules", default="",
                    help="schedules to stop for the whole Dagster phase (comma-separated), "
                         "e.g. outbox_retention_schedule, to measure what they cost")
-    p.add_argument("--variants", default="",
-                   help="also run the catch-up with prototyped fixes (benchmarks/_variants.py), "
-                        "e.g. 'all' or 'validate,jsonb'; several runs separated by ';'")
     p.add_argument("--quick", action="store_true",
                    help="tiny sizes (2,000-row backlogs, 200k rows, 2-minute steady state)")
     p.add_argument("--json", help="write every measurement to this file")
@@ -112,8 +113,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def fig_catchup(srv, args, rows: list[Row], details: dict) -> None:
     from . import _catchup
 
-    variants = [v.strip() for v in args.variants.split(";") if v.strip()]
-    res = _catchup.catchup(srv, args.backlog, variants=variants)
+    res = _catchup.catchup(srv, args.backlog)
     details["catchup"] = res
     raw_rate = statistics.mean(r["rows_per_s"] for r in res["raw_runs"])
     pipe = res["pipeline"]
@@ -148,16 +148,6 @@ def fig_catchup(srv, args, rows: list[Row], details: dict) -> None:
             f"{r:.2f}x",
             _verdict(r >= 0.70 and dag["verify"]["exactly_once"]),
         ))
-    for v in res.get("variant_runs", []):
-        r = v["rows_per_s"] / raw_rate
-        rows.append(Row(
-            f"1. (variant) catch-up with {','.join(v['variants'])}",
-            ">= 0.70x raw",
-            f"{fmt_rate(v['rows_per_s'])} rows/s ({v['elapsed_s']:.1f}s)",
-            f"raw {fmt_rate(raw_rate)} rows/s",
-            f"{r:.2f}x",
-            "INFO",
-        ))
 
 
 def fig_dueq(srv, args, rows: list[Row], details: dict) -> None:
@@ -174,15 +164,6 @@ def fig_dueq(srv, args, rows: list[Row], details: dict) -> None:
         f"seq scan {res['seqscan_ms']:.0f} ms",
         f"{res['seqscan_ms'] / res['p99_ms']:.1f}x faster",
         _verdict(res["p99_ms"] <= 12 and res["uses_index"]),
-    ))
-    nj = res["nojoin"]
-    rows.append(Row(
-        "3. due query, event_reminders alone (no event columns)",
-        "-",
-        f"p99 {nj['p99_ms']:.1f} ms (p50 {nj['p50_ms']:.1f})",
-        "alternating with the row above",
-        f"join costs {res['p50_ms'] - nj['p50_ms']:.1f} ms p50",
-        "INFO",
     ))
     rows.append(Row(
         "3. due query plan uses the partial index",
@@ -226,6 +207,25 @@ def fig_parallel(srv, args, rows: list[Row], details: dict) -> None:
             f"x1 {one['wall_s']:.1f}s ({fmt_rate(one['rows_per_s'])} rows/s)",
             f"{one['wall_s'] / run['wall_s']:.2f}x speed-up",
             _verdict(ok and one["verify"]["exactly_once"]),
+        ))
+
+
+def fig_runs(srv, args, rows: list[Row], details: dict) -> None:
+    from . import _catchup
+
+    res = _catchup.concurrent_runs(srv, args.runs_backlog)
+    details["runs"] = res
+    for n, run in res["runs"].items():
+        ratio = run["moved"] / run["ideal"]
+        once = run["verify"]["once"] and run["all_succeeded"]
+        rows.append(Row(
+            f"6. {n} reminder_dispatch run{'s' if n > 1 else ''} started together, one round "
+            f"(written once: {'yes' if once else 'NO'})",
+            ">= 0.90x ideal",
+            f"{run['moved']:,} rows moved ({run['wall_s']:.1f}s)",
+            f"ideal {n} x {res['batch_size']} = {run['ideal']:,}",
+            f"{ratio:.2f}x",
+            _verdict(ratio >= 0.9 and once),
         ))
 
 
@@ -331,8 +331,7 @@ def print_details(details: dict) -> None:
                 extra = f" db {r['db_s']:.1f}s, produce {r['produce_s']:.1f}s, mark {r['mark_s']:.1f}s"
             elif r["mode"] == "dagster":
                 extra = f" event-log entries {r['event_log_entries']:,}"
-            label = r["mode"] + (f" [{','.join(r.get('variants') or [])}]" if r.get("variants") else "")
-            print(f"  {label:58} {r['rows']:>7,} rows {r['elapsed_s']:6.1f}s "
+            print(f"  {r['mode']:10} {r['rows']:>7,} rows {r['elapsed_s']:6.1f}s "
                   f"{fmt_rate(r['rows_per_s']):>6} rows/s  peak RSS {r['peak_rss_mb']:.0f} MB "
                   f"sent {r['sent']:,} skipped {r['skipped']:,} exactly once {r['verify']['exactly_once']}"
                   + extra)
@@ -344,6 +343,15 @@ def print_details(details: dict) -> None:
                   f"worker times {r['per_worker_s']}, relay busy {r['relay_busy']}; "
                   f"sent {v['sent']:,} = outbox {v['outbox']:,}, duplicates {v['outbox_duplicates']}, "
                   f"unpublished {v['unpublished']}, due left {v['pending_due']}")
+    if "runs" in details:
+        print("\nconcurrent reminder_dispatch runs (each its own process and Dagster instance):")
+        for n, r in details["runs"]["runs"].items():
+            v = r["verify"]
+            print(f"  x{n}: moved {r['moved']:,} / ideal {r['ideal']:,}, rows per run "
+                  f"{r['per_run_rows']}, skipped_locked per run {r['per_run_skipped_locked']}, "
+                  f"run times {r['per_run_s']} s; outbox {v['outbox']:,} = sent {v['sent']:,}, "
+                  f"duplicates {v['outbox_duplicates']}, left for the next relay pass "
+                  f"{v['unpublished']}")
     if "dueq" in details:
         d = details["dueq"]
         print("\ndue query EXPLAIN (ANALYZE, BUFFERS), batch 200:")
@@ -389,7 +397,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     with servers(keep_workdir=args.keep_workdir) as srv:
         info["postgres"] = server_version(srv)
-        steps = [("catchup", fig_catchup), ("parallel", fig_parallel), ("dueq", fig_dueq)]
+        steps = [("catchup", fig_catchup), ("parallel", fig_parallel), ("runs", fig_runs),
+                 ("dueq", fig_dueq)]
         for name, fn in steps:
             if name not in args.only:
                 continue

@@ -47,17 +47,30 @@ _FREE = "(r.reserved_until IS NULL OR r.reserved_until <= now())"
 # skipped_locked: the due rows the scan passed over because another transaction held them (or
 # another run had reserved them). The scan walks (due_at, id) in order, so those are exactly the
 # due rows up to the last one taken that were not taken; when the batch came back short, every
-# due row not taken. Counted in the same statement, so on the same snapshot as the scan: a row
-# another instance held and committed meanwhile still counts. Rows cut off by LIMIT (DueAt ties
-# included) are never counted, so a lone dispatcher always reports 0.
+# due row not taken (the bound is then past any row). Counted in the same statement, so on the
+# same snapshot as the scan: a row another instance held and committed meanwhile still counts.
+# Rows cut off by LIMIT (DueAt ties included) are never counted, so a lone dispatcher always
+# reports 0. The bound is a row of two scalars, so the count walks the due index only up to it
+# (an OR of the two cases read every due row: a sequential scan of a catch-up's whole backlog,
+# ~25 ms of each 1,000-row batch, benchmarks/README.md).
 _PASSED_OVER = f"""
     SELECT count(*) - (SELECT count(*) FROM picked) AS skipped_locked
       FROM event_reminders c
      WHERE {_DUE.format(r="c")}
-       AND ((SELECT count(*) FROM picked) < :batch_size
-            OR (c.due_at, c.id) <= (SELECT row_due_at, row_id FROM picked
-                                     ORDER BY row_due_at DESC, row_id DESC LIMIT 1))
+       AND (c.due_at, c.id) <= (
+               coalesce((SELECT row_due_at FROM last_taken), TIMESTAMPTZ 'infinity'),
+               coalesce((SELECT row_id FROM last_taken),
+                        UUID 'ffffffff-ffff-ffff-ffff-ffffffffffff'))
 """
+
+# The last row a full batch took (none when the batch came back short): _PASSED_OVER's bound.
+_LAST_TAKEN = """
+    last_taken AS (
+        SELECT row_due_at, row_id FROM picked
+         WHERE (SELECT count(*) FROM picked) >= :batch_size
+         ORDER BY row_due_at DESC, row_id DESC
+         LIMIT 1
+    )"""
 
 # The names of _DUE_COLUMNS, taken from table {t} (the raw due_at that orders rows may be out of
 # Python's range, so it is not handed back).
@@ -83,7 +96,7 @@ SELECT_DUE_FOR_UPDATE_SKIP_LOCKED = text(
          ORDER BY r.due_at, r.id
          LIMIT :batch_size
            FOR UPDATE OF r SKIP LOCKED
-    )
+    ),{_LAST_TAKEN}
     SELECT {_DUE_NAMES.format(t="picked")}, passed.skipped_locked
       FROM ({_PASSED_OVER}) AS passed
       LEFT JOIN picked ON true
@@ -111,7 +124,7 @@ RESERVE_DUE = text(
                reserved_until = now() + make_interval(secs => :seconds)
          WHERE r.id = ANY (ARRAY(SELECT row_id FROM picked))
         RETURNING r.id
-    )
+    ),{_LAST_TAKEN}
     SELECT (SELECT coalesce(array_agg(CAST(row_id AS text) ORDER BY row_due_at, row_id),
                             ARRAY[]::text[])
               FROM picked) AS ids,

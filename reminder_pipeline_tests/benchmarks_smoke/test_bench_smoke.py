@@ -10,14 +10,18 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_bench_quick_prints_the_table() -> None:
+def _bench(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.bench", "--quick", "--only", "catchup,dueq",
-         "--backlog", "2000", "--rows", "20000", "--due", "300", "--executions", "30"],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=170,
+    return subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench", "--quick", *args],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False,
     )
+
+
+def test_bench_quick_prints_the_table() -> None:
+    proc = _bench("--only", "catchup,dueq", "--backlog", "2000", "--rows", "20000", "--due", "300",
+                  "--executions", "30", timeout=170)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
     for header in ("figure", "target", "measured", "baseline", "ratio", "result"):
@@ -30,3 +34,12 @@ def test_bench_quick_prints_the_table() -> None:
     assert "ERROR" not in out
     # Progress goes to stderr, the table to stdout.
     assert "catch-up" in proc.stderr
+
+
+def test_concurrent_dispatch_runs_figure_prints_a_row_per_run_count() -> None:
+    proc = _bench("--only", "runs", "--runs-backlog", "1000", timeout=170)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for n in ("1 reminder_dispatch run ", "2 reminder_dispatch runs", "4 reminder_dispatch runs"):
+        assert f"6. {n}" in proc.stdout
+    assert "ideal 4 x 200 = 800" in proc.stdout
+    assert "ERROR" not in proc.stdout
