@@ -3,6 +3,7 @@ reminder_dispatch runs: rows moved in one round)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -60,23 +61,36 @@ def run_workers(
     procs: list[subprocess.Popen[str]] = []
     errs = []
     for i in range(count):
-        o = dict(opts, mode=mode, url=srv.url(db), dsn=srv.dsn(db),
-                 bootstrap=srv.bootstrap_servers,
-                 log_file=str(log_dir / f"{db}-{mode}-{i}.jsonl") if mode != "raw" else None)
+        o = dict(
+            opts,
+            mode=mode,
+            url=srv.url(db),
+            dsn=srv.dsn(db),
+            bootstrap=srv.bootstrap_servers,
+            log_file=str(log_dir / f"{db}-{mode}-{i}.jsonl") if mode != "raw" else None,
+        )
         err = open(log_dir / f"{db}-{mode}-{i}.stderr", "w")  # noqa: SIM115
         errs.append(err)
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "benchmarks._worker", json.dumps(o)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True,
-            cwd=REPO_ROOT, env=env,
-        ))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "benchmarks._worker", json.dumps(o)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+                cwd=REPO_ROOT,
+                env=env,
+            )
+        )
     try:
         for p in procs:
             line = p.stdout.readline().strip()
             if line != "ready":
                 p.wait(10)
-                raise RuntimeError(f"{label}: worker did not start (exit {p.returncode}): "
-                                   f"{_tail(Path(errs[procs.index(p)].name))}")
+                raise RuntimeError(
+                    f"{label}: worker did not start (exit {p.returncode}): "
+                    f"{_tail(Path(errs[procs.index(p)].name))}"
+                )
         before = _upd_count(srv, db)
         started = time.perf_counter()
         for p in procs:
@@ -87,17 +101,17 @@ def run_workers(
         last_print = 0.0
         while any(p.poll() is None for p in procs):
             for h in handles:
-                try:
+                with contextlib.suppress(psutil.Error):
                     peak = max(peak, h.memory_info().rss / 2**20)
-                except psutil.Error:
-                    pass
             now = time.perf_counter()
             if now - last_print >= 2.0:
                 last_print = now
                 done = min(max(_upd_count(srv, db) - before, 0), total_rows)
                 elapsed = now - started
-                progress(f"{label}: {done:,}/{total_rows:,} rows "
-                         f"{fmt_rate(done / elapsed if elapsed > 0 else 0)} rows/s")
+                progress(
+                    f"{label}: {done:,}/{total_rows:,} rows "
+                    f"{fmt_rate(done / elapsed if elapsed > 0 else 0)} rows/s"
+                )
             time.sleep(0.2)
         wall = time.perf_counter() - started
         results = []
@@ -105,9 +119,11 @@ def run_workers(
             out = p.stdout.read()
             found = [ln for ln in out.splitlines() if ln.startswith("result ")]
             if p.returncode != 0 or not found:
-                raise RuntimeError(f"{label}: worker failed (exit {p.returncode}): "
-                                   f"{_tail(Path(errs[procs.index(p)].name))}")
-            results.append(json.loads(found[-1][len("result "):]))
+                raise RuntimeError(
+                    f"{label}: worker failed (exit {p.returncode}): "
+                    f"{_tail(Path(errs[procs.index(p)].name))}"
+                )
+            results.append(json.loads(found[-1][len("result ") :]))
         return WorkerRun(results, wall, peak, log_dir)
     finally:
         for p in procs:
@@ -143,13 +159,25 @@ def verify(srv: Servers, db: str) -> dict:
                       (SELECT coalesce(max(publish_attempts), 0) FROM outbox)
                  FROM event_reminders"""
         ).fetchone()
-    keys = ("pending_due", "sent", "skipped", "outbox", "unpublished", "outbox_duplicates",
-            "sent_without_outbox", "outbox_not_sent", "max_publish_attempts")
+    keys = (
+        "pending_due",
+        "sent",
+        "skipped",
+        "outbox",
+        "unpublished",
+        "outbox_duplicates",
+        "sent_without_outbox",
+        "outbox_not_sent",
+        "max_publish_attempts",
+    )
     result = dict(zip(keys, (int(v) for v in row), strict=True))
     result["exactly_once"] = (
-        result["pending_due"] == 0 and result["outbox"] == result["sent"]
-        and result["outbox_duplicates"] == 0 and result["sent_without_outbox"] == 0
-        and result["outbox_not_sent"] == 0 and result["unpublished"] == 0
+        result["pending_due"] == 0
+        and result["outbox"] == result["sent"]
+        and result["outbox_duplicates"] == 0
+        and result["sent_without_outbox"] == 0
+        and result["outbox_not_sent"] == 0
+        and result["unpublished"] == 0
     )
     return result
 
@@ -170,8 +198,11 @@ def catchup(srv: Servers, rows: int, batch_size: int = 1000, dagster: bool = Tru
     for i, mode in enumerate(plan):
         db = srv.create_database(f"catchup_{i}", template=tpl)
         srv.checkpoint()
-        label = {"raw": "catch-up raw limit", "pipeline": "catch-up run_cycle",
-                 "dagster": "catch-up reminder_catch_up run"}[mode]
+        label = {
+            "raw": "catch-up raw limit",
+            "pipeline": "catch-up run_cycle",
+            "dagster": "catch-up reminder_catch_up run",
+        }[mode]
         extra = {}
         if mode == "dagster":
             dagster_db = srv.create_database(f"catchup_{i}_dagster")
@@ -181,9 +212,11 @@ def catchup(srv: Servers, rows: int, batch_size: int = 1000, dagster: bool = Tru
         res["rows_per_s"] = res["rows"] / res["elapsed_s"]
         res["polled_peak_rss_mb"] = run.polled_peak_rss_mb
         res["verify"] = verify(srv, db)
-        progress(f"{label}: {res['rows']:,} rows in {res['elapsed_s']:.1f}s = "
-                 f"{fmt_rate(res['rows_per_s'])} rows/s, peak RSS {res['peak_rss_mb']:.0f} MB, "
-                 f"exactly once: {res['verify']['exactly_once']}")
+        progress(
+            f"{label}: {res['rows']:,} rows in {res['elapsed_s']:.1f}s = "
+            f"{fmt_rate(res['rows_per_s'])} rows/s, peak RSS {res['peak_rss_mb']:.0f} MB, "
+            f"exactly once: {res['verify']['exactly_once']}"
+        )
         out["order"].append(res)
         if mode == "raw":
             out["raw_runs"].append(res)
@@ -198,7 +231,9 @@ def catchup(srv: Servers, rows: int, batch_size: int = 1000, dagster: bool = Tru
     return out
 
 
-def parallel(srv: Servers, rows: int, workers: tuple[int, ...] = (1, 2, 4), batch_size: int = 1000) -> dict:
+def parallel(
+    srv: Servers, rows: int, workers: tuple[int, ...] = (1, 2, 4), batch_size: int = 1000
+) -> dict:
     """Figure 5: 1, 2 and 4 concurrent run_cycle processes over identical copies of one backlog."""
     ensure_topic(srv.kafka)
     progress(f"parallel: seeding a {rows:,}-row due backlog")
@@ -225,8 +260,10 @@ def parallel(srv: Servers, rows: int, workers: tuple[int, ...] = (1, 2, 4), batc
             "peak_rss_mb": max(r["peak_rss_mb"] for r in run.results),
             "verify": check,
         }
-        progress(f"parallel x{n}: {rows:,} rows in {total:.1f}s = {fmt_rate(rows / total)} rows/s, "
-                 f"per worker {out['runs'][n]['per_worker_rows']}, exactly once: {check['exactly_once']}")
+        progress(
+            f"parallel x{n}: {rows:,} rows in {total:.1f}s = {fmt_rate(rows / total)} rows/s, "
+            f"per worker {out['runs'][n]['per_worker_rows']}, exactly once: {check['exactly_once']}"
+        )
         srv.drop_database(db)
     srv.drop_database(tpl)
     return out
@@ -244,12 +281,19 @@ def moved_once(srv: Servers, db: str) -> dict:
                  FROM event_reminders"""
         ).fetchone()
     moved, sent, outbox, duplicates, unpublished = (int(v) for v in row)
-    return {"moved": moved, "sent": sent, "outbox": outbox, "outbox_duplicates": duplicates,
-            "unpublished": unpublished, "once": outbox == sent and duplicates == 0}
+    return {
+        "moved": moved,
+        "sent": sent,
+        "outbox": outbox,
+        "outbox_duplicates": duplicates,
+        "unpublished": unpublished,
+        "once": outbox == sent and duplicates == 0,
+    }
 
 
-def concurrent_runs(srv: Servers, rows: int, runs: tuple[int, ...] = (1, 2, 4),
-                    batch_size: int = 200) -> dict:
+def concurrent_runs(
+    srv: Servers, rows: int, runs: tuple[int, ...] = (1, 2, 4), batch_size: int = 200
+) -> dict:
     """Figure 6: 1, 2 and 4 ``reminder_dispatch`` runs (one batch each), each in its own process
     with its own Dagster instance, released together over identical copies of one backlog larger
     than all their batches: rows moved in that one round against the ideal, n x batch size."""
@@ -262,22 +306,36 @@ def concurrent_runs(srv: Servers, rows: int, runs: tuple[int, ...] = (1, 2, 4),
     for n in runs:
         db = srv.create_database(f"runs_{n}", template=tpl)
         srv.checkpoint()
-        run = run_workers(srv, db, "dispatch", n, {"batch_size": batch_size},
-                          f"{n} reminder_dispatch run(s)", n * batch_size)
+        run = run_workers(
+            srv,
+            db,
+            "dispatch",
+            n,
+            {"batch_size": batch_size},
+            f"{n} reminder_dispatch run(s)",
+            n * batch_size,
+        )
         check = moved_once(srv, db)
         check["counted"] = sum(r["rows"] for r in run.results)
         check["once"] = check["once"] and check["counted"] == check["moved"]
-        wall = max(r["ended_wall"] for r in run.results) - min(r["started_wall"] for r in run.results)
+        wall = max(r["ended_wall"] for r in run.results) - min(
+            r["started_wall"] for r in run.results
+        )
         out["runs"][n] = {
-            "ideal": n * batch_size, "moved": check["moved"], "wall_s": wall,
+            "ideal": n * batch_size,
+            "moved": check["moved"],
+            "wall_s": wall,
             "per_run_rows": [r["rows"] for r in run.results],
             "per_run_skipped_locked": [r["skipped_locked"] for r in run.results],
             "per_run_s": [round(r["elapsed_s"], 2) for r in run.results],
-            "all_succeeded": all(r["success"] for r in run.results), "verify": check,
+            "all_succeeded": all(r["success"] for r in run.results),
+            "verify": check,
         }
-        progress(f"{n} reminder_dispatch run(s): moved {check['moved']:,} of {n * batch_size:,} "
-                 f"in one round ({wall:.1f}s), per run {out['runs'][n]['per_run_rows']}, "
-                 f"written once: {check['once']}")
+        progress(
+            f"{n} reminder_dispatch run(s): moved {check['moved']:,} of {n * batch_size:,} "
+            f"in one round ({wall:.1f}s), per run {out['runs'][n]['per_run_rows']}, "
+            f"written once: {check['once']}"
+        )
         srv.drop_database(db)
     srv.drop_database(tpl)
     return out

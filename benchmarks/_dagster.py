@@ -84,10 +84,15 @@ class RunTiming:
     def as_dict(self) -> dict:
         def rel(v):
             return None if v is None else round(v - self.tick, 2)
-        return {"run_id": self.run_id[:8], "status": self.status,
-                "tick": datetime.fromtimestamp(self.tick, UTC).strftime("%H:%M:%S"),
-                "created_s": rel(self.created), "started_s": rel(self.started),
-                "ended_s": rel(self.ended)}
+
+        return {
+            "run_id": self.run_id[:8],
+            "status": self.status,
+            "tick": datetime.fromtimestamp(self.tick, UTC).strftime("%H:%M:%S"),
+            "created_s": rel(self.created),
+            "started_s": rel(self.started),
+            "ended_s": rel(self.ended),
+        }
 
 
 def scheduled_runs(instance, since: float) -> list[RunTiming]:
@@ -98,14 +103,24 @@ def scheduled_runs(instance, since: float) -> list[RunTiming]:
     for rec in records:
         tags = rec.dagster_run.tags
         # A hidden tag (leading dot) in Dagster 1.13; the plain name in older releases.
-        tag = tags.get(".dagster/scheduled_execution_time") or tags.get("dagster/scheduled_execution_time")
+        tag = tags.get(".dagster/scheduled_execution_time") or tags.get(
+            "dagster/scheduled_execution_time"
+        )
         if not tag:
             continue
         tick = datetime.fromisoformat(tag).timestamp()
         if tick < since:
             continue
-        out.append(RunTiming(rec.dagster_run.run_id, rec.dagster_run.status.value, tick,
-                             rec.create_timestamp.timestamp(), rec.start_time, rec.end_time))
+        out.append(
+            RunTiming(
+                rec.dagster_run.run_id,
+                rec.dagster_run.status.value,
+                tick,
+                rec.create_timestamp.timestamp(),
+                rec.start_time,
+                rec.end_time,
+            )
+        )
     return sorted(out, key=lambda r: r.tick)
 
 
@@ -139,19 +154,27 @@ class Feeder(threading.Thread):
                 self.late_inserts += 1
             due_at = datetime.fromtimestamp(due, UTC)
             client = self.rng.random() < 0.3
-            event_id = create_event(self.engine, NewEvent(
-                tenant_id=uuid.UUID(int=0xA1 + self.rng.randrange(3)),
-                owner_user_id=uuid.UUID(int=0xB1 + self.rng.randrange(5)),
-                client_user_id=uuid.uuid4() if client else None,
-                kind=self.rng.choice(["Showing", "Consultation", "Meeting", "Task"]),
-                start_at=due_at + timedelta(minutes=15),
-                time_zone=self.rng.choice(["Europe/Moscow", "Asia/Vladivostok", "UTC"]),
-                title="Bench: viewing with Ivan Petrov", description="+7 900 000-00-00",
-                location="Tverskaya 1, apt 42",
-            ), (15,))
+            event_id = create_event(
+                self.engine,
+                NewEvent(
+                    tenant_id=uuid.UUID(int=0xA1 + self.rng.randrange(3)),
+                    owner_user_id=uuid.UUID(int=0xB1 + self.rng.randrange(5)),
+                    client_user_id=uuid.uuid4() if client else None,
+                    kind=self.rng.choice(["Showing", "Consultation", "Meeting", "Task"]),
+                    start_at=due_at + timedelta(minutes=15),
+                    time_zone=self.rng.choice(["Europe/Moscow", "Asia/Vladivostok", "UTC"]),
+                    title="Bench: viewing with Ivan Petrov",
+                    description="+7 900 000-00-00",
+                    location="Tverskaya 1, apt 42",
+                ),
+                (15,),
+            )
             with self.engine.connect() as conn:
-                rid = conn.execute(event_reminders.select().with_only_columns(event_reminders.c.id)
-                                   .where(event_reminders.c.calendar_event_id == event_id)).scalar_one()
+                rid = conn.execute(
+                    event_reminders.select()
+                    .with_only_columns(event_reminders.c.id)
+                    .where(event_reminders.c.calendar_event_id == event_id)
+                ).scalar_one()
             self.created[str(rid)] = due
 
     def stop(self) -> None:
@@ -166,10 +189,20 @@ class Reader(threading.Thread):
         super().__init__(name="bench-reader", daemon=True)
         from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4()}",
-                                  "enable.auto.commit": False, "auto.offset.reset": "earliest"})
-        self.consumer.assign([TopicPartition(contract.TOPIC, p, OFFSET_BEGINNING)
-                              for p in range(contract.PARTITIONS)])
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"bench-{uuid.uuid4()}",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+            }
+        )
+        self.consumer.assign(
+            [
+                TopicPartition(contract.TOPIC, p, OFFSET_BEGINNING)
+                for p in range(contract.PARTITIONS)
+            ]
+        )
         self.seen: dict[str, float] = {}  # reminder id -> broker timestamp (s), first arrival
         self.copies: dict[str, int] = {}  # reminder id -> messages seen (other figures' too)
         self.timestamp_types: set[int] = set()
@@ -218,10 +251,14 @@ def set_schedule(home, env: dict, name: str, running: bool) -> None:
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "dagster"]
     cmd += ["schedule", "start" if running else "stop", name, "-w", str(home / "workspace.yaml")]
     child_env = {**os.environ, **env, "DAGSTER_HOME": str(home)}
-    proc = subprocess.run(cmd, env=child_env, capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        cmd, env=child_env, capture_output=True, text=True, timeout=120, check=False
+    )
     if proc.returncode != 0:
-        raise RuntimeError(f"dagster schedule {'start' if running else 'stop'} {name}: "
-                           f"{' '.join((proc.stderr or proc.stdout).split())[-300:]}")
+        raise RuntimeError(
+            f"dagster schedule {'start' if running else 'stop'} {name}: "
+            f"{' '.join((proc.stderr or proc.stdout).split())[-300:]}"
+        )
 
 
 def _idle_phase(srv: Servers, app_db: str, instance, ticks: int, label: str) -> dict:
@@ -239,8 +276,9 @@ def _idle_phase(srv: Servers, app_db: str, instance, ticks: int, label: str) -> 
         "tick_to_success_s": [round(d, 2) for d in durations],
         "median_s": statistics.median(durations) if durations else None,
         "max_s": max(durations) if durations else None,
-        "tick_to_start_median_s": statistics.median(
-            [r.started - r.tick for r in runs if r.started]) if runs else None,
+        "tick_to_start_median_s": statistics.median([r.started - r.tick for r in runs if r.started])
+        if runs
+        else None,
         "writes": writes,
         "app_table_writes": {t: d for t, d in writes.items() if t in APP_TABLES},
         "transactions": delta.get("_xact", {}),
@@ -270,9 +308,16 @@ def _wait_runs(instance, since: float, count: int, timeout: float, label: str) -
         time.sleep(2)
 
 
-def run(srv: Servers, *, idle_ticks: int, steady_minutes: float, rate_per_minute: float = 50.0,
-        do_idle: bool = True, do_steady: bool = True,
-        without_schedules: tuple[str, ...] = ()) -> DagsterResult:
+def run(
+    srv: Servers,
+    *,
+    idle_ticks: int,
+    steady_minutes: float,
+    rate_per_minute: float = 50.0,
+    do_idle: bool = True,
+    do_steady: bool = True,
+    without_schedules: tuple[str, ...] = (),
+) -> DagsterResult:
     from dagster import DagsterInstance
 
     from reminder_pipeline.orchestrator import DagsterStack, dagster_storage_url, prepare_home
@@ -286,8 +331,11 @@ def run(srv: Servers, *, idle_ticks: int, steady_minutes: float, rate_per_minute
     engine.dispose()
     home = srv.workdir / "dagster_home"
     dagster_url = dagster_storage_url(srv.url(dag_db))
-    env = {"DATABASE_URL": srv.url(app_db), "KAFKA_BOOTSTRAP_SERVERS": srv.bootstrap_servers,
-           "DAGSTER_PG_URL": dagster_url}
+    env = {
+        "DATABASE_URL": srv.url(app_db),
+        "KAFKA_BOOTSTRAP_SERVERS": srv.bootstrap_servers,
+        "DAGSTER_PG_URL": dagster_url,
+    }
     saved = {k: os.environ.get(k) for k in ("DAGSTER_PG_URL", "DAGSTER_HOME")}
     os.environ["DAGSTER_PG_URL"] = dagster_url
     os.environ["DAGSTER_HOME"] = str(home)
@@ -314,8 +362,9 @@ def run(srv: Servers, *, idle_ticks: int, steady_minutes: float, rate_per_minute
                 for name in others:
                     set_schedule(home, env, name, running=False)
                 try:
-                    result.idle["alone"] = _idle_phase(srv, app_db, instance, idle_ticks,
-                                                       "idle, dispatch schedule alone")
+                    result.idle["alone"] = _idle_phase(
+                        srv, app_db, instance, idle_ticks, "idle, dispatch schedule alone"
+                    )
                 finally:
                     for name in others:
                         set_schedule(home, env, name, running=True)
@@ -352,14 +401,18 @@ def _steady(srv: Servers, app_db: str, instance, minutes: float, rate: float) ->
     reader.start()
     feeder = Feeder(srv.url(app_db), due_times)
     feeder.start()
-    progress(f"steady: {len(due_times)} reminders falling due over {minutes:g} min "
-             f"(~{rate:g}/min, at random seconds)")
+    progress(
+        f"steady: {len(due_times)} reminders falling due over {minutes:g} min "
+        f"(~{rate:g}/min, at random seconds)"
+    )
     try:
         while time.time() < end + 5:
             time.sleep(min(30, max(end + 5 - time.time(), 0.1)))
             got = sum(1 for rid in feeder.created if rid in reader.seen)
-            progress(f"steady: {len(feeder.created)}/{len(due_times)} fed, {got} on the topic, "
-                     f"{max(0, int(end - time.time()))}s of feeding left")
+            progress(
+                f"steady: {len(feeder.created)}/{len(due_times)} fed, {got} on the topic, "
+                f"{max(0, int(end - time.time()))}s of feeding left"
+            )
         feeder.join(30)
         # The last reminders go out with the next tick(s): wait until everything fed is on the topic.
         deadline = time.time() + 150
@@ -375,7 +428,9 @@ def _steady(srv: Servers, app_db: str, instance, minutes: float, rate: float) ->
     with psycopg.connect(srv.dsn(app_db), autocommit=True) as conn:
         rows = conn.execute(
             "SELECT id::text, extract(epoch FROM due_at), extract(epoch FROM sent_at), status "
-            "FROM event_reminders WHERE id = ANY(%s::uuid[])", (list(created),)).fetchall()
+            "FROM event_reminders WHERE id = ANY(%s::uuid[])",
+            (list(created),),
+        ).fetchall()
     db_due = {r[0]: float(r[1]) for r in rows}
     db_sent = {r[0]: (None if r[2] is None else float(r[2])) for r in rows}
     lateness, ideal, db_lateness, missing = [], [], [], []
@@ -397,8 +452,9 @@ def _steady(srv: Servers, app_db: str, instance, minutes: float, rate: float) ->
         "received": len(lateness),
         "missing": len(missing),
         "late_inserts": feeder.late_inserts,
-        "duplicates_on_topic": sum(reader.copies.get(rid, 0) - 1 for rid in created
-                                   if reader.copies.get(rid, 0) > 1),
+        "duplicates_on_topic": sum(
+            reader.copies.get(rid, 0) - 1 for rid in created if reader.copies.get(rid, 0) > 1
+        ),
         "timestamp_types": sorted(reader.timestamp_types),
         "p50_s": statistics.median(lateness) if lateness else None,
         "p95_s": percentile(lateness, 95) if lateness else None,
@@ -415,6 +471,8 @@ def _steady(srv: Servers, app_db: str, instance, minutes: float, rate: float) ->
         "tick_to_start_max_s": max((r.started - r.tick for r in runs if r.started), default=None),
     }
     if out["p95_s"] is not None:
-        progress(f"steady: lateness p95 {out['p95_s']:.1f}s max {out['max_s']:.1f}s "
-                 f"({out['received']}/{out['fed']} received)")
+        progress(
+            f"steady: lateness p95 {out['p95_s']:.1f}s max {out['max_s']:.1f}s "
+            f"({out['received']}/{out['fed']} received)"
+        )
     return out

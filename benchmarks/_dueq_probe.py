@@ -32,15 +32,21 @@ def client_series(srv: Servers, db: str, n: int) -> dict:
         for i in range(n + 20):
             trans = conn.begin()
             t0 = time.perf_counter()
-            conn.execute(queries.SELECT_DUE_FOR_UPDATE_SKIP_LOCKED,
-                         {"as_of": datetime.now(UTC), "batch_size": BATCH}).all()
+            conn.execute(
+                queries.SELECT_DUE_FOR_UPDATE_SKIP_LOCKED,
+                {"as_of": datetime.now(UTC), "batch_size": BATCH},
+            ).all()
             dt = (time.perf_counter() - t0) * 1000
             trans.rollback()
             if i >= 20:
                 times.append(dt)
     engine.dispose()
-    return {"p50": statistics.median(times), "p90": percentile(times, 90),
-            "p99": percentile(times, 99), "max": max(times)}
+    return {
+        "p50": statistics.median(times),
+        "p90": percentile(times, 90),
+        "p99": percentile(times, 99),
+        "max": max(times),
+    }
 
 
 def raw_series(srv: Servers, db: str, n: int, lock: bool = True) -> dict:
@@ -66,8 +72,12 @@ def server_series(srv: Servers, db: str, n: int) -> dict:
     with psycopg.connect(srv.dsn(db)) as conn:
         for i in range(n + 20):
             with conn.transaction(force_rollback=True):
-                lines = [r[0] for r in conn.execute(
-                    sql, {"as_of": datetime.now(UTC), "batch_size": BATCH}, prepare=False)]
+                lines = [
+                    r[0]
+                    for r in conn.execute(
+                        sql, {"as_of": datetime.now(UTC), "batch_size": BATCH}, prepare=False
+                    )
+                ]
             if i < 20:
                 continue
             text = "\n".join(lines)
@@ -77,9 +87,12 @@ def server_series(srv: Servers, db: str, n: int) -> dict:
             for key, series in bufs.items():
                 m = re.search(rf"{key}=(\d+)", top)
                 series.append(int(m.group(1)) if m else 0)
-    return {"exec_p50": statistics.median(exec_ms), "exec_p99": percentile(exec_ms, 99),
-            "plan_p50": statistics.median(plan_ms),
-            **{f"buf_{k}_avg": round(statistics.mean(v), 1) for k, v in bufs.items()}}
+    return {
+        "exec_p50": statistics.median(exec_ms),
+        "exec_p99": percentile(exec_ms, 99),
+        "plan_p50": statistics.median(plan_ms),
+        **{f"buf_{k}_avg": round(statistics.mean(v), 1) for k, v in bufs.items()},
+    }
 
 
 def main() -> int:
@@ -112,14 +125,21 @@ def main() -> int:
                 pg.start()
                 with psycopg.connect(srv.dsn(db), autocommit=True) as conn:  # warm like before
                     conn.execute("SELECT count(*) FROM event_reminders WHERE status = 'Pending'")
-            for name, fn in (("client (SQLAlchemy)", client_series),
-                             ("client (psycopg, FOR UPDATE)", raw_series),
-                             ("client (psycopg, no lock)", lambda s, d, n: raw_series(s, d, n, False)),
-                             ("server (EXPLAIN ANALYZE)", server_series)):
+            for name, fn in (
+                ("client (SQLAlchemy)", client_series),
+                ("client (psycopg, FOR UPDATE)", raw_series),
+                ("client (psycopg, no lock)", lambda s, d, n: raw_series(s, d, n, False)),
+                ("server (EXPLAIN ANALYZE)", server_series),
+            ):
                 res = fn(srv, db, args.n)
-                print(f"{label:22} {name:30} " + ", ".join(
-                    f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in res.items()),
-                    flush=True)
+                print(
+                    f"{label:22} {name:30} "
+                    + ", ".join(
+                        f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
+                        for k, v in res.items()
+                    ),
+                    flush=True,
+                )
         srv.drop_database(db)
     finally:
         pg.stop()

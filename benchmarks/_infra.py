@@ -71,7 +71,9 @@ class Servers:
         """CREATE DATABASE (optionally a copy of ``template``); returns its name."""
         name = self.name(suffix)
         with self.admin() as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
             if template is None:
                 conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
             else:
@@ -85,7 +87,9 @@ class Servers:
 
     def drop_database(self, name: str) -> None:
         with contextlib.suppress(psycopg.Error), self.admin() as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
         if name in self._created:
             self._created.remove(name)
 
@@ -110,8 +114,10 @@ def servers(keep_workdir: bool = False, stat_statements: bool = False) -> Iterat
     try:
         admin_url = os.environ.get("DATABASE_URL")
         if admin_url:
-            admin_url = make_url(admin_url).set(drivername="postgresql+psycopg").render_as_string(
-                hide_password=False
+            admin_url = (
+                make_url(admin_url)
+                .set(drivername="postgresql+psycopg")
+                .render_as_string(hide_password=False)
             )
         else:
             pg = EmbeddedPostgres(data_dir=workdir / "pg" / "data", port=free_port())
@@ -120,8 +126,10 @@ def servers(keep_workdir: bool = False, stat_statements: bool = False) -> Iterat
             if stat_statements:
                 conf = pg.data_dir / "postgresql.conf"
                 with conf.open("a") as f:
-                    f.write("\nshared_preload_libraries = 'pg_stat_statements'\n"
-                            "pg_stat_statements.track = all\n")
+                    f.write(
+                        "\nshared_preload_libraries = 'pg_stat_statements'\n"
+                        "pg_stat_statements.track = all\n"
+                    )
                 pg.stop()
                 pg.start()
             admin_url = pg.url("postgres")

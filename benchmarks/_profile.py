@@ -35,15 +35,24 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=1000)
     parser.add_argument("--no-log", action="store_true", help="do not configure INFO logging")
     parser.add_argument("--top", type=int, default=35)
-    parser.add_argument("--no-cprofile", action="store_true",
-                        help="no cProfile (e.g. under py-spy, which also sees the relay thread)")
-    parser.add_argument("--dagster", action="store_true",
-                        help="run the drain as a reminder_catch_up Dagster run (in process, "
-                             "Dagster storage in PostgreSQL as dagster.yaml has it) instead of "
-                             "run_cycle")
-    parser.add_argument("--relay-only", action="store_true",
-                        help="write the backlog to the outbox first (no publisher), then time the "
-                             "relay alone: what one relay lock publishes per second")
+    parser.add_argument(
+        "--no-cprofile",
+        action="store_true",
+        help="no cProfile (e.g. under py-spy, which also sees the relay thread)",
+    )
+    parser.add_argument(
+        "--dagster",
+        action="store_true",
+        help="run the drain as a reminder_catch_up Dagster run (in process, "
+        "Dagster storage in PostgreSQL as dagster.yaml has it) instead of "
+        "run_cycle",
+    )
+    parser.add_argument(
+        "--relay-only",
+        action="store_true",
+        help="write the backlog to the outbox first (no publisher), then time the "
+        "relay alone: what one relay lock publishes per second",
+    )
     args = parser.parse_args()
     with servers(stat_statements=True) as srv:
         ensure_topic(srv.kafka)
@@ -58,8 +67,9 @@ def main() -> int:
             logs.configure(logging.INFO, open(srv.workdir / "profile.jsonl", "a"))  # noqa: SIM115
         publisher = KafkaPublisher(srv.kafka)
         if args.relay_only:
-            cycle.drain(engine, datetime.now(UTC), args.batch_size, max_batches=10_000,
-                        budget_seconds=3600)
+            cycle.drain(
+                engine, datetime.now(UTC), args.batch_size, max_batches=10_000, budget_seconds=3600
+            )
             with psycopg.connect(srv.dsn(db), autocommit=True) as conn:
                 conn.execute("SELECT pg_stat_statements_reset()")
         profiler = cProfile.Profile()
@@ -70,18 +80,31 @@ def main() -> int:
             relayed = relay_outbox(engine, publisher, budget_seconds=3600)
             c = CycleCounts(sent=relayed.published, published=relayed.published)
         elif args.dagster:
-            c = _dagster_run(srv, db, args.batch_size, args.rows, profiler if not args.no_cprofile
-                             else None)
+            c = _dagster_run(
+                srv, db, args.batch_size, args.rows, profiler if not args.no_cprofile else None
+            )
         else:
-            c = cycle.run_cycle(engine, publisher, batch_size=args.batch_size,
-                                max_batches=10_000, budget_seconds=3600).counts
+            c = cycle.run_cycle(
+                engine,
+                publisher,
+                batch_size=args.batch_size,
+                max_batches=10_000,
+                budget_seconds=3600,
+            ).counts
         profiler.disable()
         elapsed = time.perf_counter() - t0
         published = c.published
-        what = ("relay alone" if args.relay_only
-                else "reminder_catch_up" if args.dagster else "run_cycle")
-        print(f"{what}: {c.sent + c.skipped:,} rows in {elapsed:.2f}s = "
-              f"{(c.sent + c.skipped) / elapsed:,.0f} rows/s (published {published})")
+        what = (
+            "relay alone"
+            if args.relay_only
+            else "reminder_catch_up"
+            if args.dagster
+            else "run_cycle"
+        )
+        print(
+            f"{what}: {c.sent + c.skipped:,} rows in {elapsed:.2f}s = "
+            f"{(c.sent + c.skipped) / elapsed:,.0f} rows/s (published {published})"
+        )
         if not args.no_cprofile:
             buf = io.StringIO()
             pstats.Stats(profiler, stream=buf).sort_stats("cumulative").print_stats(args.top)
@@ -113,29 +136,43 @@ def _dagster_run(srv, db: str, batch_size: int, rows: int, profiler) -> CycleCou
 
     job = defs.resolve_job_def("reminder_catch_up")
     dagster_db = srv.create_database("profile_dagster")
-    overrides = {"telemetry": {"enabled": False},
-                 "storage": {"postgres": {"postgres_url": srv.url(dagster_db, driver="psycopg2")}}}
+    overrides = {
+        "telemetry": {"enabled": False},
+        "storage": {"postgres": {"postgres_url": srv.url(dagster_db, driver="psycopg2")}},
+    }
     with instance_for_test(overrides=overrides) as instance:
         if profiler is not None:
             profiler.enable()
         result = job.execute_in_process(
-            run_config={"batch_size": batch_size, "max_batches": rows // batch_size + 2,
-                        "budget_seconds": 240.0},
-            instance=instance, raise_on_error=True,
-            resources={"postgres": PostgresResource(database_url=srv.url(db)),
-                       "kafka": KafkaResource(bootstrap_servers=srv.bootstrap_servers)},
+            run_config={
+                "batch_size": batch_size,
+                "max_batches": rows // batch_size + 2,
+                "budget_seconds": 240.0,
+            },
+            instance=instance,
+            raise_on_error=True,
+            resources={
+                "postgres": PostgresResource(database_url=srv.url(db)),
+                "kafka": KafkaResource(bootstrap_servers=srv.bootstrap_servers),
+            },
         )
         [m] = result.asset_materializations_for_node("relay_outbox")
         entries = instance.all_logs(result.run_id)
         kinds: dict[str, int] = {}
         for e in entries:
-            key = e.dagster_event.event_type_value if e.is_dagster_event else \
-                (e.user_message or "").split(" ")[0:2]
+            key = (
+                e.dagster_event.event_type_value
+                if e.is_dagster_event
+                else (e.user_message or "").split(" ")[0:2]
+            )
             kinds[str(key)] = kinds.get(str(key), 0) + 1
         progress(f"event-log entries: {len(entries)}: {kinds}")
     meta = {k: v.value for k, v in m.metadata.items()}
-    return CycleCounts(sent=int(meta["sent_count"]), skipped=int(meta["skipped_count"]),
-                       published=int(meta["published_count"]))
+    return CycleCounts(
+        sent=int(meta["sent_count"]),
+        skipped=int(meta["skipped_count"]),
+        published=int(meta["published_count"]),
+    )
 
 
 if __name__ == "__main__":

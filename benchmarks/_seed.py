@@ -129,7 +129,11 @@ def _schema_objects(conn: psycopg.Connection, tables: tuple[str, ...]) -> tuple[
 
 
 def seed_history(
-    dsn: str, reminders: int, due_pending: int, base, on_progress: Callable[[str], None],
+    dsn: str,
+    reminders: int,
+    due_pending: int,
+    base,
+    on_progress: Callable[[str], None],
     chunk: int = 1_000_000,
 ) -> dict:
     """A big ``event_reminders`` (the due-query figure): about ``due_pending`` rows due and Pending.
@@ -169,7 +173,9 @@ def seed_history(
                 conn.execute(*_bind(rem_sql, params))
             done = hi * 2
             rate = done / (time.perf_counter() - t0)
-            on_progress(f"due-query data: {done:,}/{events * 2:,} reminders {fmt_rate(rate)} rows/s")
+            on_progress(
+                f"due-query data: {done:,}/{events * 2:,} reminders {fmt_rate(rate)} rows/s"
+            )
         timings["load_s"] = time.perf_counter() - t0
         t1 = time.perf_counter()
         for statement in creates + fks:

@@ -62,8 +62,10 @@ def run_pipeline(opts: dict) -> dict:
     started_wall = time.time()
     t0 = time.perf_counter()
     report = cycle.run_cycle(
-        engine, publisher,
-        batch_size=opts["batch_size"], max_batches=opts["max_batches"],
+        engine,
+        publisher,
+        batch_size=opts["batch_size"],
+        max_batches=opts["max_batches"],
         budget_seconds=opts["budget_seconds"],
     )
     elapsed = time.perf_counter() - t0
@@ -109,8 +111,10 @@ def run_dagster(opts: dict) -> dict:
     from reminder_pipeline.defs.resources import KafkaResource, PostgresResource
 
     job = defs.resolve_job_def("reminder_catch_up")
-    resources = {"postgres": PostgresResource(database_url=opts["url"]),
-                 "kafka": KafkaResource(bootstrap_servers=opts["bootstrap"])}
+    resources = {
+        "postgres": PostgresResource(database_url=opts["url"]),
+        "kafka": KafkaResource(bootstrap_servers=opts["bootstrap"]),
+    }
     _json_log(opts)
     overrides: dict = {"telemetry": {"enabled": False}}
     if opts.get("dagster_pg_url"):  # Dagster's storage in PostgreSQL, as dagster.yaml has it
@@ -121,9 +125,14 @@ def run_dagster(opts: dict) -> dict:
         started_wall = time.time()
         t0 = time.perf_counter()
         result = job.execute_in_process(
-            run_config={"batch_size": opts["batch_size"], "max_batches": opts["max_batches"],
-                        "budget_seconds": min(opts["budget_seconds"], 240.0)},
-            instance=instance, resources=resources, raise_on_error=True,
+            run_config={
+                "batch_size": opts["batch_size"],
+                "max_batches": opts["max_batches"],
+                "budget_seconds": min(opts["budget_seconds"], 240.0),
+            },
+            instance=instance,
+            resources=resources,
+            raise_on_error=True,
         )
         elapsed = time.perf_counter() - t0
         ended_wall = time.time()
@@ -132,10 +141,18 @@ def run_dagster(opts: dict) -> dict:
         events = len(instance.all_logs(result.run_id))
     sent, skipped = int(meta["sent_count"]), int(meta["skipped_count"])
     return {
-        "mode": "dagster", "rows": sent + skipped, "sent": sent, "skipped": skipped,
-        "published": int(meta["published_count"]), "batches": int(meta.get("batches", 0)),
-        "event_log_entries": events, "elapsed_s": elapsed, "started_wall": started_wall,
-        "ended_wall": ended_wall, "rss_before_mb": rss_before, "rss_end_mb": _rss_mb(),
+        "mode": "dagster",
+        "rows": sent + skipped,
+        "sent": sent,
+        "skipped": skipped,
+        "published": int(meta["published_count"]),
+        "batches": int(meta.get("batches", 0)),
+        "event_log_entries": events,
+        "elapsed_s": elapsed,
+        "started_wall": started_wall,
+        "ended_wall": ended_wall,
+        "rss_before_mb": rss_before,
+        "rss_end_mb": _rss_mb(),
         "peak_rss_mb": _peak_mb(),
     }
 
@@ -151,8 +168,10 @@ def run_dispatch(opts: dict) -> dict:
     from reminder_pipeline.defs.jobs import reminder_dispatch
     from reminder_pipeline.defs.resources import KafkaResource, PostgresResource
 
-    resources = {"postgres": PostgresResource(database_url=opts["url"]),
-                 "kafka": KafkaResource(bootstrap_servers=opts["bootstrap"])}
+    resources = {
+        "postgres": PostgresResource(database_url=opts["url"]),
+        "kafka": KafkaResource(bootstrap_servers=opts["bootstrap"]),
+    }
     _json_log(opts)
     instance = DagsterInstance.ephemeral()
     rss_before = _rss_mb()
@@ -160,7 +179,9 @@ def run_dispatch(opts: dict) -> dict:
     started_wall = time.time()
     t0 = time.perf_counter()
     result = reminder_dispatch.execute_in_process(
-        run_config={"batch_size": opts["batch_size"]}, instance=instance, resources=resources,
+        run_config={"batch_size": opts["batch_size"]},
+        instance=instance,
+        resources=resources,
         raise_on_error=False,
     )
     elapsed = time.perf_counter() - t0
@@ -168,10 +189,17 @@ def run_dispatch(opts: dict) -> dict:
     meta = {k: v.value for k, v in materialization.metadata.items()}
     sent, skipped = int(meta["sent_count"]), int(meta["skipped_count"])
     return {
-        "mode": "dispatch", "success": result.success, "rows": sent + skipped, "sent": sent,
-        "skipped": skipped, "skipped_locked": int(meta["skipped_locked_count"]),
-        "published": int(meta["published_count"]), "elapsed_s": elapsed,
-        "started_wall": started_wall, "ended_wall": time.time(), "rss_before_mb": rss_before,
+        "mode": "dispatch",
+        "success": result.success,
+        "rows": sent + skipped,
+        "sent": sent,
+        "skipped": skipped,
+        "skipped_locked": int(meta["skipped_locked_count"]),
+        "published": int(meta["published_count"]),
+        "elapsed_s": elapsed,
+        "started_wall": started_wall,
+        "ended_wall": time.time(),
+        "rss_before_mb": rss_before,
         "peak_rss_mb": _peak_mb(),
     }
 
@@ -245,13 +273,15 @@ def run_raw(opts: dict) -> dict:
 
     dsn = opts["dsn"]
     conn = psycopg.connect(dsn, application_name="bench-raw")
-    producer = Producer({
-        "bootstrap.servers": opts["bootstrap"],
-        "enable.idempotence": True,
-        "acks": "all",
-        "linger.ms": 5,
-        "compression.type": "none",
-    })
+    producer = Producer(
+        {
+            "bootstrap.servers": opts["bootstrap"],
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 5,
+            "compression.type": "none",
+        }
+    )
     producer.list_topics(timeout=10)  # connect before the clock starts
     rss_before = _rss_mb()
     _wait_go()
@@ -264,8 +294,15 @@ def run_raw(opts: dict) -> dict:
     while True:
         ta = time.perf_counter()
         with conn.transaction():
-            result = conn.execute(RAW_BATCH, {"as_of": as_of, "batch": opts["batch_size"],
-                                              "topic": contract.TOPIC, "run_id": run_id}).fetchall()
+            result = conn.execute(
+                RAW_BATCH,
+                {
+                    "as_of": as_of,
+                    "batch": opts["batch_size"],
+                    "topic": contract.TOPIC,
+                    "run_id": run_id,
+                },
+            ).fetchall()
         tb = time.perf_counter()
         db_s += tb - ta
         moved = int(result[0][0]) if result else 0
@@ -275,13 +312,19 @@ def run_raw(opts: dict) -> dict:
         batches += 1
         errors: dict[int, str | None] = {}
         for _, oid, key, payload, headers in messages:
+
             def report(err, _msg, oid=oid, errors=errors):
                 errors[oid] = None if err is None else str(err)
+
             while True:
                 try:
-                    producer.produce(contract.TOPIC, key=key.encode(), value=payload.encode(),
-                                     headers=[(k, str(v).encode()) for k, v in headers.items()],
-                                     on_delivery=report)
+                    producer.produce(
+                        contract.TOPIC,
+                        key=key.encode(),
+                        value=payload.encode(),
+                        headers=[(k, str(v).encode()) for k, v in headers.items()],
+                        on_delivery=report,
+                    )
                     break
                 except BufferError:
                     producer.poll(0.05)
@@ -324,8 +367,12 @@ def run_raw(opts: dict) -> dict:
 def main() -> int:
     opts = json.loads(sys.argv[1])
     mode = opts["mode"]
-    runners = {"pipeline": run_pipeline, "raw": run_raw, "dagster": run_dagster,
-               "dispatch": run_dispatch}
+    runners = {
+        "pipeline": run_pipeline,
+        "raw": run_raw,
+        "dagster": run_dagster,
+        "dispatch": run_dispatch,
+    }
     result = runners[mode](opts)
     result["pid"] = os.getpid()
     print("result " + json.dumps(result), flush=True)

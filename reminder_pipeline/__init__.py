@@ -1,3 +1,3 @@
-"""reminder-pipeline: the calendar's reminder dispatcher (ReminderDispatchJob) on Postgres, Kafka and Dagster."""
+"""reminder-pipeline: the calendar's reminder dispatcher on Postgres, Kafka and Dagster."""
 
 __version__ = "0.1.0"

@@ -1,4 +1,4 @@
-"""The calendar side: creating, cancelling, completing and rescheduling events with their reminder rows.
+"""The calendar side: creating, cancelling, completing and rescheduling events and their reminders.
 
 Each call is one transaction. Cancel and complete lock the event's Pending rows before touching
 them, like the design's cascade: a dispatcher holding a row makes the cascade wait, and a row the
@@ -140,7 +140,9 @@ def reschedule_event(
     with engine.begin() as conn:
         if repository.lock_event(conn, event_id) is None:
             raise CalendarError(f"calendar event {event_id} does not exist")
-        wanted = list(offsets) if offsets is not None else repository.reminder_offsets(conn, event_id)
+        wanted = (
+            list(offsets) if offsets is not None else repository.reminder_offsets(conn, event_id)
+        )
         repository.lock_pending_reminders(conn, event_id)
         repository.delete_pending_reminders(conn, event_id)
         repository.move_event(conn, event_id, new_start_at)

@@ -54,7 +54,7 @@ def _shown(value: object) -> str:
 
 
 def check_int(value: object, name: str, low: int, high: int) -> int:
-    """``value`` (an int or its text) as an int within ``[low, high]``; else a one-line ConfigError."""
+    """``value`` (an int or its text) as an int within ``[low, high]``; else a ConfigError."""
     if isinstance(value, bool) or not isinstance(value, int | str):
         if isinstance(value, float) and value.is_integer():
             value = int(value)
@@ -73,7 +73,7 @@ def check_int(value: object, name: str, low: int, high: int) -> int:
 
 
 def check_number(value: object, name: str, low: float, high: float) -> float:
-    """``value`` (a number or its text) as a finite float within ``[low, high]``; else a ConfigError."""
+    """``value`` (a number or its text) as a finite float in ``[low, high]``; else ConfigError."""
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise ConfigError(f"{name}={_shown(value)} is not a number")
     try:
@@ -105,7 +105,7 @@ def check_budget_seconds(
 
 
 def check_as_of(value: object, name: str = "as_of", now: datetime | None = None) -> datetime | None:
-    """AsOf: ISO-8601 text (or a datetime) with a zone, never in the future; None/empty means now."""
+    """AsOf: ISO-8601 text (or a datetime) with a zone, not in the future; None/empty means now."""
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
     if isinstance(value, datetime):
@@ -157,7 +157,9 @@ def _int_setting(env: Mapping[str, str], name: str, default: int, low: int, high
     return check_int(raw, name, low, high)
 
 
-def _float_setting(env: Mapping[str, str], name: str, default: float, low: float, high: float) -> float:
+def _float_setting(
+    env: Mapping[str, str], name: str, default: float, low: float, high: float
+) -> float:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return default
@@ -168,7 +170,7 @@ _URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*:)\S+@")
 
 
 def mask_secrets(text: str) -> str:
-    """``text`` with the password of every ``scheme://user:password@host`` in it replaced by ``***``."""
+    """``text`` with the password of each ``scheme://user:password@host`` in it shown as ``***``."""
     return _URL_PASSWORD.sub(r"\1***@", text)
 
 
@@ -192,7 +194,8 @@ def validate_database_url(url: str, name: str = "DATABASE_URL") -> str:
         )
     if parsed.get_driver_name() not in ("psycopg", "psycopg2"):
         raise ConfigError(
-            f"{name} must use the psycopg driver (postgresql+psycopg://...), got {parsed.drivername!r}"
+            f"{name} must use the psycopg driver (postgresql+psycopg://...), "
+            f"got {parsed.drivername!r}"
         )
     return url
 
@@ -219,9 +222,9 @@ class KafkaSettings:
     sasl_username: str | None = None
     sasl_password: str | None = field(default=None, repr=False)
 
-    def client_config(self) -> dict[str, str]:
+    def client_config(self) -> dict[str, str | int | float | bool]:
         """librdkafka properties common to every client."""
-        config = {
+        config: dict[str, str | int | float | bool] = {
             "bootstrap.servers": self.bootstrap_servers,
             "security.protocol": self.security_protocol,
         }
@@ -239,7 +242,8 @@ class KafkaSettings:
         protocol = (env.get("KAFKA_SECURITY_PROTOCOL") or "PLAINTEXT").strip().upper()
         if protocol not in SECURITY_PROTOCOLS:
             raise ConfigError(
-                f"KAFKA_SECURITY_PROTOCOL={protocol!r} is not one of {', '.join(SECURITY_PROTOCOLS)}"
+                f"KAFKA_SECURITY_PROTOCOL={protocol!r} is not one of "
+                f"{', '.join(SECURITY_PROTOCOLS)}"
             )
         mechanism = (env.get("KAFKA_SASL_MECHANISM") or "").strip().upper() or None
         username = env.get("KAFKA_SASL_USERNAME") or None
@@ -253,11 +257,13 @@ class KafkaSettings:
                 )
             if not username or not password:
                 raise ConfigError(
-                    f"KAFKA_SECURITY_PROTOCOL={protocol} needs KAFKA_SASL_USERNAME and KAFKA_SASL_PASSWORD"
+                    f"KAFKA_SECURITY_PROTOCOL={protocol} needs KAFKA_SASL_USERNAME and "
+                    "KAFKA_SASL_PASSWORD"
                 )
         elif mechanism is not None:
             raise ConfigError(
-                f"KAFKA_SASL_MECHANISM is set but KAFKA_SECURITY_PROTOCOL={protocol} does not use SASL"
+                f"KAFKA_SASL_MECHANISM is set but KAFKA_SECURITY_PROTOCOL={protocol} "
+                "does not use SASL"
             )
         return cls(
             bootstrap_servers=validate_bootstrap_servers(bootstrap_servers),
@@ -311,13 +317,20 @@ class Settings:
             database_url=database_url,
             kafka_bootstrap_servers=servers,
             home=home.resolve(),
-            batch_size=_int_setting(env, "REMINDER_BATCH_SIZE", DEFAULT_BATCH_SIZE, 1, MAX_BATCH_SIZE),
+            batch_size=_int_setting(
+                env, "REMINDER_BATCH_SIZE", DEFAULT_BATCH_SIZE, 1, MAX_BATCH_SIZE
+            ),
             cycle_budget_seconds=_float_setting(
-                env, "REMINDER_CYCLE_BUDGET_SECONDS", DEFAULT_CYCLE_BUDGET_SECONDS,
-                MIN_BUDGET_SECONDS, MAX_BUDGET_SECONDS,
+                env,
+                "REMINDER_CYCLE_BUDGET_SECONDS",
+                DEFAULT_CYCLE_BUDGET_SECONDS,
+                MIN_BUDGET_SECONDS,
+                MAX_BUDGET_SECONDS,
             ),
             embedded_pg_port=_int_setting(env, "REMINDER_EMBEDDED_PG_PORT", 54329, 1, 65535),
-            embedded_broker_port=_int_setting(env, "REMINDER_EMBEDDED_BROKER_PORT", 19092, 1, 65535),
+            embedded_broker_port=_int_setting(
+                env, "REMINDER_EMBEDDED_BROKER_PORT", 19092, 1, 65535
+            ),
             webserver_port=_int_setting(env, "DAGSTER_WEBSERVER_PORT", 3000, 1, 65535),
             metrics_port=_int_setting(env, "REMINDER_METRICS_PORT", 9464, 1, 65535),
             env=env,

@@ -1,4 +1,4 @@
-"""One dispatch cycle: ``select_due_batch → resolve_event_status → transition_and_outbox → relay_outbox``.
+"""One dispatch cycle: select_due_batch, resolve_event_status, transition_and_outbox, relay_outbox.
 
 This module owns a cycle; the CLI and the Dagster ops are adapters over these calls, which take
 and return plain records:
@@ -34,7 +34,15 @@ from typing import Any
 from sqlalchemy.engine import Connection, Engine
 
 from .domain import contract
-from .domain.model import Action, CycleCounts, Decision, DueReminder, PoisonRow, ReminderStatus
+from .domain.model import (
+    Action,
+    ClaimedMessage,
+    CycleCounts,
+    Decision,
+    DueReminder,
+    PoisonRow,
+    ReminderStatus,
+)
 from .domain.plan import plan_batch
 from .domain.transitions import action_for, decide_all
 from .logs import Journal
@@ -42,7 +50,6 @@ from .memory import young_generation
 from .messaging.relay import OutboxRelay, Publisher, RelayResult, relay_outbox
 from .observability import ledger, tracing
 from .store import repository
-from .domain.model import ClaimedMessage
 
 #: How long the rows a Dagster run selected stay reserved for its writing step. The write
 #: follows the selection within seconds; a run that dies in between releases its rows by
@@ -262,8 +269,9 @@ def transition_and_outbox(
     outcome.gone = len(missing) - outcome.skipped_locked
 
     plan = plan_batch(locked, correlation_id=correlation_id, trace=tracing.trace_headers())
-    applied = repository.apply_transitions(conn, plan.transitions(), topic=contract.TOPIC,
-                                           sent_at=max(now, as_of))
+    applied = repository.apply_transitions(
+        conn, plan.transitions(), topic=contract.TOPIC, sent_at=max(now, as_of)
+    )
     outcome.poison = plan.poison + applied.refused
     repository.record_poison(conn, outcome.poison, now)
 
@@ -282,9 +290,15 @@ def transition_and_outbox(
             outcome.lateness_seconds.append(row.lateness_seconds)
         message = messages[row.reminder_id]
         if row.outbox_id is not None:
-            outcome.messages.append(ClaimedMessage(row.outbox_id, contract.TOPIC,
-                                                   message.message_key, row.payload or "",
-                                                   message.headers))
+            outcome.messages.append(
+                ClaimedMessage(
+                    row.outbox_id,
+                    contract.TOPIC,
+                    message.message_key,
+                    row.payload or "",
+                    message.headers,
+                )
+            )
     outcome.outbox_rows = applied.outbox_rows
     return outcome
 
@@ -306,15 +320,24 @@ def dispatch_batch(
     try:
         with engine.begin() as conn:
             selection = select_due_batch(conn, as_of, batch_size)
-            outcome = transition_and_outbox(conn, selection.ids, as_of, held=selection.candidates,
-                                            correlation_id=correlation_id)
+            outcome = transition_and_outbox(
+                conn, selection.ids, as_of, held=selection.candidates, correlation_id=correlation_id
+            )
     except BaseException as error:
-        journal.event(logging.WARNING, "batch rolled back", run_id=correlation_id,
-                      error_kind=type(error).__name__)
+        journal.event(
+            logging.WARNING,
+            "batch rolled back",
+            run_id=correlation_id,
+            error_kind=type(error).__name__,
+        )
         raise
     outcome.skipped_locked += selection.skipped_locked
-    _report(journal, outcome, correlation_id, selected=(len(selection.candidates),
-                                                        selection.skipped_locked))
+    _report(
+        journal,
+        outcome,
+        correlation_id,
+        selected=(len(selection.candidates), selection.skipped_locked),
+    )
     return outcome
 
 
@@ -328,18 +351,38 @@ def _report(
     lines: list[dict[str, Any]] = []
     if selected is not None:
         lines.append({"msg": "batch selected", "count": selected[0], "skipped_locked": selected[1]})
-    sent = [{"reminder_id": r.reminder_id, "event_id": r.event_id,
-             "offset_minutes": r.offset_minutes, "tenant_id": r.tenant_id} for r in outcome.sent]
-    skipped = [{"reminder_id": r.reminder_id, "event_id": r.event_id,
-                "event_status": r.event_status, "tenant_id": r.tenant_id} for r in outcome.skipped]
+    sent = [
+        {
+            "reminder_id": r.reminder_id,
+            "event_id": r.event_id,
+            "offset_minutes": r.offset_minutes,
+            "tenant_id": r.tenant_id,
+        }
+        for r in outcome.sent
+    ]
+    skipped = [
+        {
+            "reminder_id": r.reminder_id,
+            "event_id": r.event_id,
+            "event_status": r.event_status,
+            "tenant_id": r.tenant_id,
+        }
+        for r in outcome.skipped
+    ]
     lines += [{"msg": "reminder sent", **ids} for ids in sent]
     lines += [{"msg": "reminder skipped", **ids} for ids in skipped]
     journal.batch(logging.INFO, "batch written", lines, run_id=run_id)
     tracing.item_events("reminder sent", sent)
     tracing.item_events("reminder skipped", skipped)
     for r in outcome.time_zone_fallbacks:
-        journal.event(logging.WARNING, "time zone not canonical; sent with UTC", run_id=run_id,
-                      reminder_id=r.reminder_id, event_id=r.event_id, tenant_id=r.tenant_id)
+        journal.event(
+            logging.WARNING,
+            "time zone not canonical; sent with UTC",
+            run_id=run_id,
+            reminder_id=r.reminder_id,
+            event_id=r.event_id,
+            tenant_id=r.tenant_id,
+        )
     for p in outcome.poison:
         ids = {"reminder_id": p.reminder_id, "event_id": p.event_id, "tenant_id": p.tenant_id}
         journal.event(logging.ERROR, "item failed", run_id=run_id, exception=p.error, **ids)
@@ -377,8 +420,9 @@ def drain(
     try:
         with young_generation():
             for _ in range(max_batches):
-                outcome = dispatch_batch(engine, as_of, batch_size,
-                                         correlation_id=correlation_id, journal=journal)
+                outcome = dispatch_batch(
+                    engine, as_of, batch_size, correlation_id=correlation_id, journal=journal
+                )
                 counts.add(outcome.counts())
                 if relay is not None:
                     relay.hand_over(outcome.messages)
@@ -387,9 +431,12 @@ def drain(
                 if outcome.selected < batch_size:
                     break
                 if time.time() - started >= budget_seconds:
-                    journal.event(logging.WARNING,
-                                  "cycle budget spent; the rest waits for the next cycle",
-                                  run_id=correlation_id, budget_seconds=budget_seconds)
+                    journal.event(
+                        logging.WARNING,
+                        "cycle budget spent; the rest waits for the next cycle",
+                        run_id=correlation_id,
+                        budget_seconds=budget_seconds,
+                    )
                     break
     except BaseException:
         if relay is not None:
@@ -414,20 +461,32 @@ def start(
     started = time.time()
     now = datetime.fromtimestamp(started, UTC)  # AsOf defaults to the cycle's own start
     cycle = Cycle(run_id, check_as_of(as_of, now), batch_size, max_batches, budget_seconds, started)
-    (journal or Journal()).event(logging.INFO, "cycle started", run_id=run_id,
-                                 as_of=cycle.as_of.isoformat(), batch_size=batch_size,
-                                 max_batches=max_batches)
+    (journal or Journal()).event(
+        logging.INFO,
+        "cycle started",
+        run_id=run_id,
+        as_of=cycle.as_of.isoformat(),
+        batch_size=batch_size,
+        max_batches=max_batches,
+    )
     return cycle
 
 
-def select(engine: Engine, cycle: Cycle, *, journal: Journal | None = None
-           ) -> repository.Reservation:
+def select(
+    engine: Engine, cycle: Cycle, *, journal: Journal | None = None
+) -> repository.Reservation:
     """Step 1: the cycle's batch of due rows, reserved for its run (committed before returning)."""
     with engine.begin() as conn:
-        reserved = repository.reserve_due(conn, cycle.as_of, cycle.batch_size, cycle.run_id,
-                                          RESERVATION_SECONDS)
-    (journal or Journal()).event(logging.INFO, "batch selected", run_id=cycle.run_id,
-                                 count=len(reserved.ids), skipped_locked=reserved.skipped_locked)
+        reserved = repository.reserve_due(
+            conn, cycle.as_of, cycle.batch_size, cycle.run_id, RESERVATION_SECONDS
+        )
+    (journal or Journal()).event(
+        logging.INFO,
+        "batch selected",
+        run_id=cycle.run_id,
+        count=len(reserved.ids),
+        skipped_locked=reserved.skipped_locked,
+    )
     return reserved
 
 
@@ -461,15 +520,21 @@ def write(
     """
     journal = journal or Journal()
     started = cycle.started_at if cycle.run_id == run_id else time.time()
-    with tracing.cycle_span(run_id, as_of=cycle.as_of.isoformat(), batch_size=cycle.batch_size,
-                            max_batches=cycle.max_batches):
+    with tracing.cycle_span(
+        run_id,
+        as_of=cycle.as_of.isoformat(),
+        batch_size=cycle.batch_size,
+        max_batches=cycle.max_batches,
+    ):
         try:
             with engine.begin() as conn:
-                outcome = transition_and_outbox(conn, ids, cycle.as_of, correlation_id=run_id,
-                                                reserved_by=cycle.run_id)
+                outcome = transition_and_outbox(
+                    conn, ids, cycle.as_of, correlation_id=run_id, reserved_by=cycle.run_id
+                )
         except BaseException as error:
-            journal.event(logging.WARNING, "batch rolled back", run_id=run_id,
-                          error_kind=type(error).__name__)
+            journal.event(
+                logging.WARNING, "batch rolled back", run_id=run_id, error_kind=type(error).__name__
+            )
             raise
         outcome.skipped_locked += skipped_locked
         _report(journal, outcome, run_id)
@@ -477,14 +542,23 @@ def write(
         if progress is not None:
             progress(counts)
         relay = RelayResult()
-        if (cycle.max_batches > 1 and len(ids) >= cycle.batch_size
-                and time.time() - started < cycle.budget_seconds):
-            more, relay = drain(engine, cycle.as_of, cycle.batch_size,
-                                max_batches=cycle.max_batches - 1,
-                                budget_seconds=cycle.budget_seconds, correlation_id=run_id,
-                                publisher=publisher, started=started, journal=journal,
-                                progress=(lambda c: progress(_plus(counts, c))) if progress
-                                else None)
+        if (
+            cycle.max_batches > 1
+            and len(ids) >= cycle.batch_size
+            and time.time() - started < cycle.budget_seconds
+        ):
+            more, relay = drain(
+                engine,
+                cycle.as_of,
+                cycle.batch_size,
+                max_batches=cycle.max_batches - 1,
+                budget_seconds=cycle.budget_seconds,
+                correlation_id=run_id,
+                publisher=publisher,
+                started=started,
+                journal=journal,
+                progress=(lambda c: progress(_plus(counts, c))) if progress else None,
+            )
             counts.add(more)
         tracing.set_attributes(**counts.as_dict())
     return Written(run_id, counts, relay)
@@ -523,36 +597,69 @@ def finish(
     relay = RelayResult().merge(written.relay) if own else RelayResult()
     if publisher is not None:
         remaining = max(started + cycle.budget_seconds - time.time(), MIN_RELAY_SECONDS)
-        relay.merge(relay_outbox(engine, publisher, budget_seconds=remaining,
-                                 correlation_id=run_id))
+        relay.merge(
+            relay_outbox(engine, publisher, budget_seconds=remaining, correlation_id=run_id)
+        )
     elif publisher_error is not None:
         with engine.connect() as conn:
             waiting = repository.outbox_lag(conn).unpublished
         relay.merge(RelayResult(failed=waiting, last_error=publisher_error))
-        journal.event(logging.ERROR, "outbox publish failed; rows stay unpublished",
-                      run_id=run_id, failed=waiting, published=0, error=publisher_error)
+        journal.event(
+            logging.ERROR,
+            "outbox publish failed; rows stay unpublished",
+            run_id=run_id,
+            failed=waiting,
+            published=0,
+            error=publisher_error,
+        )
     with engine.connect() as conn:
         left = repository.backlog(conn, now_utc())
         lag = repository.outbox_lag(conn)
     counts.published = relay.published
     counts.publish_failed = relay.failed
     counts.duration_ms = int((time.time() - started) * 1000)
-    journal.event(logging.INFO, "cycle completed", run_id=run_id, sent=counts.sent,
-                  skipped=counts.skipped, skipped_locked=counts.skipped_locked,
-                  failed=counts.failed, published=relay.published, publish_failed=relay.failed,
-                  time_zone_fallbacks=counts.time_zone_fallbacks,
-                  duration_ms=counts.duration_ms, backlog_remaining=left.count,
-                  outbox_unpublished=lag.unpublished)
+    journal.event(
+        logging.INFO,
+        "cycle completed",
+        run_id=run_id,
+        sent=counts.sent,
+        skipped=counts.skipped,
+        skipped_locked=counts.skipped_locked,
+        failed=counts.failed,
+        published=relay.published,
+        publish_failed=relay.failed,
+        time_zone_fallbacks=counts.time_zone_fallbacks,
+        duration_ms=counts.duration_ms,
+        backlog_remaining=left.count,
+        outbox_unpublished=lag.unpublished,
+    )
     ledger.record_cycle(engine, run_id, counts, started_at=started, as_of=cycle.as_of)
-    return CycleReport(run_id, cycle.as_of, cycle.batch_size, counts, relay, left.count,
-                       left.oldest_due_age_seconds, lag.unpublished, reexecuted_relay_only=not own)
+    return CycleReport(
+        run_id,
+        cycle.as_of,
+        cycle.batch_size,
+        counts,
+        relay,
+        left.count,
+        left.oldest_due_age_seconds,
+        lag.unpublished,
+        reexecuted_relay_only=not own,
+    )
 
 
-def fail(engine: Engine, run_id: str, started_at: float, as_of: datetime | None,
-         error: BaseException, *, journal: Journal | None = None) -> None:
+def fail(
+    engine: Engine,
+    run_id: str,
+    started_at: float,
+    as_of: datetime | None,
+    error: BaseException,
+    *,
+    journal: Journal | None = None,
+) -> None:
     """Record a cycle that failed (``cycle failed``, a failed row in the ledger)."""
-    (journal or Journal()).event(logging.ERROR, "cycle failed", run_id=run_id,
-                                 error_kind=type(error).__name__)
+    (journal or Journal()).event(
+        logging.ERROR, "cycle failed", run_id=run_id, error_kind=type(error).__name__
+    )
     ledger.record_cycle(engine, run_id, None, started_at=started_at, as_of=as_of, error=error)
 
 
@@ -583,19 +690,42 @@ def run_cycle(
     an error, then the exception propagates.
     """
     journal = journal or Journal()
-    cycle = start(run_id or str(uuid.uuid4()), as_of=as_of, batch_size=batch_size,
-                  max_batches=max_batches, budget_seconds=budget_seconds, journal=journal)
-    with tracing.cycle_span(cycle.run_id, as_of=cycle.as_of.isoformat(), batch_size=batch_size,
-                            max_batches=max_batches):
+    cycle = start(
+        run_id or str(uuid.uuid4()),
+        as_of=as_of,
+        batch_size=batch_size,
+        max_batches=max_batches,
+        budget_seconds=budget_seconds,
+        journal=journal,
+    )
+    with tracing.cycle_span(
+        cycle.run_id, as_of=cycle.as_of.isoformat(), batch_size=batch_size, max_batches=max_batches
+    ):
         try:
-            counts, relay = drain(engine, cycle.as_of, batch_size, max_batches=max_batches,
-                                  budget_seconds=budget_seconds, correlation_id=cycle.run_id,
-                                  publisher=publisher, started=cycle.started_at, journal=journal,
-                                  progress=progress)
-            report = finish(engine, cycle, Written(cycle.run_id, counts, relay),
-                            run_id=cycle.run_id, publisher=publisher, journal=journal)
+            counts, relay = drain(
+                engine,
+                cycle.as_of,
+                batch_size,
+                max_batches=max_batches,
+                budget_seconds=budget_seconds,
+                correlation_id=cycle.run_id,
+                publisher=publisher,
+                started=cycle.started_at,
+                journal=journal,
+                progress=progress,
+            )
+            report = finish(
+                engine,
+                cycle,
+                Written(cycle.run_id, counts, relay),
+                run_id=cycle.run_id,
+                publisher=publisher,
+                journal=journal,
+            )
         except Exception as error:
             fail(engine, cycle.run_id, cycle.started_at, cycle.as_of, error, journal=journal)
             raise
-        tracing.set_attributes(**report.counts.as_dict(), backlog_remaining=report.backlog_remaining)
+        tracing.set_attributes(
+            **report.counts.as_dict(), backlog_remaining=report.backlog_remaining
+        )
     return report

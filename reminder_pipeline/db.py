@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from sqlalchemy import create_engine
 from sqlalchemy.engine import Engine, make_url
 
@@ -14,7 +16,9 @@ from .config import mask_secrets, mask_url, validate_database_url
 ISOLATION_LEVEL = "READ COMMITTED"
 
 
-def make_engine(url: str, *, pool_size: int = 5, application_name: str = "reminder-pipeline") -> Engine:
+def make_engine(
+    url: str, *, pool_size: int = 5, application_name: str = "reminder-pipeline"
+) -> Engine:
     """An engine for ``url``; psycopg2 URLs are moved to psycopg 3, the app's driver."""
     validate_database_url(url)
     parsed = make_url(url).set(drivername="postgresql+psycopg")
@@ -69,7 +73,7 @@ def dagster_storage_url(url: str, database: str | None = None) -> str:
 
 
 def create_database(admin_url: str, name: str) -> None:
-    """``CREATE DATABASE name`` on the server of ``admin_url`` unless it exists (races tolerated)."""
+    """``CREATE DATABASE name`` on the server of ``admin_url`` unless it exists (races are fine)."""
     import psycopg
     from psycopg import errors, sql
 
@@ -77,7 +81,6 @@ def create_database(admin_url: str, name: str) -> None:
     with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
         if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
             return
-        try:
+        # Created meanwhile by another process: as good.
+        with contextlib.suppress(errors.DuplicateDatabase, errors.UniqueViolation):
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-        except (errors.DuplicateDatabase, errors.UniqueViolation):
-            pass  # created meanwhile by another process

@@ -1,4 +1,4 @@
-"""The project's single Dagster ``Definitions`` (``workspace.yaml`` loads ``reminder_pipeline.definitions:defs``).
+"""The project's single Dagster ``Definitions`` (``workspace.yaml`` loads ``definitions:defs``).
 
 Resources read ``DATABASE_URL`` and ``KAFKA_BOOTSTRAP_SERVERS`` through ``EnvVar``, resolved when
 a run starts, so these definitions load (webserver, ``dagster definitions validate``, tests) with

@@ -25,7 +25,9 @@ OWNERS = [uuid.UUID(int=0xB1 + i) for i in range(5)]
 ZONES = ["Europe/Moscow", "Asia/Yekaterinburg", "Europe/Kaliningrad", "Asia/Vladivostok", "UTC"]
 
 
-def _one(engine: Engine, rng: random.Random, now: datetime, due_in: timedelta) -> tuple[uuid.UUID, str]:
+def _one(
+    engine: Engine, rng: random.Random, now: datetime, due_in: timedelta
+) -> tuple[uuid.UUID, str]:
     """One event whose shortest reminder falls due ``due_in`` from ``now``; returns (id, fate)."""
     offsets = rng.choice([(15,), (60,), (60, 15), (1440, 60)])
     start_at = now + due_in + timedelta(minutes=min(offsets))
@@ -56,7 +58,9 @@ def _one(engine: Engine, rng: random.Random, now: datetime, due_in: timedelta) -
     return event_id, fate
 
 
-def seed(engine: Engine, *, overdue: int = 12, upcoming: int = 30, seed_value: int | None = None) -> dict[str, int]:
+def seed(
+    engine: Engine, *, overdue: int = 12, upcoming: int = 30, seed_value: int | None = None
+) -> dict[str, int]:
     """Events already due (for the first cycle) and events falling due over the next half hour."""
     rng = random.Random(seed_value)
     now = datetime.now(UTC)
@@ -89,7 +93,7 @@ class DemoFeeder(threading.Thread):
                 now = datetime.now(UTC)
                 for _ in range(self.per_tick):
                     _one(self.engine, self._rng, now, timedelta(seconds=self._rng.uniform(5, 120)))
-            except Exception as exc:  # keep feeding: the demo must not die on a blip
+            except Exception as exc:  # noqa: BLE001 - keep feeding: the demo must not die on a blip
                 event(log, logging.WARNING, "demo feeder failed a tick", error=type(exc).__name__)
 
     def stop(self) -> None:

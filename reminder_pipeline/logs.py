@@ -1,4 +1,4 @@
-"""Structured JSON logs: one object per line, identifiers only (never titles, descriptions, locations)."""
+"""Structured JSON logs: an object per line, identifiers only (never titles or descriptions)."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def events(
 
 
 def fields_of(record: logging.LogRecord) -> dict[str, Any]:
-    """The structured fields attached to a record by :func:`event` (common ones for :func:`events`)."""
+    """The fields attached to a record by :func:`event` (the common ones for :func:`events`)."""
     return dict(getattr(record, "fields", {}) or {})
 
 
@@ -162,8 +162,10 @@ class _Tally:
 
     def line(self, fields: dict[str, Any]) -> str:
         parts = ", ".join(f"{text} x{n}" for text, n in self.counts.items())
-        return (f"{line(parts, fields)} (reminder_id {self.first_id} .. {self.last_id}; "
-                "a line per reminder is in the process's JSON log)")
+        return (
+            f"{line(parts, fields)} (reminder_id {self.first_id} .. {self.last_id}; "
+            "a line per reminder is in the process's JSON log)"
+        )
 
 
 def render_batch(message: str, items: list[dict[str, Any]], fields: dict[str, Any]) -> str:
@@ -181,8 +183,12 @@ def render_batch(message: str, items: list[dict[str, Any]], fields: dict[str, An
 class FoldingJournal(Journal):
     """A journal that also writes a run log (a Dagster step's ``context.log``), folded."""
 
-    def __init__(self, log: RunLog, window_seconds: float = WINDOW_SECONDS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        log: RunLog,
+        window_seconds: float = WINDOW_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         super().__init__()
         self._log = log
         self._window = window_seconds
@@ -200,8 +206,11 @@ class FoldingJournal(Journal):
         if not items:
             return
         now = self._clock()
-        if (level < logging.WARNING and self._last_batch_at is not None
-                and now - self._last_batch_at < self._window):
+        if (
+            level < logging.WARNING
+            and self._last_batch_at is not None
+            and now - self._last_batch_at < self._window
+        ):
             if not self._folded.batches:
                 self._folded_fields = fields
             self._folded.add([{"msg": message, **i} for i in items])
@@ -228,5 +237,6 @@ class FoldingJournal(Journal):
         if self._folded.batches:
             folded, self._folded = self._folded, _Tally()
             count = folded.batches
-            self._log.info(f"{count} more batch{'es' if count > 1 else ''}: "
-                           f"{folded.line(self._folded_fields)}")
+            self._log.info(
+                f"{count} more batch{'es' if count > 1 else ''}: {folded.line(self._folded_fields)}"
+            )

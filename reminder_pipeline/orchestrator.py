@@ -27,7 +27,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO
 
-
 from .config import mask_secrets
 from .db import create_database, dagster_storage_url
 
@@ -51,13 +50,13 @@ class OrchestratorError(RuntimeError):
 
 
 def ensure_database(admin_url: str, name: str) -> str:
-    """Create database ``name`` on the server of ``admin_url`` if missing; its Dagster storage URL."""
+    """Create database ``name`` on the server of ``admin_url`` if missing; its Dagster URL."""
     create_database(admin_url, name)
     return dagster_storage_url(admin_url, database=name)
 
 
 def prepare_home(home: Path, instance_yaml: Path | None = None) -> Path:
-    """Create ``home`` with the instance config (``dagster.yaml``) and ``workspace.yaml``; returns it."""
+    """Create ``home`` with the instance config (``dagster.yaml``) and ``workspace.yaml``."""
     home = Path(home).expanduser().resolve()
     source = Path(instance_yaml) if instance_yaml is not None else INSTANCE_YAML
     if not source.is_file():
@@ -95,7 +94,7 @@ def log_tail(path: Path, lines: int = 5) -> str:
 
 
 class DagsterStack:
-    """``dagster-webserver`` + ``dagster-daemon run`` on one ``DAGSTER_HOME``, started and stopped cleanly."""
+    """``dagster-webserver`` and ``dagster-daemon run`` on one ``DAGSTER_HOME``."""
 
     def __init__(
         self,
@@ -126,7 +125,7 @@ class DagsterStack:
         return self.home / PROCESS_LOG_DIR / f"{name}.log"
 
     def child_env(self) -> dict[str, str]:
-        """The children's environment: ours, the given settings, ``DAGSTER_HOME``; storage URL on psycopg2."""
+        """The children's environment: ours, the settings, ``DAGSTER_HOME``; storage on psycopg2."""
         env = {**os.environ, **self.env}
         missing = [name for name in REQUIRED_ENV if not env.get(name)]
         if missing:
@@ -137,8 +136,10 @@ class DagsterStack:
         env["DAGSTER_DISABLE_TELEMETRY"] = "1"
         return env
 
-    def start(self, timeout: float = 180.0, progress: Callable[[str], object] | None = None) -> None:
-        """Prepare the home, start the daemon and the webserver, wait until the UI serves the code location.
+    def start(
+        self, timeout: float = 180.0, progress: Callable[[str], object] | None = None
+    ) -> None:
+        """Prepare the home, start the daemon and webserver, wait until the UI serves the code.
 
         ``progress`` is called with a status line on every poll while waiting (the caller
         decides how often to show it; see :class:`reminder_pipeline.cli.ProgressLine`).
@@ -153,14 +154,29 @@ class DagsterStack:
         try:
             self._spawn(
                 "daemon",
-                [*_command("dagster-daemon", "dagster._daemon"), "run", "-w", workspace,
-                 "--log-level", self.log_level],
+                [
+                    *_command("dagster-daemon", "dagster._daemon"),
+                    "run",
+                    "-w",
+                    workspace,
+                    "--log-level",
+                    self.log_level,
+                ],
                 env,
             )
             self._spawn(
                 "webserver",
-                [*_command("dagster-webserver", "dagster_webserver"), "-w", workspace,
-                 "-h", self.host, "-p", str(self.port), "--dagster-log-level", self.log_level],
+                [
+                    *_command("dagster-webserver", "dagster_webserver"),
+                    "-w",
+                    workspace,
+                    "-h",
+                    self.host,
+                    "-p",
+                    str(self.port),
+                    "--dagster-log-level",
+                    self.log_level,
+                ],
                 env,
             )
             self.wait_ready(timeout, progress)
@@ -172,7 +188,7 @@ class DagsterStack:
     def _spawn(self, name: str, argv: list[str], env: Mapping[str, str]) -> None:
         log_file = self.log_file(name).open("ab")
         self._logs[name] = log_file
-        self._procs[name] = subprocess.Popen(  # noqa: S603 - our own interpreter and scripts
+        self._procs[name] = subprocess.Popen(
             argv,
             env=dict(env),
             cwd=self.home,
@@ -180,17 +196,20 @@ class DagsterStack:
             stdout=log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_reset_signals,  # noqa: PLW1509 - no threads started by us at this point
+            preexec_fn=_reset_signals,
         )
 
     def _check_alive(self) -> None:
         for name, proc in self._procs.items():
             if proc.poll() is not None:
                 raise OrchestratorError(
-                    f"dagster {name} exited with code {proc.returncode}: {log_tail(self.log_file(name))}"
+                    f"dagster {name} exited with code {proc.returncode}: "
+                    f"{log_tail(self.log_file(name))}"
                 )
 
-    def wait_ready(self, timeout: float = 180.0, progress: Callable[[str], object] | None = None) -> None:
+    def wait_ready(
+        self, timeout: float = 180.0, progress: Callable[[str], object] | None = None
+    ) -> None:
         """Poll ``/server_info`` and then the code location's load status until both are good."""
         started = time.monotonic()
         deadline = started + timeout
@@ -203,7 +222,9 @@ class DagsterStack:
             report(f"webserver starting on {self.url}")
             self._check_alive()
             if time.monotonic() > deadline:
-                raise OrchestratorError(f"dagster webserver did not answer on {self.url} within {timeout:.0f}s")
+                raise OrchestratorError(
+                    f"dagster webserver did not answer on {self.url} within {timeout:.0f}s"
+                )
             time.sleep(_POLL_SECONDS)
         while True:
             self._check_alive()
@@ -215,7 +236,8 @@ class DagsterStack:
                 raise OrchestratorError(f"code location {LOCATION_NAME} failed to load: {error}")
             if time.monotonic() > deadline:
                 raise OrchestratorError(
-                    f"code location {LOCATION_NAME} not loaded within {timeout:.0f}s (status {status})"
+                    f"code location {LOCATION_NAME} not loaded within {timeout:.0f}s "
+                    f"(status {status})"
                 )
             time.sleep(_POLL_SECONDS)
 
@@ -232,16 +254,20 @@ class DagsterStack:
             if entry.get("name") == LOCATION_NAME:
                 loaded = entry.get("locationOrLoadError") or {}
                 error = loaded.get("message") if loaded.get("__typename") == "PythonError" else None
-                return entry.get("loadStatus"), None if error is None else " ".join(error.split())[:400]
+                return entry.get("loadStatus"), None if error is None else " ".join(error.split())[
+                    :400
+                ]
         return None, None
 
-    def graphql(self, query: str, variables: Mapping[str, object] | None = None, timeout: float = 15.0) -> dict:
+    def graphql(
+        self, query: str, variables: Mapping[str, object] | None = None, timeout: float = 15.0
+    ) -> dict:
         """POST a GraphQL query to the webserver; its ``data``."""
         body = json.dumps({"query": query, "variables": dict(variables or {})}).encode()
         request = urllib.request.Request(
             f"{self.url}/graphql", data=body, headers={"Content-Type": "application/json"}
         )
-        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - local URL
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             payload = json.loads(response.read())
         if payload.get("errors"):
             raise OrchestratorError(f"GraphQL error: {payload['errors'][0].get('message')}")
@@ -257,7 +283,7 @@ class DagsterStack:
         return bool(self._procs) and all(p.poll() is None for p in self._procs.values())
 
     def stop(self, timeout: float = 30.0) -> None:
-        """SIGINT the daemon, then the webserver; SIGTERM, then SIGKILL their process groups when they linger."""
+        """SIGINT the daemon, then the webserver; SIGTERM, then SIGKILL their process groups."""
         for name in ("daemon", "webserver"):
             proc = self._procs.get(name)
             if proc is not None:
@@ -279,7 +305,7 @@ class DagsterStack:
 
 def _answers(url: str) -> bool:
     try:
-        with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 - local URL
+        with urllib.request.urlopen(url, timeout=2) as response:
             return response.status == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False

@@ -40,8 +40,10 @@ def list_rows(engine: Engine, limit: int) -> list[dict[str, Any]]:
     """Pending rows with failed attempts, oldest due first, values as JSON-friendly text."""
     with engine.connect() as conn:
         rows = repository.list_poison(conn, limit)
-    return [{k: v if v is None or isinstance(v, int | str) else str(v) for k, v in r.items()}
-            for r in rows]
+    return [
+        {k: v if v is None or isinstance(v, int | str) else str(v) for k, v in r.items()}
+        for r in rows
+    ]
 
 
 def change(
@@ -62,9 +64,16 @@ def change(
     with engine.begin() as conn:
         changed = apply(conn, rid, force=force)
         state = None if changed else repository.reminder_operator_state(conn, rid)
-    (journal or Journal()).event(logging.WARNING, f"poison row {action}", operator=actor,
-                                 action=f"poison {action}", reminder_id=str(rid),
-                                 changed=changed, forced=force, run_id=run_id)
+    (journal or Journal()).event(
+        logging.WARNING,
+        f"poison row {action}",
+        operator=actor,
+        action=f"poison {action}",
+        reminder_id=str(rid),
+        changed=changed,
+        forced=force,
+        run_id=run_id,
+    )
     if changed:
         return Change(action, str(rid), True, force)
     if state is None:

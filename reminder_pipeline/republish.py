@@ -1,4 +1,4 @@
-"""Re-publish one DueAt day's already published messages from the outbox, for a consumer that lost them.
+"""Re-publish a DueAt day's published messages from the outbox, for a consumer that lost them.
 
 The back-fill's plain use case (the Dagster job ``reminder_republish`` wraps it, one run per day).
 What it sends are the stored messages: topic, key (= EventId), payload text and headers exactly as
@@ -33,11 +33,11 @@ from typing import NoReturn
 
 from sqlalchemy.engine import Engine
 
+from .domain.model import ClaimedMessage
 from .logs import Journal, event
 from .messaging.relay import Publisher, relay_lock
 from .retention import DEFAULT_RETENTION
 from .store import repository
-from .domain.model import ClaimedMessage
 
 log = logging.getLogger(__name__)
 
@@ -166,9 +166,9 @@ def republish_day(
     The day's id range is read once at the start: for today, that is the messages published
     before the run began. Each chunk waits for its delivery reports within the producer's own
     delivery timeout. Who-what-when goes to ``journal`` (the JSON log; a Dagster step passes one
-    that also writes the run's event log). Raises :class:`RepublishRefused` before any read or publish for a day
-    out of range, :class:`RepublishFailed` when a delivery fails or the relay lock stays busy
-    for ``lock_wait_seconds``.
+    that also writes the run's event log). Raises :class:`RepublishRefused` before any read or
+    publish for a day out of range, :class:`RepublishFailed` when a delivery fails or the relay
+    lock stays busy for ``lock_wait_seconds``.
     """
     journal = journal or Journal(log)
     who = requester.log_fields()

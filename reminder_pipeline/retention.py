@@ -23,7 +23,7 @@ def purge_outbox(
     batch_size: int = 1000,
     budget_seconds: float = 60.0,
 ) -> int:
-    """Delete published outbox rows older than ``retention``; each batch is its own short transaction.
+    """Delete published outbox rows older than ``retention``; a short transaction per batch.
 
     Unpublished rows are never touched, whatever their age: they are the relay's work.
     """
@@ -35,5 +35,11 @@ def purge_outbox(
         total += deleted
         if deleted < batch_size:
             break
-    event(log, logging.INFO, "outbox purged", deleted=total, retention_hours=retention.total_seconds() / 3600)
+    event(
+        log,
+        logging.INFO,
+        "outbox purged",
+        deleted=total,
+        retention_hours=retention.total_seconds() / 3600,
+    )
     return total

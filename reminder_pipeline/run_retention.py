@@ -19,6 +19,7 @@ of what is left; the next call starts again from the oldest, so it resumes where
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -221,10 +222,8 @@ def remove_run_files(instance: DagsterInstance, run_id: str) -> tuple[int, int]:
     # The local compute log manager keeps a run's logs in this same directory (and removes it
     # whole); another manager (cloud storage) deletes its own copies by the same prefix.
     instance.compute_log_manager.delete_logs(prefix=[run_id])
-    try:
+    with contextlib.suppress(FileNotFoundError):
         shutil.rmtree(directory)
-    except FileNotFoundError:
-        pass
     return int(existed), size
 
 

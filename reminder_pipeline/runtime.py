@@ -50,7 +50,7 @@ def embedded_installed() -> bool:
 
 
 def require_servers(settings: Settings, *, database: bool = True, broker: bool = True) -> None:
-    """Refuse, before anything starts, a server the command needs that has neither a URL nor an embedded fallback."""
+    """Refuse, before anything starts, a needed server with no URL and no embedded fallback."""
     if embedded_installed():
         return
     missing = [

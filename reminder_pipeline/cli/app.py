@@ -62,7 +62,6 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
     from ..domain.model import CycleCounts
-
     from ..messaging.kafka import KafkaPublisher
     from ..runtime import Endpoints
 

@@ -1,4 +1,4 @@
-"""What the command line prints: exit codes, data as text or JSON, one-line errors, progress lines."""
+"""What the command line prints: exit codes, text or JSON data, one-line errors, progress lines."""
 
 from __future__ import annotations
 

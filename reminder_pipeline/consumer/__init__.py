@@ -1,4 +1,4 @@
-"""The reference notifications consumer: pin.calendar.reminder-due.v1 to notifications, per the contract."""
+"""The reference notifications consumer: pin.calendar.reminder-due.v1 to notifications."""
 
 from .dedup import DedupStore, SqliteDedupStore
 from .metrics import ConsumerMetrics

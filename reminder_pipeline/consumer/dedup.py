@@ -1,4 +1,4 @@
-"""Durable de-duplication by ReminderId: a redelivered message never notifies twice, across restarts.
+"""Durable de-duplication by ReminderId: a redelivered message never notifies twice, restarts too.
 
 The store lives with the consumer (a small SQLite file), not in the calendar's database: the
 notifications context must not depend on the producer's schema. It records two things:

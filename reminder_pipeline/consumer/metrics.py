@@ -42,9 +42,19 @@ LAST_NOTIFIED = PREFIX + "last_notified_timestamp_seconds"
 
 #: Every metric family the consumer serves (the dashboard and the rules use only these).
 METRIC_NAMES: tuple[str, ...] = (
-    MESSAGES, NOTIFICATIONS, DUPLICATES, DEAD_LETTERS, RETRIES, TIME_ZONE_FALLBACKS,
-    UNKNOWN_KINDS, VERSION_MISMATCHES, DUE_TO_NOTIFIED, MESSAGE_TO_NOTIFIED, HELD_PARTITIONS,
-    ASSIGNED_PARTITIONS, LAST_NOTIFIED,
+    MESSAGES,
+    NOTIFICATIONS,
+    DUPLICATES,
+    DEAD_LETTERS,
+    RETRIES,
+    TIME_ZONE_FALLBACKS,
+    UNKNOWN_KINDS,
+    VERSION_MISMATCHES,
+    DUE_TO_NOTIFIED,
+    MESSAGE_TO_NOTIFIED,
+    HELD_PARTITIONS,
+    ASSIGNED_PARTITIONS,
+    LAST_NOTIFIED,
 )
 
 OUTCOMES = ("notified", "duplicate", "dead_lettered")
@@ -63,38 +73,59 @@ class ConsumerMetrics:
         self.registry = registry or CollectorRegistry(auto_describe=True)
         r = self.registry
         self.messages = Counter(
-            MESSAGES, "Messages handled and committed, by outcome.", ["outcome"], registry=r)
+            MESSAGES, "Messages handled and committed, by outcome.", ["outcome"], registry=r
+        )
         self.notifications = Counter(
-            NOTIFICATIONS, "Notifications the sink accepted.", ["kind", "recipient"], registry=r)
+            NOTIFICATIONS, "Notifications the sink accepted.", ["kind", "recipient"], registry=r
+        )
         self.duplicates = Counter(
-            DUPLICATES, "Messages of an already notified ReminderId, dropped.", registry=r)
+            DUPLICATES, "Messages of an already notified ReminderId, dropped.", registry=r
+        )
         self.dead_letters = Counter(
-            DEAD_LETTERS, "Messages copied to the dead-letter topic, by dlq-reason.", ["reason"],
-            registry=r)
+            DEAD_LETTERS,
+            "Messages copied to the dead-letter topic, by dlq-reason.",
+            ["reason"],
+            registry=r,
+        )
         self.retries = Counter(
-            RETRIES, "Failed attempts that will be retried, by stage.", ["stage"], registry=r)
+            RETRIES, "Failed attempts that will be retried, by stage.", ["stage"], registry=r
+        )
         self.time_zone_fallbacks = Counter(
             TIME_ZONE_FALLBACKS,
             "Reminders whose TimeZone is not a canonical IANA name (local time shown in UTC).",
-            registry=r)
+            registry=r,
+        )
         self.unknown_kinds = Counter(
-            UNKNOWN_KINDS, "Reminders of a Kind this consumer does not know (neutral text).",
-            registry=r)
+            UNKNOWN_KINDS,
+            "Reminders of a Kind this consumer does not know (neutral text).",
+            registry=r,
+        )
         self.version_mismatches = Counter(
-            VERSION_MISMATCHES, "Messages whose contract-version header is not 1 (processed).",
-            registry=r)
+            VERSION_MISMATCHES,
+            "Messages whose contract-version header is not 1 (processed).",
+            registry=r,
+        )
         self.due_to_notified = Histogram(
-            DUE_TO_NOTIFIED, "Seconds from DueAt (StartAt - OffsetMinutes) to notified.",
-            buckets=LATENCY_BUCKETS, registry=r)
+            DUE_TO_NOTIFIED,
+            "Seconds from DueAt (StartAt - OffsetMinutes) to notified.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.message_to_notified = Histogram(
-            MESSAGE_TO_NOTIFIED, "Seconds from the message's Kafka timestamp to notified.",
-            buckets=LATENCY_BUCKETS, registry=r)
+            MESSAGE_TO_NOTIFIED,
+            "Seconds from the message's Kafka timestamp to notified.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.held_partitions = Gauge(
-            HELD_PARTITIONS, "Partitions stopped on a message that waits for a retry.", registry=r)
+            HELD_PARTITIONS, "Partitions stopped on a message that waits for a retry.", registry=r
+        )
         self.assigned_partitions = Gauge(
-            ASSIGNED_PARTITIONS, "Partitions assigned to this group member.", registry=r)
+            ASSIGNED_PARTITIONS, "Partitions assigned to this group member.", registry=r
+        )
         self.last_notified = Gauge(
-            LAST_NOTIFIED, "Unix time of the last reminder notified.", registry=r)
+            LAST_NOTIFIED, "Unix time of the last reminder notified.", registry=r
+        )
         for outcome in OUTCOMES:
             self.messages.labels(outcome)
         for kind in NotificationKind:

@@ -73,7 +73,7 @@ class MessageProblem(StrEnum):
 
 
 class IncompatibleMessage(ValueError):
-    """The message is not a usable ReminderDueEvent; ``problem`` says which way, str() says where."""
+    """Not a usable ReminderDueEvent; ``problem`` says which way, str() says where."""
 
     def __init__(self, problem: MessageProblem, detail: str) -> None:
         super().__init__(" ".join(detail.split())[:300])
@@ -194,7 +194,7 @@ def _text(value: Any) -> str:
 
 
 def parse_reminder(raw: bytes | str | None) -> ReminderDue:
-    """Read a message value; raise :class:`IncompatibleMessage` if the contract's meaning is not in it."""
+    """Read a message value; :class:`IncompatibleMessage` if the contract's meaning is not in it."""
     fields = _contract_fields(_decode(raw))
     guids = {name: _guid(name, _required(fields, name)) for name in _REQUIRED_GUIDS}
     optional = {
@@ -251,7 +251,7 @@ def recipients(reminder: ReminderDue) -> list[tuple[uuid.UUID, RecipientRole]]:
 
 
 def notifications_for(reminder: ReminderDue, locale: Locale | str = Locale.EN) -> MappedReminder:
-    """Build the notifications for ``reminder`` in ``locale``; unknown values fall back, with warnings."""
+    """The notifications for ``reminder`` in ``locale``; unknown values fall back, with warnings."""
     local_start, zone, zone_fallback = local_time(reminder.start_at, reminder.time_zone)
     wording = reminder_text(reminder.kind, reminder.offset_minutes, local_start, zone, locale)
     warnings = []
@@ -282,8 +282,13 @@ def notifications_for(reminder: ReminderDue, locale: Locale | str = Locale.EN) -
         )
         for user_id, role in recipients(reminder)
     )
-    return MappedReminder(reminder, notifications, tuple(warnings),
-                          known_kind=wording.known_kind, time_zone_fallback=zone_fallback)
+    return MappedReminder(
+        reminder,
+        notifications,
+        tuple(warnings),
+        known_kind=wording.known_kind,
+        time_zone_fallback=zone_fallback,
+    )
 
 
 def due_at(reminder: ReminderDue) -> datetime | None:

@@ -165,7 +165,9 @@ class ConsumerOptions:
 
     def backoff(self, failed_attempts: int) -> float:
         """Seconds to wait after ``failed_attempts`` failures: doubling, capped."""
-        return min(self.max_backoff_seconds, self.retry_backoff_seconds * 2 ** (failed_attempts - 1))
+        return min(
+            self.max_backoff_seconds, self.retry_backoff_seconds * 2 ** (failed_attempts - 1)
+        )
 
 
 @dataclass
@@ -202,8 +204,10 @@ def _where(message: Message) -> dict[str, Any]:
     headers = _headers(message)
     topic, partition, offset = _position(message)
     where: dict[str, Any] = {"topic": topic, "partition": partition, "offset": offset}
-    for name, header in (("reminder_id", contract.HEADER_REMINDER_ID),
-                         ("correlation_id", contract.HEADER_CORRELATION_ID)):
+    for name, header in (
+        ("reminder_id", contract.HEADER_REMINDER_ID),
+        ("correlation_id", contract.HEADER_CORRELATION_ID),
+    ):
         if headers.get(header):
             where[name] = headers[header][:64]
     return where
@@ -284,7 +288,7 @@ class ReminderConsumer:
         idle_timeout: float | None = None,
         join_timeout: float = 60.0,
     ) -> ConsumeStats:
-        """Consume until ``stop`` is set, ``max_messages`` are handled, or idle for ``idle_timeout``.
+        """Consume until ``stop`` is set, ``max_messages`` are handled, or ``idle_timeout`` passes.
 
         The idle clock starts once partitions are assigned and does not run while a message is
         held for retry. ``join_timeout`` bounds the wait for an assignment when ``idle_timeout``
@@ -299,11 +303,20 @@ class ReminderConsumer:
         started = time.monotonic()
         last_activity = started
         consumer.subscribe(
-            [options.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
+            [options.topic],
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
             on_lost=self._on_revoke,
         )
-        event(log, logging.INFO, "consumer started", group_id=options.group_id,
-              topic=options.topic, dlq_topic=options.dlq_topic, locale=self.locale.value)
+        event(
+            log,
+            logging.INFO,
+            "consumer started",
+            group_id=options.group_id,
+            topic=options.topic,
+            dlq_topic=options.dlq_topic,
+            locale=self.locale.value,
+        )
         try:
             while not stop.is_set():
                 if max_messages is not None and self.stats.messages >= max_messages:
@@ -316,12 +329,22 @@ class ReminderConsumer:
                         continue
                     if self.assigned.is_set():
                         if now - max(last_activity, self._assigned_at) >= idle_timeout:
-                            event(log, logging.INFO, "consumer idle; stopping",
-                                  group_id=options.group_id, idle_seconds=idle_timeout)
+                            event(
+                                log,
+                                logging.INFO,
+                                "consumer idle; stopping",
+                                group_id=options.group_id,
+                                idle_seconds=idle_timeout,
+                            )
                             break
                     elif now - started >= join_timeout:
-                        event(log, logging.WARNING, "no partitions assigned in time; stopping",
-                              group_id=options.group_id, join_timeout_seconds=join_timeout)
+                        event(
+                            log,
+                            logging.WARNING,
+                            "no partitions assigned in time; stopping",
+                            group_id=options.group_id,
+                            join_timeout_seconds=join_timeout,
+                        )
                         break
                     continue
                 error = message.error()
@@ -335,8 +358,9 @@ class ReminderConsumer:
                 self._process(message, attempt=1, read_failures=0)
         finally:
             self._close()
-        event(log, logging.INFO, "consumer stopped", group_id=options.group_id,
-              **self.stats.as_dict())
+        event(
+            log, logging.INFO, "consumer stopped", group_id=options.group_id, **self.stats.as_dict()
+        )
         return self.stats
 
     def _poll_timeout(self) -> float:
@@ -349,8 +373,7 @@ class ReminderConsumer:
 
     def _retry_due(self, now: float) -> None:
         for held in [h for h in self._held.values() if h.retry_at <= now]:
-            self._process(held.message, attempt=held.attempts + 1,
-                          read_failures=held.read_failures)
+            self._process(held.message, attempt=held.attempts + 1, read_failures=held.read_failures)
 
     def _process(self, message: Message, attempt: int, read_failures: int) -> None:
         """Attempt ``message``; commit when handled, else hold its partition until the retry."""
@@ -362,15 +385,26 @@ class ReminderConsumer:
         except Exception as exc:  # noqa: BLE001 - an outage or a bug must not skip a reminder
             retry_in = self.options.backoff(attempt)
             self.metrics.retries.labels("deliver").inc()
-            event(log, logging.ERROR, "message handling failed; will retry", **_where(message),
-                  attempt=attempt, retry_in_seconds=retry_in, error=_one_line(exc))
+            event(
+                log,
+                logging.ERROR,
+                "message handling failed; will retry",
+                **_where(message),
+                attempt=attempt,
+                retry_in_seconds=retry_in,
+                error=_one_line(exc),
+            )
             retry = _Retry(retry_in, read_failed=False)
         if retry is not None:
             self.stats.retries += 1
             if key not in self._held:
                 self._consumer.pause([TopicPartition(topic, partition)])
-            self._held[key] = _Held(message, attempt, read_failures + retry.read_failed,
-                                    time.monotonic() + retry.seconds)
+            self._held[key] = _Held(
+                message,
+                attempt,
+                read_failures + retry.read_failed,
+                time.monotonic() + retry.seconds,
+            )
             self.metrics.held_partitions.set(len(self._held))
             return
         self._commit(message)
@@ -393,13 +427,18 @@ class ReminderConsumer:
         except IncompatibleMessage as exc:
             return self._read_failed(message, exc.problem, str(exc), attempt, read_failures)
         except Exception as exc:  # noqa: BLE001 - e.g. OverflowError: still a bounded failure
-            return self._read_failed(message, MessageProblem.UNPROCESSABLE, _one_line(exc),
-                                     attempt, read_failures)
+            return self._read_failed(
+                message, MessageProblem.UNPROCESSABLE, _one_line(exc), attempt, read_failures
+            )
         # Delivering: failures are outages, retried without limit.
         return self._deliver(message, mapped, attempt, where)
 
     def _read_failed(
-        self, message: Message, problem: MessageProblem, error: str, attempt: int,
+        self,
+        message: Message,
+        problem: MessageProblem,
+        error: str,
+        attempt: int,
         read_failures: int,
     ) -> _Retry | None:
         """Retry a message that could not be read, or dead-letter it after ``max_attempts``."""
@@ -407,8 +446,16 @@ class ReminderConsumer:
         if failures < self.options.max_attempts:
             retry_in = self.options.backoff(attempt)
             self.metrics.retries.labels("read").inc()
-            event(log, logging.WARNING, "message cannot be read; will retry", **_where(message),
-                  reason=problem.value, error=error, attempt=attempt, retry_in_seconds=retry_in)
+            event(
+                log,
+                logging.WARNING,
+                "message cannot be read; will retry",
+                **_where(message),
+                reason=problem.value,
+                error=error,
+                attempt=attempt,
+                retry_in_seconds=retry_in,
+            )
             return _Retry(retry_in, read_failed=True)
         return self._dead_letter(message, problem.value, error, failures)
 
@@ -417,8 +464,12 @@ class ReminderConsumer:
     ) -> _Retry | None:
         """Deliver each recipient's notification once; None when the reminder is done."""
         reminder = mapped.reminder
-        ids = {**where, "reminder_id": str(reminder.reminder_id),
-               "event_id": str(reminder.event_id), "tenant_id": str(reminder.tenant_id)}
+        ids = {
+            **where,
+            "reminder_id": str(reminder.reminder_id),
+            "event_id": str(reminder.event_id),
+            "tenant_id": str(reminder.tenant_id),
+        }
         if self.dedup.is_handled(reminder.reminder_id):
             self.stats.duplicates += 1
             self.metrics.duplicates.inc()
@@ -432,19 +483,28 @@ class ReminderConsumer:
             try:
                 self.sink.deliver(notification)
             except DeliveryRejected as exc:
-                return self._dead_letter(message, DLQ_REASON_DELIVERY_REJECTED, _one_line(exc),
-                                         attempt)
+                return self._dead_letter(
+                    message, DLQ_REASON_DELIVERY_REJECTED, _one_line(exc), attempt
+                )
             except Exception as exc:  # noqa: BLE001 - any sink failure is presumed transient
                 retry_in = self.options.backoff(attempt)
                 self.metrics.retries.labels("deliver").inc()
-                event(log, logging.WARNING, "delivery failed; will retry", **ids,
-                      recipient_user_id=str(recipient), attempt=attempt,
-                      retry_in_seconds=retry_in, exception=type(exc).__name__)
+                event(
+                    log,
+                    logging.WARNING,
+                    "delivery failed; will retry",
+                    **ids,
+                    recipient_user_id=str(recipient),
+                    attempt=attempt,
+                    retry_in_seconds=retry_in,
+                    exception=type(exc).__name__,
+                )
                 return _Retry(retry_in, read_failed=False)
             self.dedup.mark_delivered(reminder.reminder_id, recipient, notification.notification_id)
             self.stats.notifications += 1
-            self.metrics.notifications.labels(notification.kind.value,
-                                              notification.recipient_role.value).inc()
+            self.metrics.notifications.labels(
+                notification.kind.value, notification.recipient_role.value
+            ).inc()
         self.dedup.mark_handled(reminder.reminder_id, reminder.event_id)
         self._notified(message, mapped, attempt, ids)
         return None
@@ -474,13 +534,26 @@ class ReminderConsumer:
             self.metrics.unknown_kinds.inc()
         for warning in mapped.warnings:
             self.stats.warnings += 1
-            event(log, logging.WARNING, warning, **ids, kind=reminder.kind[:64],
-                  time_zone=reminder.time_zone[:64])
-        event(log, logging.INFO, "reminder notified", **ids,
-              notification_kind=str(mapped.notifications[0].kind),
-              recipients=len(mapped.notifications), offset_minutes=reminder.offset_minutes,
-              attempts=attempt, due_to_notified_seconds=since_due,
-              message_to_notified_seconds=since_message)
+            event(
+                log,
+                logging.WARNING,
+                warning,
+                **ids,
+                kind=reminder.kind[:64],
+                time_zone=reminder.time_zone[:64],
+            )
+        event(
+            log,
+            logging.INFO,
+            "reminder notified",
+            **ids,
+            notification_kind=str(mapped.notifications[0].kind),
+            recipients=len(mapped.notifications),
+            offset_minutes=reminder.offset_minutes,
+            attempts=attempt,
+            due_to_notified_seconds=since_due,
+            message_to_notified_seconds=since_message,
+        )
 
     def _check_version(self, message: Message, where: dict[str, Any]) -> None:
         """Warn on a ContractVersion other than ours; the message is still processed (contract)."""
@@ -488,17 +561,25 @@ class ReminderConsumer:
         if version is None or version.strip() != str(contract.CONTRACT_VERSION):
             self.stats.warnings += 1
             self.metrics.version_mismatches.inc()
-            event(log, logging.WARNING, "contract version mismatch; processing anyway", **where,
-                  contract_version=None if version is None else version[:16],
-                  expected=str(contract.CONTRACT_VERSION))
+            event(
+                log,
+                logging.WARNING,
+                "contract version mismatch; processing anyway",
+                **where,
+                contract_version=None if version is None else version[:16],
+                expected=str(contract.CONTRACT_VERSION),
+            )
 
-    def _dead_letter(self, message: Message, reason: str, error: str, attempts: int) -> _Retry | None:
+    def _dead_letter(
+        self, message: Message, reason: str, error: str, attempts: int
+    ) -> _Retry | None:
         """Copy ``message`` to the dead-letter topic; None once the broker acknowledged it."""
         options = self.options
         where = _where(message)
         topic, partition, offset = _position(message)
         # The original headers first (ids, contract version), then why and whence.
-        headers = _raw_headers(message) + [
+        headers = [
+            *_raw_headers(message),
             (HEADER_DLQ_REASON, reason.encode()),
             (HEADER_DLQ_ERROR, error.encode()),
             (HEADER_DLQ_ATTEMPTS, str(attempts).encode()),
@@ -511,7 +592,10 @@ class ReminderConsumer:
         outcome: list[KafkaError | None] = []
         producer = self._dlq_producer()
         producer.produce(
-            options.dlq_topic, key=message.key(), value=message.value(), headers=headers,
+            options.dlq_topic,
+            key=message.key(),
+            value=message.value(),
+            headers=headers,
             on_delivery=lambda err, _msg: outcome.append(err),
         )
         producer.flush(options.dlq_timeout_seconds)
@@ -519,15 +603,29 @@ class ReminderConsumer:
             # Not safely in the DLQ: keep the partition on this message rather than lose it.
             retry_in = options.backoff(attempts)
             self.metrics.retries.labels("dead_letter").inc()
-            event(log, logging.ERROR, "dead-lettering failed; will retry", **where,
-                  dlq_topic=options.dlq_topic, retry_in_seconds=retry_in,
-                  error=str(outcome[0]) if outcome else "no delivery report")
+            event(
+                log,
+                logging.ERROR,
+                "dead-lettering failed; will retry",
+                **where,
+                dlq_topic=options.dlq_topic,
+                retry_in_seconds=retry_in,
+                error=str(outcome[0]) if outcome else "no delivery report",
+            )
             return _Retry(retry_in, read_failed=False)
         self.stats.dead_lettered += 1
         self.metrics.dead_letters.labels(reason).inc()
         self.metrics.messages.labels("dead_lettered").inc()
-        event(log, logging.ERROR, "message dead-lettered", **where, dlq_topic=options.dlq_topic,
-              reason=reason, error=error, attempts=attempts)
+        event(
+            log,
+            logging.ERROR,
+            "message dead-lettered",
+            **where,
+            dlq_topic=options.dlq_topic,
+            reason=reason,
+            error=error,
+            attempts=attempts,
+        )
         return None
 
     def _dlq_producer(self) -> Producer:
@@ -549,8 +647,13 @@ class ReminderConsumer:
             self._consumer.commit(message=message, asynchronous=False)
         except KafkaException as exc:
             self.stats.commit_failures += 1
-            event(log, logging.WARNING, "offset commit failed; the message may be redelivered",
-                  **_where(message), error=str(exc.args[0]) if exc.args else str(exc))
+            event(
+                log,
+                logging.WARNING,
+                "offset commit failed; the message may be redelivered",
+                **_where(message),
+                error=str(exc.args[0]) if exc.args else str(exc),
+            )
 
     # -- group membership and errors ---------------------------------------------------------------
 
@@ -566,8 +669,13 @@ class ReminderConsumer:
         self._assigned_at = time.monotonic()
         self.assigned.set()
         self.metrics.assigned_partitions.set(len(self.owned))
-        event(log, logging.INFO, "partitions assigned", group_id=self.options.group_id,
-              partitions=sorted(p.partition for p in partitions))
+        event(
+            log,
+            logging.INFO,
+            "partitions assigned",
+            group_id=self.options.group_id,
+            partitions=sorted(p.partition for p in partitions),
+        )
 
     def _on_revoke(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # A held message belongs to its partition's next owner now: it resumes from the
@@ -577,21 +685,36 @@ class ReminderConsumer:
         self.owned = self.owned - {p.partition for p in partitions}
         self.metrics.held_partitions.set(len(self._held))
         self.metrics.assigned_partitions.set(len(self.owned))
-        event(log, logging.INFO, "partitions revoked", group_id=self.options.group_id,
-              partitions=sorted(p.partition for p in partitions))
+        event(
+            log,
+            logging.INFO,
+            "partitions revoked",
+            group_id=self.options.group_id,
+            partitions=sorted(p.partition for p in partitions),
+        )
 
     def _on_error(self, error: KafkaError) -> None:
         if error.fatal():
             raise KafkaException(error)
-        event(log, logging.WARNING, "consumer error", group_id=self.options.group_id,
-              code=error.name(), error=error.str())
+        event(
+            log,
+            logging.WARNING,
+            "consumer error",
+            group_id=self.options.group_id,
+            code=error.name(),
+            error=error.str(),
+        )
 
     def _close(self) -> None:
         if self._dlq is not None:
             left = self._dlq.flush(self.options.dlq_timeout_seconds)
             if left:
-                event(log, logging.WARNING, "dead-letter producer closed with messages unsent",
-                      count=left)
+                event(
+                    log,
+                    logging.WARNING,
+                    "dead-letter producer closed with messages unsent",
+                    count=left,
+                )
             self._dlq = None
         if self._consumer is not None:
             # Leaves the group; nothing is committed here, so held messages are redelivered.
@@ -672,8 +795,9 @@ def consume_main(
         if metrics_port is not None and not 1 <= metrics_port <= 65535:
             raise ConfigError(f"--metrics-port {metrics_port} is not a port (1..65535)")
         try:
-            options = dataclasses.replace(options or ConsumerOptions(), group_id=group_id,
-                                          locale=locale)
+            options = dataclasses.replace(
+                options or ConsumerOptions(), group_id=group_id, locale=locale
+            )
         except ValueError as exc:
             raise ConfigError(f"--locale: {exc}") from None
         kafka = settings.kafka(bootstrap_servers)

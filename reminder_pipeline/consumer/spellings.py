@@ -24,13 +24,11 @@ _FRACTION = r"(?:[.,](?P<fraction>[0-9]+))?"
 _OFFSET = r"(?P<offset>[Zz]|(?P<sign>[+-])(?P<oh>[0-9]{2})(?::?(?P<om>[0-9]{2}))?)"
 _EXTENDED = re.compile(
     r"(?P<year>[0-9]{4})-(?P<month>[0-9]{2})-(?P<day>[0-9]{2})[Tt]"
-    r"(?P<hour>[0-9]{2}):(?P<minute>[0-9]{2})(?::(?P<second>[0-9]{2})" + _FRACTION + r")?"
-    + _OFFSET
+    r"(?P<hour>[0-9]{2}):(?P<minute>[0-9]{2})(?::(?P<second>[0-9]{2})" + _FRACTION + r")?" + _OFFSET
 )
 _BASIC = re.compile(
     r"(?P<year>[0-9]{4})(?P<month>[0-9]{2})(?P<day>[0-9]{2})[Tt]"
-    r"(?P<hour>[0-9]{2})(?P<minute>[0-9]{2})(?:(?P<second>[0-9]{2})" + _FRACTION + r")?"
-    + _OFFSET
+    r"(?P<hour>[0-9]{2})(?P<minute>[0-9]{2})(?:(?P<second>[0-9]{2})" + _FRACTION + r")?" + _OFFSET
 )
 _GUID = re.compile(
     r"(?P<hex>[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}"
@@ -50,7 +48,7 @@ def _quote(value: object) -> str:
 
 
 def parse_instant(value: object) -> datetime:
-    """The UTC instant an ISO-8601 date-time with an offset names; :class:`SpellingError` if none."""
+    """The UTC instant of an ISO-8601 date-time with an offset; :class:`SpellingError` if none."""
     if not isinstance(value, str):
         raise SpellingError(f"is a {type(value).__name__}, not an ISO-8601 date-time string")
     match = _EXTENDED.fullmatch(value) or _BASIC.fullmatch(value)
@@ -66,8 +64,13 @@ def parse_instant(value: object) -> datetime:
         offset = timedelta(hours=hours, minutes=minutes) * (-1 if match["sign"] == "-" else 1)
     try:
         local = datetime(
-            int(match["year"]), int(match["month"]), int(match["day"]),
-            int(match["hour"]), int(match["minute"]), int(match["second"] or 0), int(fraction),
+            int(match["year"]),
+            int(match["month"]),
+            int(match["day"]),
+            int(match["hour"]),
+            int(match["minute"]),
+            int(match["second"] or 0),
+            int(fraction),
             tzinfo=timezone(offset),
         )
         return local.astimezone(UTC)

@@ -103,8 +103,12 @@ _RU_UNITS = {
     "minute": ("минуту", "минуты", "минут"),
 }
 #: A single unit of one reads without the numeral, as the seed words it: «через сутки», «через час».
-_RU_ONE = {"week": "через неделю", "day": "через сутки", "hour": "через час",
-           "minute": "через минуту"}
+_RU_ONE = {
+    "week": "через неделю",
+    "day": "через сутки",
+    "hour": "через час",
+    "minute": "через минуту",
+}
 
 
 def _ru_count(n: int, unit: str) -> str:

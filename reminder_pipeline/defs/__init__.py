@@ -1,4 +1,4 @@
-"""The Dagster layer over the plain dispatch cycle: resources, ops, jobs, schedules, the asset and its
+"""The Dagster layer over the plain cycle: resources, ops, jobs, schedules, the asset and its
 checks, the operator jobs' ops (``maintenance``) and the failure sensor that completes the ledger.
 
 The modules only wrap :mod:`reminder_pipeline.cycle` and friends; the rules (locking, the

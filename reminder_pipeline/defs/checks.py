@@ -6,7 +6,7 @@ minute without a run (liveness must turn red precisely when no dispatch run happ
 a check in the UI runs ``reminder_health_checks``.
 """
 
-# No ``from __future__ import annotations``: Dagster reads the resource annotation at definition time.
+# No ``from __future__ import annotations``: Dagster reads the resource annotation.
 
 from collections.abc import Iterator
 from typing import Any
@@ -31,14 +31,23 @@ CHECKS = health.ASSERTIONS
 
 def _verdict(check: health.HealthCheck) -> dict[str, Any]:
     """What a result and a runless evaluation of the check say: figures stay numbers (plotted)."""
-    metadata: dict[str, Any] = {k: MetadataValue.null() if v is None else v
-                                for k, v in check.metadata.items() if k != "runbook_url"}
+    metadata: dict[str, Any] = {
+        k: MetadataValue.null() if v is None else v
+        for k, v in check.metadata.items()
+        if k != "runbook_url"
+    }
     # A repository path, not a URL: a relative link in the UI would point at the webserver.
     metadata["runbook"] = MetadataValue.path(check.runbook_url)
-    return {"asset_key": DISPATCH_ASSET_KEY, "check_name": check.name, "passed": check.passed,
-            "severity": AssetCheckSeverity.WARN if check.severity == "WARN"
-            else AssetCheckSeverity.ERROR,
-            "description": check.description, "metadata": metadata}
+    return {
+        "asset_key": DISPATCH_ASSET_KEY,
+        "check_name": check.name,
+        "passed": check.passed,
+        "severity": AssetCheckSeverity.WARN
+        if check.severity == "WARN"
+        else AssetCheckSeverity.ERROR,
+        "description": check.description,
+        "metadata": metadata,
+    }
 
 
 def check_evaluation(check: health.HealthCheck) -> AssetCheckEvaluation:
@@ -48,9 +57,15 @@ def check_evaluation(check: health.HealthCheck) -> AssetCheckEvaluation:
 
 @multi_asset_check(
     name="reminder_dispatch_health",
-    specs=[AssetCheckSpec(name, asset=DISPATCH_ASSET_KEY, description=text,
-                          metadata={"runbook": MetadataValue.path(runbook)})
-           for name, (text, runbook) in CHECKS.items()],
+    specs=[
+        AssetCheckSpec(
+            name,
+            asset=DISPATCH_ASSET_KEY,
+            description=text,
+            metadata={"runbook": MetadataValue.path(runbook)},
+        )
+        for name, (text, runbook) in CHECKS.items()
+    ],
     can_subset=True,
     description="The design's alert conditions, read from the database (health.evaluate).",
 )

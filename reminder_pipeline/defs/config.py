@@ -1,4 +1,4 @@
-"""Run configuration of the jobs: the CLI's validation (``reminder_pipeline.config``), as Dagster config.
+"""The jobs' run configuration: the CLI's own validation (``config.check_*``) as Dagster config.
 
 Each job's config is one block at the top of its run config, checked when the run is created (a
 config mapping over the op's config class): a bad value is refused in one line, the same line
@@ -24,8 +24,9 @@ def describe_validation_error(error: pydantic.ValidationError) -> str:
     for item in error.errors():
         name = ".".join(str(p) for p in item.get("loc", ())) or "config"
         message = str(item.get("msg", "invalid")).removeprefix("Value error, ")
-        parts.append(message if message.startswith(name) else
-                     f"{name}={item.get('input')!r}: {message}")
+        parts.append(
+            message if message.startswith(name) else f"{name}={item.get('input')!r}: {message}"
+        )
     return "; ".join(parts)
 
 
@@ -39,7 +40,8 @@ def validated(job_name: str, config_cls: type[Config], op_def: OpDefinition) -> 
             # A DagsterError crosses Dagster's user-code boundary unwrapped: the Launchpad shows
             # this line instead of "the config mapping function has thrown an unexpected error".
             raise DagsterInvalidConfigError(
-                f"{job_name} run config refused: {describe_validation_error(error)}", [],
+                f"{job_name} run config refused: {describe_validation_error(error)}",
+                [],
                 dict(values),
             ) from None
         op_config = {name: getattr(checked, name) for name in type(checked).model_fields}
@@ -54,16 +56,24 @@ class CycleConfig(Config):
     #: The widest budget the job accepts (the run is failed at its ``dagster/max_runtime``).
     max_budget_seconds: ClassVar[float] = 240.0
 
-    batch_size: int = Field(default=settings.DEFAULT_BATCH_SIZE,
-                            description="Rows per batch (each batch one transaction), 1..10,000.")
-    max_batches: int = Field(default=settings.DEFAULT_MAX_BATCHES,
-                             description="Batches per run (1 = the design's cycle); more drains a "
-                                         "backlog, publishing as it goes, until the budget is spent.")
-    budget_seconds: float = Field(default=settings.DEFAULT_CYCLE_BUDGET_SECONDS,
-                                  description="No new batch starts after this many seconds.")
-    as_of: Optional[str] = Field(default=None,
-                                 description="AsOf, ISO-8601 with a zone (2026-11-30T10:00:00Z); "
-                                             "default now; never in the future.")
+    batch_size: int = Field(
+        default=settings.DEFAULT_BATCH_SIZE,
+        description="Rows per batch (each batch one transaction), 1..10,000.",
+    )
+    max_batches: int = Field(
+        default=settings.DEFAULT_MAX_BATCHES,
+        description="Batches per run (1 = the design's cycle); more drains a "
+        "backlog, publishing as it goes, until the budget is spent.",
+    )
+    budget_seconds: float = Field(
+        default=settings.DEFAULT_CYCLE_BUDGET_SECONDS,
+        description="No new batch starts after this many seconds.",
+    )
+    as_of: Optional[str] = Field(
+        default=None,
+        description="AsOf, ISO-8601 with a zone (2026-11-30T10:00:00Z); "
+        "default now; never in the future.",
+    )
 
     @field_validator("batch_size")
     @classmethod
@@ -97,22 +107,31 @@ class CatchUpRunConfig(CycleConfig):
     """``reminder_catch_up``: drain the backlog, batch after batch, in one run (at most 240 s)."""
 
     max_budget_seconds: ClassVar[float] = 240.0
-    max_batches: int = Field(default=settings.MAX_BATCHES,
-                             description="Batches at most; the run stops earlier when nothing due "
-                                         "is left or the budget is spent.")
-    budget_seconds: float = Field(default=240.0,
-                                  description="At most 240 s, so a catch-up ends within the "
-                                              "5-minute liveness window; launch it again if needed.")
+    max_batches: int = Field(
+        default=settings.MAX_BATCHES,
+        description="Batches at most; the run stops earlier when nothing due "
+        "is left or the budget is spent.",
+    )
+    budget_seconds: float = Field(
+        default=240.0,
+        description="At most 240 s, so a catch-up ends within the "
+        "5-minute liveness window; launch it again if needed.",
+    )
 
 
 class PoisonConfig(Config):
     """List the poison rows, or retry / skip one by its reminder id."""
 
     action: Literal["list", "retry", "skip"] = Field(
-        default="list", description="list: rows with failed attempts and their last error; "
-                                    "retry: clear the back-off; skip: Skipped, never published.")
-    reminder_id: Optional[str] = Field(default=None, validate_default=True,
-                                       description="The reminder's id (from list); for retry/skip.")
+        default="list",
+        description="list: rows with failed attempts and their last error; "
+        "retry: clear the back-off; skip: Skipped, never published.",
+    )
+    reminder_id: Optional[str] = Field(
+        default=None,
+        validate_default=True,
+        description="The reminder's id (from list); for retry/skip.",
+    )
     force: bool = Field(default=False, description="Retry/skip a Pending row that never failed.")
     limit: int = Field(default=settings.DEFAULT_POISON_LIMIT, description="Rows listed, 1..1,000.")
 
@@ -139,10 +158,14 @@ class PoisonConfig(Config):
 class RetentionConfig(Config):
     """Published outbox rows older than ``retention_hours`` go, ``batch_size`` per transaction."""
 
-    retention_hours: float = Field(default=settings.DEFAULT_RETENTION_HOURS,
-                                   description="At least 1 hour (default 168 = 7 days).")
-    batch_size: int = Field(default=settings.DEFAULT_PURGE_BATCH_SIZE,
-                            description="Rows per DELETE transaction, 1..10,000.")
+    retention_hours: float = Field(
+        default=settings.DEFAULT_RETENTION_HOURS,
+        description="At least 1 hour (default 168 = 7 days).",
+    )
+    batch_size: int = Field(
+        default=settings.DEFAULT_PURGE_BATCH_SIZE,
+        description="Rows per DELETE transaction, 1..10,000.",
+    )
 
     @field_validator("retention_hours")
     @classmethod

@@ -45,8 +45,8 @@ def dispatch_cycle():
 reminder_dispatch = dispatch_cycle.to_job(
     name=DISPATCH_JOB_NAME,
     description="ReminderDispatchJob: every minute, one batch of due reminders (oldest first) "
-                "sent or skipped and published through the outbox. Run config: batch_size, "
-                "max_batches, budget_seconds, as_of.",
+    "sent or skipped and published through the outbox. Run config: batch_size, "
+    "max_batches, budget_seconds, as_of.",
     config=validated(DISPATCH_JOB_NAME, DispatchRunConfig, select_due_batch),
     executor_def=in_process_executor,
     tags={**CONCURRENCY_TAGS, "dagster/max_runtime": str(DISPATCH_MAX_RUNTIME_SECONDS)},
@@ -55,20 +55,23 @@ reminder_dispatch = dispatch_cycle.to_job(
 reminder_catch_up = dispatch_cycle.to_job(
     name=CATCH_UP_JOB_NAME,
     description="Catch-up after an outage: the same four steps, draining the backlog oldest "
-                "first in as many batches as fit the time budget (each its own transaction, "
-                "published as it goes). To re-publish messages a consumer lost, use the "
-                "reminder_republish back-fill instead.",
+    "first in as many batches as fit the time budget (each its own transaction, "
+    "published as it goes). To re-publish messages a consumer lost, use the "
+    "reminder_republish back-fill instead.",
     config=validated(CATCH_UP_JOB_NAME, CatchUpRunConfig, select_due_batch),
     executor_def=in_process_executor,
-    tags={**CONCURRENCY_TAGS, KIND_TAG: "catch-up",
-          "dagster/max_runtime": str(CATCH_UP_MAX_RUNTIME_SECONDS)},
+    tags={
+        **CONCURRENCY_TAGS,
+        KIND_TAG: "catch-up",
+        "dagster/max_runtime": str(CATCH_UP_MAX_RUNTIME_SECONDS),
+    },
 )
 
 reminder_health_checks = define_asset_job(
     name=HEALTH_JOB_NAME,
     selection=AssetSelection.checks_for_assets(DISPATCH_ASSET_KEY),
     description="The design's alerts as checks on calendar/reminder_dispatch, on demand "
-                "(reminder_health_sensor evaluates them every minute without a run).",
+    "(reminder_health_sensor evaluates them every minute without a run).",
     executor_def=in_process_executor,
     tags={KIND_TAG: "health-checks", "dagster/max_runtime": "60"},
 )
@@ -77,8 +80,8 @@ reminder_health_checks = define_asset_job(
 @job(
     name=POISON_JOB_NAME,
     description="Poison rows (Pending after failed attempts, backing off): action = list | retry "
-                "| skip, reminder_id (from list), force (a row that never failed), limit. Each "
-                "action is logged; nothing changed fails the run saying why.",
+    "| skip, reminder_id (from list), force (a row that never failed), limit. Each "
+    "action is logged; nothing changed fails the run saying why.",
     config=validated(POISON_JOB_NAME, PoisonConfig, poison_rows),
     executor_def=in_process_executor,
     tags={KIND_TAG: "operator", "dagster/max_runtime": "60"},
@@ -91,7 +94,7 @@ def reminder_poison_rows():
 @job(
     name=RETENTION_JOB_NAME,
     description="Outbox retention: published rows older than retention_hours (default 168) go, "
-                "batch_size rows per short transaction; unpublished rows are never touched.",
+    "batch_size rows per short transaction; unpublished rows are never touched.",
     config=validated(RETENTION_JOB_NAME, RetentionConfig, purge_outbox),
     executor_def=in_process_executor,
     tags={KIND_TAG: "maintenance", "dagster/max_runtime": "300"},

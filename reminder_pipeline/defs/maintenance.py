@@ -25,10 +25,14 @@ _COLUMNS = ("id", "calendar_event_id", "attempts", "next_attempt_at", "due_at", 
 
 def _table(rows: list[dict[str, Any]]) -> str:
     """Poison rows as a Markdown table for the run's output metadata."""
-    cells = [[str(r.get(c) if r.get(c) is not None else "").replace("|", "\\|") for c in _COLUMNS]
-             for r in rows]
-    return "\n".join(["| " + " | ".join(_COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
-                     + ["| " + " | ".join(row) + " |" for row in cells])
+    cells = [
+        [str(r.get(c) if r.get(c) is not None else "").replace("|", "\\|") for c in _COLUMNS]
+        for r in rows
+    ]
+    return "\n".join(
+        ["| " + " | ".join(_COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
+        + ["| " + " | ".join(row) + " |" for row in cells]
+    )
 
 
 @op(description="List poison rows, or retry / skip one, in one transaction; each action logged.")
@@ -37,30 +41,54 @@ def poison_rows(context, config: PoisonConfig, postgres: PostgresResource):
     with FoldingJournal(context.log) as journal:
         if config.action == "list":
             rows = poison.list_rows(postgres.engine, config.limit)
-            journal.event(logging.INFO, "poison rows listed", run_id=context.run_id, count=len(rows))
-            yield Output(rows, metadata={"action": "list", "poison_count": len(rows),
-                                         "poison_rows": MetadataValue.md(_table(rows))})
+            journal.event(
+                logging.INFO, "poison rows listed", run_id=context.run_id, count=len(rows)
+            )
+            yield Output(
+                rows,
+                metadata={
+                    "action": "list",
+                    "poison_count": len(rows),
+                    "poison_rows": MetadataValue.md(_table(rows)),
+                },
+            )
             return
         # The run's launcher is not known to the run worker: the run id (and its tags) say who.
-        done = poison.change(postgres.engine, config.action, config.reminder_id,
-                             actor=context.dagster_run.tags.get("user") or getpass.getuser(),
-                             force=config.force, run_id=context.run_id, journal=journal)
+        done = poison.change(
+            postgres.engine,
+            config.action,
+            config.reminder_id,
+            actor=context.dagster_run.tags.get("user") or getpass.getuser(),
+            force=config.force,
+            run_id=context.run_id,
+            journal=journal,
+        )
     if not done.changed:
-        raise Failure(description=f"poison {done.action}: reminder {done.reminder_id}: nothing "
-                                  f"changed: {done.reason}", metadata=done.plain())
+        raise Failure(
+            description=f"poison {done.action}: reminder {done.reminder_id}: nothing "
+            f"changed: {done.reason}",
+            metadata=done.plain(),
+        )
     yield Output(done.plain(), metadata=done.plain())
 
 
-@op(description="Delete published outbox rows older than the retention, in small batches; "
-                "never unpublished ones.")
+@op(
+    description="Delete published outbox rows older than the retention, in small batches; "
+    "never unpublished ones."
+)
 def purge_outbox(context, config: RetentionConfig, postgres: PostgresResource):
     """Outbox retention; ``deleted_count`` in the output metadata."""
     started = time.monotonic()
-    deleted = retention.purge_outbox(postgres.engine, timedelta(hours=config.retention_hours),
-                                     batch_size=config.batch_size)
+    deleted = retention.purge_outbox(
+        postgres.engine, timedelta(hours=config.retention_hours), batch_size=config.batch_size
+    )
     context.log.info(f"outbox purged deleted={deleted} retention_hours={config.retention_hours}")
-    yield Output(deleted, metadata={
-        "deleted_count": deleted, "retention_hours": float(config.retention_hours),
-        "batch_size": config.batch_size,
-        "duration_ms": int((time.monotonic() - started) * 1000),
-    })
+    yield Output(
+        deleted,
+        metadata={
+            "deleted_count": deleted,
+            "retention_hours": float(config.retention_hours),
+            "batch_size": config.batch_size,
+            "duration_ms": int((time.monotonic() - started) * 1000),
+        },
+    )

@@ -21,64 +21,100 @@ from .config import CycleConfig
 from .resources import KafkaResource, PostgresResource
 
 
-@op(out=Out(dict), description="Due Pending rows, oldest first, reserved for this run in a "
-                               "short transaction (FOR UPDATE SKIP LOCKED).")
+@op(
+    out=Out(dict),
+    description="Due Pending rows, oldest first, reserved for this run in a "
+    "short transaction (FOR UPDATE SKIP LOCKED).",
+)
 def select_due_batch(context, config: CycleConfig, postgres: PostgresResource) -> dict:
     """Step 1: the due rows this run takes; concurrent runs take disjoint batches."""
     with FoldingJournal(context.log) as journal:
         # AsOf is checked against the clock again here: a queued run may start later.
-        started = cycle.start(context.run_id, batch_size=config.batch_size,
-                              as_of=check_as_of(config.as_of),
-                              max_batches=config.max_batches,
-                              budget_seconds=config.budget_seconds, journal=journal)
+        started = cycle.start(
+            context.run_id,
+            batch_size=config.batch_size,
+            as_of=check_as_of(config.as_of),
+            max_batches=config.max_batches,
+            budget_seconds=config.budget_seconds,
+            journal=journal,
+        )
         reserved = cycle.select(postgres.engine, started, journal=journal)
-    return {"cycle": started.plain(), "ids": reserved.ids, "skipped_locked": reserved.skipped_locked}
+    return {
+        "cycle": started.plain(),
+        "ids": reserved.ids,
+        "skipped_locked": reserved.skipped_locked,
+    }
 
 
-@op(out=Out(dict), description="Send for a Planned/InProgress event, skip for Cancelled/"
-                               "Completed, from the events' status now (a preview).")
+@op(
+    out=Out(dict),
+    description="Send for a Planned/InProgress event, skip for Cancelled/"
+    "Completed, from the events' status now (a preview).",
+)
 def resolve_event_status(context, selection: dict, postgres: PostgresResource) -> dict:
     """Step 2: the decision per row; the writing step decides again on what it reads under lock."""
     decided = cycle.resolve(postgres.engine, selection["ids"])
-    context.log.info(f"preview: {len(decided.send)} to send, {len(decided.skip)} to skip "
-                     "(decided again under lock by transition_and_outbox)")
+    context.log.info(
+        f"preview: {len(decided.send)} to send, {len(decided.skip)} to skip "
+        "(decided again under lock by transition_and_outbox)"
+    )
     return {**selection, "send": decided.send, "skip": decided.skip}
 
 
-@op(out=Out(dict), description="Lock and re-read the rows, move them Sent/Skipped with one "
-                               "outbox row per Sent, in one transaction; drain on if configured.")
-def transition_and_outbox(context, decisions: dict, postgres: PostgresResource,
-                          kafka: KafkaResource) -> dict:
+@op(
+    out=Out(dict),
+    description="Lock and re-read the rows, move them Sent/Skipped with one "
+    "outbox row per Sent, in one transaction; drain on if configured.",
+)
+def transition_and_outbox(
+    context, decisions: dict, postgres: PostgresResource, kafka: KafkaResource
+) -> dict:
     """Step 3: write the batch; with ``max_batches`` > 1 keep draining, publishing as it goes."""
     with FoldingJournal(context.log) as journal:
-        written = cycle.write(postgres.engine, cycle.Cycle.from_plain(decisions["cycle"]),
-                              decisions["ids"], run_id=context.run_id,
-                              skipped_locked=decisions["skipped_locked"],
-                              publisher=kafka.ready_publisher(), journal=journal)
+        written = cycle.write(
+            postgres.engine,
+            cycle.Cycle.from_plain(decisions["cycle"]),
+            decisions["ids"],
+            run_id=context.run_id,
+            skipped_locked=decisions["skipped_locked"],
+            publisher=kafka.ready_publisher(),
+            journal=journal,
+        )
     return {"cycle": decisions["cycle"], **written.plain()}
 
 
-@op(out=Out(dict), description="Publish unpublished outbox rows to Kafka, measure the backlog, "
-                               "record the run's figures on the asset.")
+@op(
+    out=Out(dict),
+    description="Publish unpublished outbox rows to Kafka, measure the backlog, "
+    "record the run's figures on the asset.",
+)
 def relay_outbox(context, written: dict, postgres: PostgresResource, kafka: KafkaResource):
     """Step 4: relay, then one materialization of the dispatcher; Failure if Kafka failed."""
     with FoldingJournal(context.log) as journal:
-        report = cycle.finish(postgres.engine, cycle.Cycle.from_plain(written["cycle"]),
-                              cycle.Written.from_plain(written), run_id=context.run_id,
-                              publisher=kafka.ready_publisher(), publisher_error=kafka.topic_error(),
-                              journal=journal)
+        report = cycle.finish(
+            postgres.engine,
+            cycle.Cycle.from_plain(written["cycle"]),
+            cycle.Written.from_plain(written),
+            run_id=context.run_id,
+            publisher=kafka.ready_publisher(),
+            publisher_error=kafka.topic_error(),
+            journal=journal,
+        )
     # Yielded, not logged: it is stored before a Failure below ends the step.
     yield AssetMaterialization(
-        asset_key=DISPATCH_ASSET_KEY, metadata=materialization_metadata(report),
+        asset_key=DISPATCH_ASSET_KEY,
+        metadata=materialization_metadata(report),
         description=f"{report.counts.sent} sent, {report.counts.skipped} skipped, "
-                    f"{report.relay.published} published",
+        f"{report.relay.published} published",
     )
     if report.relay.failed:
         raise Failure(
             description=f"Kafka publish failed: {report.relay.failed} outbox rows stay unpublished "
-                        f"and go out with the next cycle ({report.relay.last_error})",
-            metadata={"publish_failed_count": report.relay.failed,
-                      "outbox_unpublished": report.outbox_unpublished},
+            f"and go out with the next cycle ({report.relay.last_error})",
+            metadata={
+                "publish_failed_count": report.relay.failed,
+                "outbox_unpublished": report.outbox_unpublished,
+            },
         )
     yield Output(report.as_dict())
 

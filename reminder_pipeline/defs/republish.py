@@ -1,4 +1,4 @@
-"""The re-publish back-fill: ``reminder_republish``, one run per DueAt day, picked in the UI's back-fill dialog.
+"""The re-publish back-fill ``reminder_republish``: a run per DueAt day, picked in the UI.
 
 A partitioned op job (``DailyPartitionsDefinition``, UTC) whose one op calls
 :func:`reminder_pipeline.republish.republish_day` and records a materialization of the partition
@@ -34,10 +34,10 @@ from dagster import (
 )
 from pydantic import Field
 
-from ..logs import FoldingJournal
 from .. import republish, retention
-from ..domain import contract
 from ..config import MAX_RETENTION_HOURS
+from ..domain import contract
+from ..logs import FoldingJournal
 from .config import describe_validation_error
 from .jobs import CONCURRENCY_TAG, KIND_TAG
 from .resources import KafkaResource, PostgresResource

@@ -39,8 +39,9 @@ class PostgresResource(ConfigurableResource):
         # The run id in application_name: an operator finds a run's sessions in pg_stat_activity.
         label = f"reminder-dispatch {run.run_id[:8]}" if run is not None else "reminder-dispatch"
         try:
-            engine = make_engine(self.database_url, pool_size=self.pool_size,
-                                 application_name=label)
+            engine = make_engine(
+                self.database_url, pool_size=self.pool_size, application_name=label
+            )
             check_connection(engine)
         except (ConfigError, DatabaseUnavailable) as error:
             raise Failure(description=str(error)) from None
@@ -69,12 +70,17 @@ class KafkaResource(ConfigurableResource):
     security_protocol: Optional[str] = Field(default=None, description="Default: the environment.")
     sasl_mechanism: Optional[str] = Field(default=None, description="Default: the environment.")
     sasl_username: Optional[str] = Field(default=None, description="Default: the environment.")
-    sasl_password: Optional[str] = Field(default=None, description="Default: the environment.",
-                                         json_schema_extra={"dagster__is_secret": True})
-    message_timeout_ms: int = Field(default=15_000, ge=1_000, le=300_000,
-                                    description="How long the producer retries a message.")
-    topic_timeout_seconds: float = Field(default=10.0, gt=0, le=120,
-                                         description="How long the topic check waits.")
+    sasl_password: Optional[str] = Field(
+        default=None,
+        description="Default: the environment.",
+        json_schema_extra={"dagster__is_secret": True},
+    )
+    message_timeout_ms: int = Field(
+        default=15_000, ge=1_000, le=300_000, description="How long the producer retries a message."
+    )
+    topic_timeout_seconds: float = Field(
+        default=10.0, gt=0, le=120, description="How long the topic check waits."
+    )
 
     _publisher: Optional[KafkaPublisher] = PrivateAttr(default=None)
     _topic_error: Optional[str] = PrivateAttr(default=None)
@@ -82,11 +88,19 @@ class KafkaResource(ConfigurableResource):
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
         """Validate the settings and create the producer (it connects lazily: cheap)."""
-        env = {**os.environ, **{name: value for name, value in (
-            ("KAFKA_SECURITY_PROTOCOL", self.security_protocol),
-            ("KAFKA_SASL_MECHANISM", self.sasl_mechanism),
-            ("KAFKA_SASL_USERNAME", self.sasl_username),
-            ("KAFKA_SASL_PASSWORD", self.sasl_password)) if value is not None}}
+        env = {
+            **os.environ,
+            **{
+                name: value
+                for name, value in (
+                    ("KAFKA_SECURITY_PROTOCOL", self.security_protocol),
+                    ("KAFKA_SASL_MECHANISM", self.sasl_mechanism),
+                    ("KAFKA_SASL_USERNAME", self.sasl_username),
+                    ("KAFKA_SASL_PASSWORD", self.sasl_password),
+                )
+                if value is not None
+            },
+        }
         try:
             settings = KafkaSettings.from_env(env, self.bootstrap_servers)
         except ConfigError as error:
@@ -99,8 +113,10 @@ class KafkaResource(ConfigurableResource):
         if self._publisher is not None:
             left = self._publisher.close(timeout=min(10.0, self.message_timeout_ms / 1000))
             if left:
-                context.log.warning(f"kafka producer closed with {left} undelivered messages; "
-                                    "their outbox rows stay unpublished for the next cycle")
+                context.log.warning(
+                    f"kafka producer closed with {left} undelivered messages; "
+                    "their outbox rows stay unpublished for the next cycle"
+                )
             self._publisher = None
 
     @property

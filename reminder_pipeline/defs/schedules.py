@@ -16,8 +16,13 @@ from dagster import (
     schedule,
 )
 
-from .jobs import CONCURRENCY_TAG, CONCURRENCY_TAGS, CONCURRENCY_VALUE, outbox_retention
-from .jobs import reminder_dispatch
+from .jobs import (
+    CONCURRENCY_TAG,
+    CONCURRENCY_TAGS,
+    CONCURRENCY_VALUE,
+    outbox_retention,
+    reminder_dispatch,
+)
 
 #: QUEUED and NOT_STARTED included: otherwise, while one run is slow, every tick would queue one
 #: more run behind it and they would pile up.
@@ -45,8 +50,9 @@ def dispatch_concurrency_limit(context: ScheduleEvaluationContext) -> int:
     cron_schedule="* * * * *",
     execution_timezone="UTC",
     default_status=DefaultScheduleStatus.RUNNING,
-    description="The design's 60 s cycle; a tick is skipped while the dispatch runs allowed at once "
-                "(dagster.yaml's limit for the dispatch tag, 1 by default) are queued or running.",
+    description="The design's 60 s cycle; a tick is skipped while the dispatch runs allowed "
+    "at once "
+    "(dagster.yaml's limit for the dispatch tag, 1 by default) are queued or running.",
 )
 def reminder_dispatch_schedule(context: ScheduleEvaluationContext):
     """A run per minute, or a SkipReason naming the runs still in flight (no pile-up)."""
@@ -57,8 +63,11 @@ def reminder_dispatch_schedule(context: ScheduleEvaluationContext):
     )
     if len(in_flight) < limit:
         return RunRequest()
-    runs = ", ".join(f"run {r.dagster_run.run_id} of {r.dagster_run.job_name} is still "
-                     f"{r.dagster_run.status.value}" for r in in_flight)
+    runs = ", ".join(
+        f"run {r.dagster_run.run_id} of {r.dagster_run.job_name} is still "
+        f"{r.dagster_run.status.value}"
+        for r in in_flight
+    )
     return SkipReason(f"{runs} (limit {limit}); the next tick dispatches what is left")
 
 

@@ -1,4 +1,4 @@
-"""The sensors: the health checks every minute, and the ledger row of a dispatch run that failed early.
+"""The sensors: the health checks every minute, and the ledger row of a run that failed early.
 
 ``reminder_health_sensor`` evaluates the health conditions once a minute in the daemon's code
 server and reports them as runless check evaluations: the checks stay red or green whether or not
@@ -12,7 +12,7 @@ the dispatcher is skipped). If the database is what failed, the tick fails befor
 moves and the daemon retries it.
 """
 
-# No ``from __future__ import annotations``: Dagster reads the resource annotation at definition time.
+# No ``from __future__ import annotations``: Dagster reads the resource annotation.
 
 from datetime import UTC, datetime
 
@@ -38,7 +38,7 @@ RUN_FAILED = "DagsterRunFailure"
 
 
 def relay_recorded(instance: DagsterInstance, run_id: str) -> bool:
-    """True when the run materialized the dispatcher: ``relay_outbox`` wrote its ledger row first."""
+    """True when the run materialized the dispatcher (``relay_outbox`` wrote its ledger row)."""
     records = instance.get_records_for_run(
         run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION, limit=10
     ).records
@@ -50,12 +50,14 @@ def relay_recorded(instance: DagsterInstance, run_id: str) -> bool:
 
 
 def failure_kind(context: RunFailureSensorContext) -> str:
-    """The exception class name of the failed step, else of the run (never a message), else :data:`RUN_FAILED`."""
+    """The failed step's exception class, else the run's (never a message), else RUN_FAILED."""
     errors = [f.step_failure_data.error for f in context.get_step_failure_events()]
     errors.append(getattr(context.failure_event.event_specific_data, "error", None))
     for error in errors:
-        # Dagster wraps what user code raised (DagsterExecutionStepExecutionError, ...): name the cause.
-        while error is not None and error.cls_name.startswith("Dagster") and error.cause is not None:
+        # Dagster wraps what user code raised (DagsterExecutionStepExecutionError): name the cause.
+        while (
+            error is not None and error.cls_name.startswith("Dagster") and error.cause is not None
+        ):
             error = error.cause
         if error is not None and error.cls_name:
             return error.cls_name
@@ -76,10 +78,12 @@ def _started_at(instance: DagsterInstance, run_id: str) -> datetime:
     default_status=DefaultSensorStatus.RUNNING,
     description=(
         "Records a failed reminder_dispatch / reminder_catch_up run in the metrics ledger "
-        "(errors counter, dispatch_errors check) when the run failed before relay_outbox recorded it."
+        "(errors counter, dispatch_errors check) when it failed before relay_outbox recorded it."
     ),
 )
-def reminder_dispatch_failure_ledger(context: RunFailureSensorContext, postgres: PostgresResource) -> None:
+def reminder_dispatch_failure_ledger(
+    context: RunFailureSensorContext, postgres: PostgresResource
+) -> None:
     """One failed cycle per failed run that has no ledger row of its own."""
     # Returns None on purpose: any return value ends the tick after this run; None goes on to the
     # next failed run in the same tick.
@@ -88,9 +92,12 @@ def reminder_dispatch_failure_ledger(context: RunFailureSensorContext, postgres:
         context.log.info(f"run {run_id} recorded its cycle in relay_outbox; nothing to add")
         return
     kind = failure_kind(context)
-    written = ledger.record_cycle(postgres.engine, run_id, None,
-                                  started_at=_started_at(context.instance, run_id), error=kind)
-    context.log.info(f"run {run_id} failed ({kind}): {'recorded' if written else 'NOT recorded'} in the ledger")
+    written = ledger.record_cycle(
+        postgres.engine, run_id, None, started_at=_started_at(context.instance, run_id), error=kind
+    )
+    context.log.info(
+        f"run {run_id} failed ({kind}): {'recorded' if written else 'NOT recorded'} in the ledger"
+    )
 
 
 #: How often the health checks are evaluated (the design's alerts are minute-granular).
@@ -106,7 +113,9 @@ HEALTH_INTERVAL_SECONDS = 60
         "whether or not dispatch runs happen; no run is launched."
     ),
 )
-def reminder_health_sensor(context: SensorEvaluationContext, postgres: PostgresResource) -> SensorResult:
+def reminder_health_sensor(
+    context: SensorEvaluationContext, postgres: PostgresResource
+) -> SensorResult:
     """One evaluation of every check, reported on the dispatcher asset."""
     checks = health.evaluate(postgres.engine)
     failing = [c.name for c in checks if not c.passed]
@@ -114,5 +123,7 @@ def reminder_health_sensor(context: SensorEvaluationContext, postgres: PostgresR
     # The verdict goes on the tick (its skip reason), not through context.log: a logged line is a
     # captured-log file per tick under DAGSTER_HOME/storage (1,440 a day) that Dagster never
     # deletes, not even with the purged tick.
-    return SensorResult(asset_events=[check_evaluation(c) for c in checks],
-                        skip_reason=f"health checks evaluated ({summary}); no run needed")
+    return SensorResult(
+        asset_events=[check_evaluation(c) for c in checks],
+        skip_reason=f"health checks evaluated ({summary}); no run needed",
+    )

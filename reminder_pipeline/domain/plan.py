@@ -1,4 +1,4 @@
-"""The writing step's decision for a batch of rows read under lock: pure, testable without a database.
+"""The writing step's decision for a batch of rows read under lock: pure, no database needed.
 
 For each row: send (a Planned/InProgress event: its message built and checked against the
 contract), skip (a Cancelled/Completed event, or a status we do not know), or poison (the
@@ -28,8 +28,10 @@ class BatchPlan:
 
     def transitions(self) -> list[tuple[DueReminder, ReminderStatus, OutboxMessage | None]]:
         """Every row's target status with its message (None for a skip), in the batch's order."""
-        return [*((r, ReminderStatus.SENT, m) for r, m in self.sends),
-                *((r, ReminderStatus.SKIPPED, None) for r in self.skips)]
+        return [
+            *((r, ReminderStatus.SENT, m) for r, m in self.sends),
+            *((r, ReminderStatus.SKIPPED, None) for r in self.skips),
+        ]
 
 
 def message_for(

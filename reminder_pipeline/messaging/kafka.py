@@ -1,19 +1,20 @@
-"""Kafka clients built from :class:`~reminder_pipeline.config.KafkaSettings`, and the topic's creation."""
+"""Kafka clients built from :class:`~reminder_pipeline.config.KafkaSettings`, and the topic."""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from confluent_kafka import KafkaError, KafkaException, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
 
 from ..config import KafkaSettings
 from ..domain import contract
-from ..logs import event
 from ..domain.model import ClaimedMessage
+from ..logs import event
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +52,14 @@ def ensure_topic(
     existing = metadata.topics.get(topic)
     if existing is not None and existing.error is None:
         if len(existing.partitions) != partitions:
-            event(log, logging.WARNING, "topic has an unexpected partition count",
-                  topic=topic, partitions=len(existing.partitions), expected=partitions)
+            event(
+                log,
+                logging.WARNING,
+                "topic has an unexpected partition count",
+                topic=topic,
+                partitions=len(existing.partitions),
+                expected=partitions,
+            )
         return False
     futures = admin.create_topics(
         [NewTopic(topic, num_partitions=partitions, replication_factor=replication_factor)],
@@ -116,8 +123,8 @@ class KafkaPublisher:
         """
         results: dict[int, str | None] = {}
 
-        def on_delivery(outbox_id: int):
-            def callback(err, _msg) -> None:
+        def on_delivery(outbox_id: int) -> Callable[[KafkaError | None, Message], None]:
+            def callback(err: KafkaError | None, _msg: Message) -> None:
                 results[outbox_id] = None if err is None else str(err)
 
             return callback

@@ -1,4 +1,4 @@
-"""The outbox relay: unpublished outbox rows to Kafka, at least once, in id order, then marked published.
+"""The outbox relay: unpublished outbox rows to Kafka, at least once, in id order, then marked.
 
 One relay publishes per database at a time (a session advisory lock): a single writer keeps each
 key's messages in outbox order on the topic. The lock is held on an AUTOCOMMIT connection that
@@ -20,15 +20,15 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from sqlalchemy.engine import Connection, Engine
 
+from ..domain.model import ClaimedMessage
 from ..logs import event
 from ..store import repository
-from ..domain.model import ClaimedMessage
 from .kafka import DeliveryResult
 
 log = logging.getLogger(__name__)
@@ -200,7 +200,7 @@ class OutboxRelay:
                 continue
 
     def finish(self, timeout: float | None = None) -> RelayResult:
-        """Publish what was handed over, stop the thread, return the result (its error re-raised)."""
+        """Publish what was handed over, stop the thread, return the result (or its error)."""
         while self.running:
             try:
                 self._handed.put(_DONE, timeout=0.2)
@@ -223,14 +223,18 @@ class OutboxRelay:
             with self._engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
                 if not self._lock_taking_hand_overs(conn):
                     self.result.busy = True
-                    event(log, logging.INFO, "relay busy in another process",
-                          run_id=self._correlation_id)
+                    event(
+                        log,
+                        logging.INFO,
+                        "relay busy in another process",
+                        run_id=self._correlation_id,
+                    )
                     return
                 try:
                     self._publish_handed_over(conn, deadline)
                 finally:
                     repository.release_relay_lock(conn)
-        except BaseException as exc:  # handed to the dispatcher's thread by finish()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the dispatcher's thread by finish()
             self._error = exc
         finally:
             self._stop.set()  # not running any more: hand_over drops
@@ -245,10 +249,8 @@ class OutboxRelay:
         while not repository.try_relay_lock(conn):
             if time.monotonic() >= give_up or self._stop.is_set():
                 return False
-            try:
+            with suppress(queue.Empty):
                 self._early.append(self._handed.get(timeout=0.05))
-            except queue.Empty:
-                pass
         return True
 
     def _publish_handed_over(self, conn: Connection, deadline: float) -> None:
@@ -308,12 +310,20 @@ class OutboxRelay:
         if not failed:
             return True
         acknowledged = set(ok)
-        repository.record_publish_failures(conn, [m.id for m in messages if m.id not in acknowledged])
+        repository.record_publish_failures(
+            conn, [m.id for m in messages if m.id not in acknowledged]
+        )
         self.result.failed += failed
         self.result.last_error = next((r.error for r in results if r.error), None)
-        event(log, logging.ERROR, "outbox publish failed; rows stay unpublished",
-              run_id=self._correlation_id, failed=failed, published=len(ok),
-              error=self.result.last_error)
+        event(
+            log,
+            logging.ERROR,
+            "outbox publish failed; rows stay unpublished",
+            run_id=self._correlation_id,
+            failed=failed,
+            published=len(ok),
+            error=self.result.last_error,
+        )
         return False
 
 
@@ -329,7 +339,12 @@ def relay_outbox(
     stop: threading.Event | None = None,
 ) -> RelayResult:
     """One foreground pass of :class:`OutboxRelay` (the CLI's ``relay``, the relay step)."""
-    relay = OutboxRelay(engine, publisher, batch_size=batch_size,
-                        lock_wait_seconds=lock_wait_seconds, correlation_id=correlation_id,
-                        on_acknowledged=on_acknowledged)
+    relay = OutboxRelay(
+        engine,
+        publisher,
+        batch_size=batch_size,
+        lock_wait_seconds=lock_wait_seconds,
+        correlation_id=correlation_id,
+        on_acknowledged=on_acknowledged,
+    )
     return relay.run(budget_seconds, stop=stop)

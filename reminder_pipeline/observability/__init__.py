@@ -1,4 +1,4 @@
-"""Observability of the dispatcher: the metrics ledger, the Prometheus exporter, traces and health checks.
+"""Observability of the dispatcher: metrics ledger, Prometheus exporter, traces, health checks.
 
 ``ledger`` records each cycle in Postgres; ``exporter`` serves the design's metrics from it over
 HTTP; ``tracing`` wraps cycles in OpenTelemetry spans; ``health`` evaluates the design's alert

@@ -64,9 +64,23 @@ SCRAPE_DURATION = PREFIX + "scrape_duration_seconds"
 
 #: Every metric family the endpoint serves (the dashboard and the alert rules use only these).
 METRIC_NAMES: tuple[str, ...] = (
-    CYCLE_DURATION, CYCLES, ITEMS, SKIP_LOCKED, ERRORS, PUBLISHED, LATENESS, BACKLOG,
-    BACKLOG_OLDEST_AGE, OUTBOX_UNPUBLISHED, OUTBOX_LAG, LAST_SUCCESS, UP, SCRAPE_DURATION,
-    POISON_ROWS, POISON_OLDEST_AGE, TIME_ZONE_FALLBACKS,
+    CYCLE_DURATION,
+    CYCLES,
+    ITEMS,
+    SKIP_LOCKED,
+    ERRORS,
+    PUBLISHED,
+    LATENESS,
+    BACKLOG,
+    BACKLOG_OLDEST_AGE,
+    OUTBOX_UNPUBLISHED,
+    OUTBOX_LAG,
+    LAST_SUCCESS,
+    UP,
+    SCRAPE_DURATION,
+    POISON_ROWS,
+    POISON_OLDEST_AGE,
+    TIME_ZONE_FALLBACKS,
 )
 
 SCRAPE_STATEMENT_TIMEOUT_MS = 5_000
@@ -86,19 +100,27 @@ class Snapshot:
 def read_snapshot(engine: Engine, now: datetime | None = None) -> Snapshot:
     """Ledger totals and live gauges in one short read-only REPEATABLE READ transaction."""
     now = now or datetime.now(UTC)
-    with engine.connect().execution_options(
-        isolation_level="REPEATABLE READ", postgresql_readonly=True
-    ) as conn, conn.begin():
+    with (
+        engine.connect().execution_options(
+            isolation_level="REPEATABLE READ", postgresql_readonly=True
+        ) as conn,
+        conn.begin(),
+    ):
         metrics_repository.set_local_timeouts(conn, SCRAPE_STATEMENT_TIMEOUT_MS, 1_000)
         totals = metrics_repository.ledger_totals(
             conn, len(ledger.DURATION_BUCKETS) + 1, len(ledger.LATENESS_BUCKETS) + 1
         )
-        return Snapshot(totals, repository.backlog(conn, now), repository.outbox_lag(conn),
-                        metrics_repository.poison_rows(conn, now))
+        return Snapshot(
+            totals,
+            repository.backlog(conn, now),
+            repository.outbox_lag(conn),
+            metrics_repository.poison_rows(conn, now),
+        )
 
 
-def _histogram(name: str, doc: str, bounds: tuple[float, ...], counts: list[int],
-               total: float) -> HistogramMetricFamily:
+def _histogram(
+    name: str, doc: str, bounds: tuple[float, ...], counts: list[int], total: float
+) -> HistogramMetricFamily:
     running = ledger.cumulative(counts)
     buckets = [(_le(b), float(c)) for b, c in zip(bounds, running, strict=False)]
     buckets.append(("+Inf", float(running[-1])))
@@ -115,38 +137,65 @@ def families(snapshot: Snapshot) -> list[Metric]:
     cycles = CounterMetricFamily(CYCLES, "Dispatch cycles recorded, by result.", labels=["result"])
     cycles.add_metric(["succeeded"], t.cycles - t.cycles_failed)
     cycles.add_metric(["failed"], t.cycles_failed)
-    items = CounterMetricFamily(ITEMS, "Reminder rows moved out of Pending, by result.",
-                                labels=["result"])
+    items = CounterMetricFamily(
+        ITEMS, "Reminder rows moved out of Pending, by result.", labels=["result"]
+    )
     items.add_metric(["sent"], t.sent)
     items.add_metric(["skipped"], t.skipped)
     errors = CounterMetricFamily(
-        ERRORS, "Errors: failed cycles, poison rows left Pending, deliveries the broker refused.",
+        ERRORS,
+        "Errors: failed cycles, poison rows left Pending, deliveries the broker refused.",
         labels=["kind"],
     )
     errors.add_metric(["cycle"], t.cycles_failed)
     errors.add_metric(["item"], t.failed)
     errors.add_metric(["publish"], t.publish_failed)
     out: list[Metric] = [
-        _histogram(CYCLE_DURATION, "Duration of a dispatch cycle.", ledger.DURATION_BUCKETS,
-                   t.duration_buckets, t.duration_sum),
+        _histogram(
+            CYCLE_DURATION,
+            "Duration of a dispatch cycle.",
+            ledger.DURATION_BUCKETS,
+            t.duration_buckets,
+            t.duration_sum,
+        ),
         cycles,
         items,
-        CounterMetricFamily(SKIP_LOCKED,
-                            "Due rows skipped because another instance held their lock.",
-                            value=t.skipped_locked),
+        CounterMetricFamily(
+            SKIP_LOCKED,
+            "Due rows skipped because another instance held their lock.",
+            value=t.skipped_locked,
+        ),
         errors,
-        CounterMetricFamily(PUBLISHED, "Outbox messages acknowledged by the broker.",
-                            value=t.published),
-        _histogram(LATENESS, "SentAt - DueAt of sent reminders (SLO: p95 within 120 s).",
-                   ledger.LATENESS_BUCKETS, t.lateness_buckets, t.lateness_sum),
-        GaugeMetricFamily(BACKLOG, "Pending reminders with DueAt < now, not yet processed.",
-                          value=snapshot.backlog.count),
-        GaugeMetricFamily(BACKLOG_OLDEST_AGE, "Age of the oldest due Pending reminder (0 if none).",
-                          value=snapshot.backlog.oldest_due_age_seconds or 0.0),
-        GaugeMetricFamily(OUTBOX_UNPUBLISHED, "Outbox messages not yet published.",
-                          value=snapshot.outbox.unpublished),
-        GaugeMetricFamily(OUTBOX_LAG, "Age of the oldest unpublished outbox message (0 if none).",
-                          value=snapshot.outbox.oldest_unpublished_age_seconds or 0.0),
+        CounterMetricFamily(
+            PUBLISHED, "Outbox messages acknowledged by the broker.", value=t.published
+        ),
+        _histogram(
+            LATENESS,
+            "SentAt - DueAt of sent reminders (SLO: p95 within 120 s).",
+            ledger.LATENESS_BUCKETS,
+            t.lateness_buckets,
+            t.lateness_sum,
+        ),
+        GaugeMetricFamily(
+            BACKLOG,
+            "Pending reminders with DueAt < now, not yet processed.",
+            value=snapshot.backlog.count,
+        ),
+        GaugeMetricFamily(
+            BACKLOG_OLDEST_AGE,
+            "Age of the oldest due Pending reminder (0 if none).",
+            value=snapshot.backlog.oldest_due_age_seconds or 0.0,
+        ),
+        GaugeMetricFamily(
+            OUTBOX_UNPUBLISHED,
+            "Outbox messages not yet published.",
+            value=snapshot.outbox.unpublished,
+        ),
+        GaugeMetricFamily(
+            OUTBOX_LAG,
+            "Age of the oldest unpublished outbox message (0 if none).",
+            value=snapshot.outbox.oldest_unpublished_age_seconds or 0.0,
+        ),
         # Live, not a counter: a poison row retried with a growing back-off adds to errors_total
         # only at each retry, while it stays held back the whole time (the errors alert's gauge).
         GaugeMetricFamily(
@@ -155,9 +204,11 @@ def families(snapshot: Snapshot) -> list[Metric]:
             f"(>= {metrics_repository.POISON_MIN_ATTEMPTS} failed attempts).",
             value=snapshot.poison.count,
         ),
-        GaugeMetricFamily(POISON_OLDEST_AGE,
-                          "Age (now - DueAt) of the oldest poison row (0 if none).",
-                          value=snapshot.poison.oldest_due_age_seconds or 0.0),
+        GaugeMetricFamily(
+            POISON_OLDEST_AGE,
+            "Age (now - DueAt) of the oldest poison row (0 if none).",
+            value=snapshot.poison.oldest_due_age_seconds or 0.0,
+        ),
         CounterMetricFamily(
             TIME_ZONE_FALLBACKS,
             "Reminders sent with TimeZone UTC: their event's zone is not a canonical IANA name.",
@@ -166,8 +217,13 @@ def families(snapshot: Snapshot) -> list[Metric]:
     ]
     # Absent until a cycle has ever succeeded: the liveness rule treats absence as "not live".
     if t.last_success_at is not None:
-        out.append(GaugeMetricFamily(LAST_SUCCESS, "When the last successful cycle finished.",
-                                     value=t.last_success_at.timestamp()))
+        out.append(
+            GaugeMetricFamily(
+                LAST_SUCCESS,
+                "When the last successful cycle finished.",
+                value=t.last_success_at.timestamp(),
+            )
+        )
     return out
 
 
@@ -194,8 +250,11 @@ class LedgerCollector(Collector):
         self._transition(True, None)
         yield GaugeMetricFamily(UP, "1 if the last scrape read the database.", value=1)
         yield from families(snapshot)
-        yield GaugeMetricFamily(SCRAPE_DURATION, "Time this scrape spent reading the database.",
-                                value=time.monotonic() - started)
+        yield GaugeMetricFamily(
+            SCRAPE_DURATION,
+            "Time this scrape spent reading the database.",
+            value=time.monotonic() - started,
+        )
 
     def _transition(self, healthy: bool, error_kind: str | None) -> None:
         # Log changes only: Prometheus scrapes every 15 s, a log line each time would drown others.
@@ -205,16 +264,27 @@ class LedgerCollector(Collector):
         if healthy:
             event(log, logging.INFO, "metrics scrape reads the database")
         else:
-            event(log, logging.WARNING,
-                  "metrics scrape cannot read the database (migrated? reachable?)",
-                  error_kind=error_kind)
+            event(
+                log,
+                logging.WARNING,
+                "metrics scrape cannot read the database (migrated? reachable?)",
+                error_kind=error_kind,
+            )
 
 
 class MetricsExporter:
     """A running ``/metrics`` HTTP endpoint; :meth:`stop` shuts it down."""
 
-    def __init__(self, server: WSGIServer, thread: threading.Thread, engine: Engine,
-                 host: str, port: int, *, owns_engine: bool) -> None:
+    def __init__(
+        self,
+        server: WSGIServer,
+        thread: threading.Thread,
+        engine: Engine,
+        host: str,
+        port: int,
+        *,
+        owns_engine: bool,
+    ) -> None:
         self._server = server
         self._thread = thread
         self._engine = engine
@@ -256,8 +326,9 @@ def start_exporter(
     host = host or settings.env.get("REMINDER_METRICS_HOST") or DEFAULT_HOST
     port = settings.metrics_port if port is None else port
     owns_engine = engine is None
-    engine = engine or make_engine(endpoints.database_url, pool_size=2,
-                                   application_name="reminder-pipeline-exporter")
+    engine = engine or make_engine(
+        endpoints.database_url, pool_size=2, application_name="reminder-pipeline-exporter"
+    )
     registry = CollectorRegistry(auto_describe=False)
     registry.register(LedgerCollector(engine))
     try:

@@ -1,4 +1,4 @@
-"""The design's alert conditions as plain functions over the database: what the Dagster asset checks show.
+"""The design's alert conditions as plain functions over the database: the Dagster asset checks.
 
 Each check reads the live tables or the metrics ledger (never a process's memory), so it gives
 the same answer whichever process evaluates it, and it can be evaluated when no dispatch run
@@ -24,9 +24,9 @@ RUNBOOK_OVERDUE = RUNBOOK_DISPATCH + "#overdue-pending-reminders"
 RUNBOOK_ERRORS = RUNBOOK_DISPATCH + "#errors-sustained"
 RUNBOOK_LATENESS = RUNBOOK_DISPATCH + "#lateness-slo-burn"
 
-#: No successful cycle for longer than this: the dispatcher is not running (docs/design.md: > 5 min).
+#: No successful cycle for longer than this: the dispatcher is not running (design: > 5 min).
 LIVENESS_SECONDS = 300.0
-#: A Pending row due longer ago than this: the worker lags or hangs (docs/design.md: older than 5 min).
+#: A Pending row due longer ago than this: the worker lags or hangs (design: older than 5 min).
 OVERDUE_SECONDS = 300.0
 #: Errors are sustained when they have gone on this long with no gap of ERRORS_GAP or more:
 #: what the alert's ``rate(calendar_reminder_dispatch_errors_total[5m]) > 0`` for ``10m`` sees.
@@ -135,8 +135,9 @@ def errors(engine: Engine, now: datetime) -> HealthCheck:
     with engine.connect() as conn:
         poison = metrics_repository.poison_rows(conn, now)
         window = metrics_repository.cycles_since(conn, now - ERRORS_WINDOW)
-        since = errors_sustained_since(metrics_repository.error_cycle_times_since(conn, lookback),
-                                       now)
+        since = errors_sustained_since(
+            metrics_repository.error_cycle_times_since(conn, lookback), now
+        )
     sustained = None if since is None else max((now - since).total_seconds(), 0.0)
     sustained_long = sustained is not None and sustained >= ERRORS_WINDOW.total_seconds()
     passed = poison.count == 0 and not sustained_long

@@ -162,15 +162,22 @@ def record_cycle(
     ``calendar_reminder_dispatch_errors_total{kind="cycle"}``; only the class name is kept.
     """
     try:
-        record = build_record(run_id, counts, started_at=started_at, finished_at=finished_at,
-                              as_of=as_of, error=error)
+        record = build_record(
+            run_id, counts, started_at=started_at, finished_at=finished_at, as_of=as_of, error=error
+        )
         with engine.begin() as conn:
-            metrics_repository.set_local_timeouts(conn, WRITE_STATEMENT_TIMEOUT_MS,
-                                                  WRITE_LOCK_TIMEOUT_MS)
+            metrics_repository.set_local_timeouts(
+                conn, WRITE_STATEMENT_TIMEOUT_MS, WRITE_LOCK_TIMEOUT_MS
+            )
             metrics_repository.insert_cycle(conn, record)
     except Exception as exc:  # noqa: BLE001 - metrics must never fail the cycle they describe
-        event(log, logging.WARNING, "cycle not recorded in the metrics ledger", run_id=run_id,
-              error_kind=type(exc).__name__)
+        event(
+            log,
+            logging.WARNING,
+            "cycle not recorded in the metrics ledger",
+            run_id=run_id,
+            error_kind=type(exc).__name__,
+        )
         return False
     roll_up(engine, before=record.finished_at - DETAIL_RETENTION)
     return True
@@ -180,10 +187,12 @@ def roll_up(engine: Engine, *, before: datetime) -> int:
     """Fold ledger rows finished before ``before`` into the totals row; never raises."""
     try:
         with engine.begin() as conn:
-            metrics_repository.set_local_timeouts(conn, WRITE_STATEMENT_TIMEOUT_MS,
-                                                  WRITE_LOCK_TIMEOUT_MS)
-            moved = metrics_repository.roll_up(conn, before, len(DURATION_BUCKETS) + 1,
-                                               len(LATENESS_BUCKETS) + 1)
+            metrics_repository.set_local_timeouts(
+                conn, WRITE_STATEMENT_TIMEOUT_MS, WRITE_LOCK_TIMEOUT_MS
+            )
+            moved = metrics_repository.roll_up(
+                conn, before, len(DURATION_BUCKETS) + 1, len(LATENESS_BUCKETS) + 1
+            )
     except Exception as exc:  # noqa: BLE001 - retried by the next cycle's write
         event(log, logging.WARNING, "metrics ledger roll-up failed", error_kind=type(exc).__name__)
         return 0

@@ -1,4 +1,4 @@
-"""OpenTelemetry traces: one span per dispatch cycle, item events with tenant ids, W3C context in message headers.
+"""OpenTelemetry traces: a span per cycle, item events with tenant ids, W3C context in messages.
 
 * The cycle span (``reminder_dispatch.cycle``) carries the run id as the correlation id; every
   reminder sent, skipped or failed is an event on it with its ids and tenant id.

@@ -1,1 +1,1 @@
-"""The only code that runs SQL: table metadata, named statements, repository functions, migrations."""
+"""The only code that runs SQL: table metadata, named statements, repository, migrations."""

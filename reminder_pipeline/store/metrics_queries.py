@@ -1,4 +1,4 @@
-"""Every SQL statement of the dispatch metrics ledger, named: the write side, the roll-up, the scrape, the checks.
+"""Every SQL statement of the metrics ledger, named: writes, roll-up, scrape and checks.
 
 The ledger is small (a row per cycle, ~1,440 a day per dispatcher) and never touched by the
 dispatch transaction. Reads are bounded: the detail table keeps only recent rows (older ones are

@@ -1,4 +1,4 @@
-"""Repository functions of the dispatch metrics ledger: each takes a Connection (the caller owns the transaction)."""
+"""Repository functions of the metrics ledger, each on a Connection (the caller's transaction)."""
 
 from __future__ import annotations
 
@@ -46,8 +46,9 @@ def insert_cycle(conn: Connection, record: CycleRecord) -> int:
 
 def set_local_timeouts(conn: Connection, statement_ms: int, lock_ms: int) -> None:
     """Bound this transaction's statements and lock waits (SET LOCAL)."""
-    conn.execute(q.SET_LOCAL_TIMEOUTS,
-                 {"statement_ms": f"{statement_ms}ms", "lock_ms": f"{lock_ms}ms"})
+    conn.execute(
+        q.SET_LOCAL_TIMEOUTS, {"statement_ms": f"{statement_ms}ms", "lock_ms": f"{lock_ms}ms"}
+    )
 
 
 def fit(counts: Iterable[int] | None, size: int) -> list[int]:
@@ -82,8 +83,18 @@ class LedgerTotals:
     last_success_at: datetime | None = None
 
 
-_COUNTERS = ("cycles", "cycles_failed", "sent", "skipped", "skipped_locked", "failed",
-             "published", "publish_failed", "lateness_count", "time_zone_fallbacks")
+_COUNTERS = (
+    "cycles",
+    "cycles_failed",
+    "sent",
+    "skipped",
+    "skipped_locked",
+    "failed",
+    "published",
+    "publish_failed",
+    "lateness_count",
+    "time_zone_fallbacks",
+)
 
 
 def _later(a: datetime | None, b: datetime | None) -> datetime | None:
@@ -125,8 +136,9 @@ def ledger_totals(conn: Connection, duration_size: int, lateness_size: int) -> L
     return totals
 
 
-def roll_up(conn: Connection, cutoff: datetime, duration_size: int, lateness_size: int,
-            limit: int = 5000) -> int:
+def roll_up(
+    conn: Connection, cutoff: datetime, duration_size: int, lateness_size: int, limit: int = 5000
+) -> int:
     """Move detail rows finished before ``cutoff`` into the totals row; returns how many moved.
 
     Call it in its own transaction; it does nothing (returns 0) when another roll-up holds the
@@ -148,8 +160,16 @@ def roll_up(conn: Connection, cutoff: datetime, duration_size: int, lateness_siz
     for row in moved:
         new["cycles"] += 1
         new["cycles_failed"] += 0 if row.succeeded else 1
-        for name in ("sent", "skipped", "skipped_locked", "failed", "published", "publish_failed",
-                     "lateness_count", "time_zone_fallbacks"):
+        for name in (
+            "sent",
+            "skipped",
+            "skipped_locked",
+            "failed",
+            "published",
+            "publish_failed",
+            "lateness_count",
+            "time_zone_fallbacks",
+        ):
             new[name] += int(getattr(row, name))
         new["duration_sum"] += float(row.duration_seconds)
         new["lateness_sum"] += float(row.lateness_sum)
@@ -160,15 +180,21 @@ def roll_up(conn: Connection, cutoff: datetime, duration_size: int, lateness_siz
         rolled_until = _later(rolled_until, row.finished_at)
     conn.execute(
         q.UPDATE_TOTALS,
-        {**new, "duration_buckets": duration, "lateness_buckets": lateness,
-         "last_success_at": last_success, "rolled_up_until": rolled_until},
+        {
+            **new,
+            "duration_buckets": duration,
+            "lateness_buckets": lateness,
+            "last_success_at": last_success,
+            "rolled_up_until": rolled_until,
+        },
     )
     return len(moved)
 
 
 def last_success_at(conn: Connection) -> datetime | None:
     """When the newest successful cycle finished, or None if there never was one."""
-    return conn.execute(q.LAST_SUCCESS_AT).scalar_one()
+    last: datetime | None = conn.execute(q.LAST_SUCCESS_AT).scalar_one()
+    return last
 
 
 @dataclass(frozen=True)
@@ -231,8 +257,9 @@ class PoisonRows:
     oldest_due_age_seconds: float | None
 
 
-def poison_rows(conn: Connection, now: datetime,
-              min_attempts: int = POISON_MIN_ATTEMPTS) -> PoisonRows:
+def poison_rows(
+    conn: Connection, now: datetime, min_attempts: int = POISON_MIN_ATTEMPTS
+) -> PoisonRows:
     """Due Pending rows with at least ``min_attempts`` failed attempts, read live."""
     row = conn.execute(q.POISON_ROWS, {"now": now, "min_attempts": min_attempts}).one()
     age = row.oldest_due_age_seconds

@@ -1,4 +1,4 @@
-"""Every SQL statement of the dispatcher, named. Bind parameters only; no string formatting of values.
+"""Every SQL statement of the dispatcher, named. Bind parameters only, no values formatted in.
 
 The hot statements are written for the plans measured in ``benchmarks/README.md``: the due query
 walks the partial index ``ix_event_reminders_status_due_at`` in ``(due_at, id)`` order and stops
@@ -76,15 +76,27 @@ _LAST_TAKEN = """
 # Python's range, so it is not handed back).
 _DUE_NAMES = ", ".join(
     "{t}." + name
-    for name in ("reminder_id", "event_id", "tenant_id", "owner_user_id", "client_user_id",
-                 "appointment_id", "kind", "event_status", "start_at", "time_zone",
-                 "offset_minutes", "due_at", "attempts")
+    for name in (
+        "reminder_id",
+        "event_id",
+        "tenant_id",
+        "owner_user_id",
+        "client_user_id",
+        "appointment_id",
+        "kind",
+        "event_status",
+        "start_at",
+        "time_zone",
+        "offset_minutes",
+        "due_at",
+        "attempts",
+    )
 )
 
-# Step 1 of the cycle (docs/design.md): due rows, oldest first, at most :batch_size, each locked FOR UPDATE; rows
-# locked by another instance (or by an event's cancel/reschedule cascade in flight) are skipped
-# without waiting, and counted. One row per taken reminder (the DueReminder columns, then the
-# count); when nothing was taken, one row of NULLs carrying the count.
+# Step 1 of the cycle (docs/design.md): due rows, oldest first, at most :batch_size, each locked
+# FOR UPDATE; rows locked by another instance (or by an event's cancel/reschedule cascade in
+# flight) are skipped without waiting, and counted. One row per taken reminder (the DueReminder
+# columns, then the count); when nothing was taken, one row of NULLs carrying the count.
 SELECT_DUE_FOR_UPDATE_SKIP_LOCKED = text(
     f"""
     WITH picked AS (
@@ -222,7 +234,8 @@ RECORD_POISON = text(
        SET attempts = r.attempts + 1,
            last_error = p.error,
            next_attempt_at = CAST(:now AS timestamptz)
-               + make_interval(secs => LEAST(:cap_seconds, :base_seconds * power(2, LEAST(r.attempts, 20)))),
+               + make_interval(secs => LEAST(:cap_seconds,
+                                             :base_seconds * power(2, LEAST(r.attempts, 20)))),
            reserved_by = NULL,
            reserved_until = NULL,
            updated_at = now()
@@ -337,7 +350,8 @@ PURGE_PUBLISHED_OUTBOX = text(
     DELETE FROM outbox
      WHERE id IN (
         SELECT id FROM outbox
-         WHERE published_at IS NOT NULL AND published_at < now() - make_interval(secs => :retention_seconds)
+         WHERE published_at IS NOT NULL
+           AND published_at < now() - make_interval(secs => :retention_seconds)
          ORDER BY id
          LIMIT :limit
            FOR UPDATE SKIP LOCKED

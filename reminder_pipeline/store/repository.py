@@ -1,4 +1,4 @@
-"""Repository functions: each takes a Connection (the caller owns the transaction) and maps rows to domain records."""
+"""Repository functions: each on a Connection (the caller's transaction), rows to domain records."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
-import sqlalchemy as sa
 import orjson
+import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ..domain.model import (
@@ -176,8 +176,14 @@ def apply_transitions(
             if sqlstate is None:
                 raise
             reminder = transition[0]
-            refused.append(PoisonRow(reminder.reminder_id, reminder.event_id, reminder.tenant_id,
-                                     f"database rejected the row (SQLSTATE {sqlstate})"))
+            refused.append(
+                PoisonRow(
+                    reminder.reminder_id,
+                    reminder.event_id,
+                    reminder.tenant_id,
+                    f"database rejected the row (SQLSTATE {sqlstate})",
+                )
+            )
     return Applied(applied, sum(1 for a in applied if a.outbox_id is not None), refused)
 
 
@@ -231,7 +237,9 @@ def backlog(conn: Connection, as_of: datetime) -> Backlog:
     """Due Pending rows not yet processed at ``as_of``."""
     row = conn.execute(queries.BACKLOG, {"as_of": as_of}).one()
     age = row.oldest_due_age_seconds
-    return Backlog(count=int(row.backlog), oldest_due_age_seconds=None if age is None else float(age))
+    return Backlog(
+        count=int(row.backlog), oldest_due_age_seconds=None if age is None else float(age)
+    )
 
 
 @dataclass(frozen=True)
@@ -329,7 +337,7 @@ def retry_poison_now(conn: Connection, reminder_id: uuid.UUID, *, force: bool = 
 
 
 def skip_poison(conn: Connection, reminder_id: uuid.UUID, *, force: bool = False) -> bool:
-    """Move a poison row to Skipped (never published); False unless Pending and failed (or ``force``)."""
+    """Move a poison row to Skipped (never published); False unless Pending and failed or forced."""
     params = {"id": reminder_id, "force": force}
     return conn.execute(queries.SKIP_POISON, params).first() is not None
 
@@ -354,7 +362,7 @@ def insert_reminders(conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
         conn.execute(sa.insert(event_reminders), list(rows))
 
 
-def lock_event(conn: Connection, event_id: uuid.UUID) -> sa.Row[Any] | None:
+def lock_event(conn: Connection, event_id: uuid.UUID) -> sa.Row[Any, Any, Any] | None:
     """Lock an event row (FOR UPDATE) and return its start, zone and status."""
     return conn.execute(
         sa.select(
@@ -469,11 +477,16 @@ def published_of_day(
     last_id: int,
     limit: int,
 ) -> list[ClaimedMessage]:
-    """Up to ``limit`` published rows due in ``[day_start, day_end)`` with ``after_id < id <= last_id``, in id order."""
+    """Up to ``limit`` published rows due in ``[day_start, day_end)``, ids after ``after_id``."""
     rows = conn.execute(
         queries.SELECT_PUBLISHED_OF_DAY,
-        {"day_start": day_start, "day_end": day_end, "after_id": after_id,
-         "last_id": last_id, "limit": limit},
+        {
+            "day_start": day_start,
+            "day_end": day_end,
+            "after_id": after_id,
+            "last_id": last_id,
+            "limit": limit,
+        },
     ).all()
     return [
         ClaimedMessage(r.id, r.topic, r.message_key, r.payload, dict(r.headers or {})) for r in rows

@@ -1,4 +1,4 @@
-"""SQLAlchemy Core metadata of the dispatcher's tables: Alembic's target, checked against the migrations."""
+"""SQLAlchemy Core metadata of the tables: Alembic's target, checked against the migrations."""
 
 from __future__ import annotations
 
@@ -159,12 +159,20 @@ dispatch_metric_totals = sa.Table(
     sa.Column("published", sa.BigInteger, nullable=False, server_default="0"),
     sa.Column("publish_failed", sa.BigInteger, nullable=False, server_default="0"),
     sa.Column("duration_sum", sa.Double, nullable=False, server_default="0"),
-    sa.Column("duration_buckets", sa.ARRAY(sa.BigInteger), nullable=False,
-              server_default=sa.text("'{}'::bigint[]")),
+    sa.Column(
+        "duration_buckets",
+        sa.ARRAY(sa.BigInteger),
+        nullable=False,
+        server_default=sa.text("'{}'::bigint[]"),
+    ),
     sa.Column("lateness_sum", sa.Double, nullable=False, server_default="0"),
     sa.Column("lateness_count", sa.BigInteger, nullable=False, server_default="0"),
-    sa.Column("lateness_buckets", sa.ARRAY(sa.BigInteger), nullable=False,
-              server_default=sa.text("'{}'::bigint[]")),
+    sa.Column(
+        "lateness_buckets",
+        sa.ARRAY(sa.BigInteger),
+        nullable=False,
+        server_default=sa.text("'{}'::bigint[]"),
+    ),
     sa.Column("last_success_at", sa.DateTime(timezone=True), nullable=True),
     sa.Column("rolled_up_until", sa.DateTime(timezone=True), nullable=True),
     sa.Column("time_zone_fallbacks", sa.BigInteger, nullable=False, server_default="0"),

@@ -15,13 +15,29 @@ def _bench(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     return subprocess.run(
         [sys.executable, "-m", "benchmarks.bench", "--quick", *args],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False,
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
 
 
 def test_bench_quick_prints_the_table() -> None:
-    proc = _bench("--only", "catchup,dueq", "--backlog", "2000", "--rows", "20000", "--due", "300",
-                  "--executions", "30", timeout=170)
+    proc = _bench(
+        "--only",
+        "catchup,dueq",
+        "--backlog",
+        "2000",
+        "--rows",
+        "20000",
+        "--due",
+        "300",
+        "--executions",
+        "30",
+        timeout=170,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
     for header in ("figure", "target", "measured", "baseline", "ratio", "result"):

@@ -38,7 +38,7 @@ def seed_mixed(engine: Engine, n_events: int, *, seed: int = 7) -> Scenario:
     rng = random.Random(seed)
     scenario = Scenario()
     now = utcnow()
-    for i in range(n_events):
+    for _i in range(n_events):
         roll = rng.random()
         kw: dict = {"tenant_id": scenario.tenant_id}
         if roll < 0.1:
@@ -49,7 +49,9 @@ def seed_mixed(engine: Engine, n_events: int, *, seed: int = 7) -> Scenario:
         offsets = (60, 90) if rng.random() < 0.5 else (60,)
         if roll > 0.9:
             start = now + timedelta(days=2)  # future
-        event_id = make_event(engine, start_at=start, offsets=offsets, now=now - timedelta(days=1), **kw)
+        event_id = make_event(
+            engine, start_at=start, offsets=offsets, now=now - timedelta(days=1), **kw
+        )
         scenario.events.append(event_id)
         if roll < 0.1:
             scenario.poison_events.add(event_id)
@@ -58,23 +60,44 @@ def seed_mixed(engine: Engine, n_events: int, *, seed: int = 7) -> Scenario:
     return scenario
 
 
-def spawn_worker(database_url: str, bootstrap: str, *, crash_at: str | None = None,
-                 loop: bool = False, batch_size: int = 50) -> subprocess.Popen:
+def spawn_worker(
+    database_url: str,
+    bootstrap: str,
+    *,
+    crash_at: str | None = None,
+    loop: bool = False,
+    batch_size: int = 50,
+) -> subprocess.Popen:
     """Start a dispatcher process (see worker.py)."""
-    cmd = [sys.executable, "-m", "reminder_pipeline_tests.chaos.worker", database_url, bootstrap,
-           "--batch-size", str(batch_size)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "reminder_pipeline_tests.chaos.worker",
+        database_url,
+        bootstrap,
+        "--batch-size",
+        str(batch_size),
+    ]
     if crash_at:
         cmd += ["--crash-at", crash_at]
     if loop:
         cmd.append("--loop")
-    return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            env=os.environ.copy(), cwd=os.getcwd())
+    return subprocess.Popen(
+        cmd,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=os.environ.copy(),
+        cwd=os.getcwd(),
+    )
 
 
 def final_clean_cycles(engine: Engine, publisher) -> None:
     """The survivor: cycles until nothing is due (poison rows back off) and all is published."""
     for _ in range(1000):
-        report = cycle.run_cycle(engine, publisher, batch_size=500, max_batches=50, budget_seconds=120)
+        report = cycle.run_cycle(
+            engine, publisher, batch_size=500, max_batches=50, budget_seconds=120
+        )
         if report.counts.sent + report.counts.skipped == 0 and report.relay.failed == 0:
             return
     raise AssertionError("the final cycles did not converge")
@@ -120,7 +143,9 @@ def check_invariants(engine: Engine, reader: KafkaReader, scenario: Scenario) ->
     reader.wait_for(sent, timeout=120)
     mine = [m for m in reader.messages if m.value.get("TenantId") == str(scenario.tenant_id)]
     seen = Counter(m.value["ReminderId"] for m in mine)
-    assert set(seen) == {str(i) for i in sent}, "messages on the topic differ from the Sent reminders"
+    assert set(seen) == {str(i) for i in sent}, (
+        "messages on the topic differ from the Sent reminders"
+    )
     for reminder_id in seen:
         assert by_id[uuid.UUID(reminder_id)]["status"] == "Sent"
     return Verdict(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
 import threading
 import time
 from datetime import timedelta
@@ -43,7 +44,9 @@ def _chaos(engine, database_url, kafka_settings, publisher, kafka_reader, second
             stop.wait(0.05)
 
     def start() -> object:
-        return spawn_worker(database_url, kafka_settings.bootstrap_servers, loop=True, batch_size=40)
+        return spawn_worker(
+            database_url, kafka_settings.bootstrap_servers, loop=True, batch_size=40
+        )
 
     procs = [start() for _ in range(workers)]
     canceller = threading.Thread(target=calendar_user, daemon=True)
@@ -66,7 +69,7 @@ def _chaos(engine, database_url, kafka_settings, publisher, kafka_reader, second
         for p in procs:
             try:
                 p.wait(timeout=60)
-            except Exception:
+            except subprocess.TimeoutExpired:
                 p.kill()
     final_clean_cycles(engine, publisher)
     verdict = check_invariants(engine, kafka_reader, scenario)
@@ -76,16 +79,30 @@ def _chaos(engine, database_url, kafka_settings, publisher, kafka_reader, second
     return verdict
 
 
-def test_parallel_dispatchers_with_kills_and_cancels(engine, database_url, kafka_settings, publisher, kafka_reader):
-    _chaos(engine, database_url, kafka_settings, publisher, kafka_reader,
-           seconds=float(os.environ.get("CHAOS_SECONDS", "12")),
-           workers=int(os.environ.get("CHAOS_WORKERS", "4")),
-           events=int(os.environ.get("CHAOS_EVENTS", "600")))
+def test_parallel_dispatchers_with_kills_and_cancels(
+    engine, database_url, kafka_settings, publisher, kafka_reader
+):
+    _chaos(
+        engine,
+        database_url,
+        kafka_settings,
+        publisher,
+        kafka_reader,
+        seconds=float(os.environ.get("CHAOS_SECONDS", "12")),
+        workers=int(os.environ.get("CHAOS_WORKERS", "4")),
+        events=int(os.environ.get("CHAOS_EVENTS", "600")),
+    )
 
 
 @pytest.mark.soak
 def test_soak(engine, database_url, kafka_settings, publisher, kafka_reader):
-    _chaos(engine, database_url, kafka_settings, publisher, kafka_reader,
-           seconds=float(os.environ.get("CHAOS_SECONDS", "300")),
-           workers=int(os.environ.get("CHAOS_WORKERS", "4")),
-           events=int(os.environ.get("CHAOS_EVENTS", "5000")))
+    _chaos(
+        engine,
+        database_url,
+        kafka_settings,
+        publisher,
+        kafka_reader,
+        seconds=float(os.environ.get("CHAOS_SECONDS", "300")),
+        workers=int(os.environ.get("CHAOS_WORKERS", "4")),
+        events=int(os.environ.get("CHAOS_EVENTS", "5000")),
+    )

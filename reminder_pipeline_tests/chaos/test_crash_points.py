@@ -16,9 +16,13 @@ from .worker import POINTS
 
 
 @pytest.mark.parametrize("point", POINTS)
-def test_kill_at_each_step_boundary(point, engine, database_url, kafka_settings, publisher, kafka_reader):
+def test_kill_at_each_step_boundary(
+    point, engine, database_url, kafka_settings, publisher, kafka_reader
+):
     scenario = seed_mixed(engine, 40, seed=len(point))
-    worker = spawn_worker(database_url, kafka_settings.bootstrap_servers, crash_at=point, batch_size=30)
+    worker = spawn_worker(
+        database_url, kafka_settings.bootstrap_servers, crash_at=point, batch_size=30
+    )
     try:
         out, _ = worker.communicate(timeout=120)
     finally:

@@ -54,8 +54,12 @@ def main() -> int:
                 crash("before_commit")
         if selection.candidates:
             crash("after_commit")
-        relay_outbox(engine, publisher, correlation_id=run_id,
-                     on_acknowledged=lambda ids: crash("after_ack") if ids else None)
+        relay_outbox(
+            engine,
+            publisher,
+            correlation_id=run_id,
+            on_acknowledged=lambda ids: crash("after_ack") if ids else None,
+        )
         if not args.loop:
             break
         if select.select([sys.stdin], [], [], 0.05)[0] and not sys.stdin.readline():

@@ -386,11 +386,25 @@ def test_a_catch_up_drain_prints_progress_lines_on_stderr(engine, cli_env):
     """Rows done, rows/s and the backlog left, on stderr (stdout stays the command's data)."""
     for minutes in range(1, 8):
         make_due_event(engine, minutes_overdue=minutes)
-    result = run_cli("--progress-seconds", "0", "dispatch", "--batch-size", "2",
-                     "--max-batches", "10", "--json", env=cli_env)
+    result = run_cli(
+        "--progress-seconds",
+        "0",
+        "dispatch",
+        "--batch-size",
+        "2",
+        "--max-batches",
+        "10",
+        "--json",
+        env=cli_env,
+    )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["sent"] == 7
     lines = [line for line in result.stderr.splitlines() if "drain:" in line]
-    assert [line.split("drain: ")[1].split(" rows done")[0] for line in lines] == ["2", "4", "6", "7"]
+    assert [line.split("drain: ")[1].split(" rows done")[0] for line in lines] == [
+        "2",
+        "4",
+        "6",
+        "7",
+    ]
     assert lines[0].endswith(")") and "rows/s, 5 left" in lines[0]
     assert "0 left" in lines[-1]

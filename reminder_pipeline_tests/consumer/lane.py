@@ -86,9 +86,13 @@ class Lane:
 
     def options(self, **overrides: Any) -> ConsumerOptions:
         values: dict[str, Any] = {
-            "group_id": self.group_id, "topic": self.topic, "dlq_topic": self.dlq_topic,
-            "retry_backoff_seconds": 0.05, "max_backoff_seconds": 0.4,
-            "poll_timeout_seconds": 0.1, "consumer_config": FAST_GROUP,
+            "group_id": self.group_id,
+            "topic": self.topic,
+            "dlq_topic": self.dlq_topic,
+            "retry_backoff_seconds": 0.05,
+            "max_backoff_seconds": 0.4,
+            "poll_timeout_seconds": 0.1,
+            "consumer_config": FAST_GROUP,
         }
         values.update(overrides)
         return ConsumerOptions(**values)
@@ -109,12 +113,14 @@ class Lane:
             reminder_id = value.get("ReminderId", "") if isinstance(value, dict) else ""
             headers = contract.headers(str(reminder_id), None)
         extra = {} if partition is None else {"partition": partition}
-        self.producer.produce(self.topic, key=(key or "").encode(), value=data,
-                              headers=list(headers.items()), **extra)
+        self.producer.produce(
+            self.topic, key=(key or "").encode(), value=data, headers=list(headers.items()), **extra
+        )
         assert self.producer.flush(10) == 0
 
-    def run(self, sink: RecordingSink, *, max_messages: int | None = None,
-            **options: Any) -> ReminderConsumer:
+    def run(
+        self, sink: RecordingSink, *, max_messages: int | None = None, **options: Any
+    ) -> ReminderConsumer:
         """Run a consumer in the foreground until ``max_messages``, the sink's stop, or idle."""
         opts = self.options(**options)
         with SqliteDedupStore(self.dedup_path) as dedup:
@@ -128,8 +134,13 @@ def new_lane(kafka: KafkaSettings, tmp_path: Path) -> Lane:
     name = f"test.reminder-due.{uuid.uuid4().hex[:10]}"
     ensure_topic(kafka, topic=name)
     ensure_topic(kafka, topic=f"{name}.dlq")
-    return Lane(kafka, name, f"{name}.dlq", f"test-notifications-{uuid.uuid4().hex[:8]}",
-                tmp_path / "dedup.sqlite3")
+    return Lane(
+        kafka,
+        name,
+        f"{name}.dlq",
+        f"test-notifications-{uuid.uuid4().hex[:8]}",
+        tmp_path / "dedup.sqlite3",
+    )
 
 
 def a_payload(**overrides: Any) -> dict[str, Any]:
@@ -153,9 +164,16 @@ def a_payload(**overrides: Any) -> dict[str, Any]:
 
 def read_topic(kafka: KafkaSettings, topic: str, count: int, timeout: float = 15.0) -> list[Any]:
     """Read ``count`` messages from ``topic`` without joining a group (assign from the start)."""
-    consumer = Consumer({**kafka.client_config(), "group.id": f"reader-{uuid.uuid4().hex[:8]}",
-                         "enable.auto.commit": False})
-    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(contract.PARTITIONS)])
+    consumer = Consumer(
+        {
+            **kafka.client_config(),
+            "group.id": f"reader-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.assign(
+        [TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(contract.PARTITIONS)]
+    )
     messages: list[Any] = []
     deadline = time.monotonic() + timeout
     try:
@@ -168,7 +186,9 @@ def read_topic(kafka: KafkaSettings, topic: str, count: int, timeout: float = 15
 
 def committed(kafka: KafkaSettings, group_id: str, topic: str) -> dict[int, int]:
     """The group's committed offset per partition that has one (no group join needed)."""
-    consumer = Consumer({**kafka.client_config(), "group.id": group_id, "enable.auto.commit": False})
+    consumer = Consumer(
+        {**kafka.client_config(), "group.id": group_id, "enable.auto.commit": False}
+    )
     try:
         offsets = consumer.committed(
             [TopicPartition(topic, p) for p in range(contract.PARTITIONS)], timeout=10
@@ -183,8 +203,11 @@ def headers_of(message: Any) -> dict[str, str]:
 
 
 def warnings_in(caplog: pytest.LogCaptureFixture, text: str) -> list[dict[str, Any]]:
-    return [fields_of(r) for r in caplog.records
-            if r.levelno == logging.WARNING and text in r.getMessage()]
+    return [
+        fields_of(r)
+        for r in caplog.records
+        if r.levelno == logging.WARNING and text in r.getMessage()
+    ]
 
 
 def wait_until(condition: Any, *, then: Any, timeout: float = 30.0) -> None:

@@ -61,8 +61,13 @@ def test_appointment_reminder_goes_to_owner_and_client_with_the_local_time(
     """Contract: Origin = Appointment, offset 60 fires → AppointmentReminder to owner and client."""
     owner, client, appointment = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
     event_id = support.make_due_event(
-        engine, offsets=(60,), kind="Consultation", origin="Appointment",
-        appointment_id=appointment, owner_user_id=owner, client_user_id=client,
+        engine,
+        offsets=(60,),
+        kind="Consultation",
+        origin="Appointment",
+        appointment_id=appointment,
+        owner_user_id=owner,
+        client_user_id=client,
         time_zone="Asia/Yekaterinburg",
     )
     (reminder,) = support.reminders(engine, event_id)
@@ -70,16 +75,23 @@ def test_appointment_reminder_goes_to_owner_and_client_with_the_local_time(
     assert report.counts.published >= 1
 
     sink = RecordingSink([reminder["id"]], expect=2)
-    lane = Lane(kafka_settings, contract.TOPIC, f"test.dlq.{uuid.uuid4().hex[:10]}",
-                f"test-notifications-{uuid.uuid4().hex[:8]}", tmp_path / "dedup.sqlite3")
+    lane = Lane(
+        kafka_settings,
+        contract.TOPIC,
+        f"test.dlq.{uuid.uuid4().hex[:10]}",
+        f"test-notifications-{uuid.uuid4().hex[:8]}",
+        tmp_path / "dedup.sqlite3",
+    )
     ensure_topic(kafka_settings, topic=lane.dlq_topic)
     lane.run(sink)
 
     start_at = support.event_row(engine, event_id)["start_at"]
     local = start_at.astimezone(ZoneInfo("Asia/Yekaterinburg"))
     assert sorted((n.kind, n.recipient_user_id) for n in sink.delivered) == sorted(
-        [(NotificationKind.APPOINTMENT_REMINDER, owner),
-         (NotificationKind.APPOINTMENT_REMINDER, client)]
+        [
+            (NotificationKind.APPOINTMENT_REMINDER, owner),
+            (NotificationKind.APPOINTMENT_REMINDER, client),
+        ]
     )
     for n in sink.delivered:
         assert n.appointment_id == appointment and n.local_start == local
@@ -127,15 +139,24 @@ def test_offsets_1440_and_60_give_two_notifications_with_different_horizons(
 ) -> None:
     """Contract: offsets {1440, 60} both fire → two messages, two reminders, different horizons."""
     now = support.utcnow()
-    event_id = support.make_event(engine, start_at=now + timedelta(minutes=30),
-                                  offsets=(1440, 60), now=now - timedelta(days=2))
+    event_id = support.make_event(
+        engine,
+        start_at=now + timedelta(minutes=30),
+        offsets=(1440, 60),
+        now=now - timedelta(days=2),
+    )
     rows = support.reminders(engine, event_id)
     assert len(rows) == 2
     run_cycle(engine, publisher)
 
     sink = RecordingSink([r["id"] for r in rows], expect=2)
-    lane = Lane(kafka_settings, contract.TOPIC, f"test.dlq.{uuid.uuid4().hex[:10]}",
-                f"test-notifications-{uuid.uuid4().hex[:8]}", tmp_path / "dedup.sqlite3")
+    lane = Lane(
+        kafka_settings,
+        contract.TOPIC,
+        f"test.dlq.{uuid.uuid4().hex[:10]}",
+        f"test-notifications-{uuid.uuid4().hex[:8]}",
+        tmp_path / "dedup.sqlite3",
+    )
     ensure_topic(kafka_settings, topic=lane.dlq_topic)
     lane.run(sink)
 
@@ -165,10 +186,14 @@ def test_a_message_without_a_required_field_goes_to_the_dlq_and_the_rest_flow(la
     for message in dead:
         by_reason.setdefault(headers_of(message)[HEADER_DLQ_REASON], []).append(message)
     assert sorted((r, len(m)) for r, m in by_reason.items()) == [
-        ("incompatible", 2), ("unparseable", 1)
+        ("incompatible", 2),
+        ("unparseable", 1),
     ]
-    missing = next(m for m in by_reason["incompatible"]
-                   if json.loads(m.value()).get("ReminderId") == broken["ReminderId"])
+    missing = next(
+        m
+        for m in by_reason["incompatible"]
+        if json.loads(m.value()).get("ReminderId") == broken["ReminderId"]
+    )
     headers = headers_of(missing)
     assert "OffsetMinutes" in headers[HEADER_DLQ_ERROR]
     assert headers[HEADER_DLQ_ATTEMPTS] == "3"
@@ -206,7 +231,10 @@ def test_a_contract_version_mismatch_warns_and_is_processed(
     """Contract: a ContractVersion other than 1 → a warning, and processing goes on."""
     caplog.set_level(logging.INFO, logger="reminder_pipeline")
     message = a_payload(Priority="high")  # an additive field a newer producer might send
-    headers = {**contract.headers(message["ReminderId"], None), contract.HEADER_CONTRACT_VERSION: "2"}
+    headers = {
+        **contract.headers(message["ReminderId"], None),
+        contract.HEADER_CONTRACT_VERSION: "2",
+    }
     lane.produce(message, headers=headers)
     sink = RecordingSink()
     lane.run(sink, max_messages=1)
@@ -236,7 +264,12 @@ def test_a_transient_sink_failure_is_retried_and_the_message_is_not_skipped(lane
     consumer = lane.run(sink)
     stopper.join()
     assert sink.reminder_ids() == [other["ReminderId"]]  # other partitions kept flowing
-    gaps = [b - a for a, b in zip(sink.attempt_times[first_id], sink.attempt_times[first_id][1:])]
+    gaps = [
+        b - a
+        for a, b in zip(
+            sink.attempt_times[first_id], sink.attempt_times[first_id][1:], strict=False
+        )
+    ]
     assert gaps[-1] > gaps[0]  # back-off grows
     assert consumer.stats.retries >= 3
     assert committed(lane.kafka, lane.group_id, lane.topic).get(0, -1) < 1
@@ -253,25 +286,37 @@ def test_a_transient_sink_failure_is_retried_and_the_message_is_not_skipped(lane
 
 
 def _settings(lane: Lane, home: Path) -> Settings:
-    return Settings.from_env({"KAFKA_BOOTSTRAP_SERVERS": lane.kafka.bootstrap_servers,
-                              "REMINDER_PIPELINE_HOME": str(home)})
+    return Settings.from_env(
+        {
+            "KAFKA_BOOTSTRAP_SERVERS": lane.kafka.bootstrap_servers,
+            "REMINDER_PIPELINE_HOME": str(home),
+        }
+    )
 
 
 def test_consume_main_once_prints_one_line_per_notification(
     lane: Lane, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``reminder-pipeline consume --once``: one stdout line per notification, ids and local time."""
-    message = a_payload(Kind="Showing", ClientUserId=str(uuid.uuid4()),
-                        AppointmentId=str(uuid.uuid4()))
+    message = a_payload(
+        Kind="Showing", ClientUserId=str(uuid.uuid4()), AppointmentId=str(uuid.uuid4())
+    )
     lane.produce(message)
-    code = consume_main(_settings(lane, tmp_path / "home"), group_id=lane.group_id, once=True,
-                        options=lane.options(once_idle_seconds=1.0))
+    code = consume_main(
+        _settings(lane, tmp_path / "home"),
+        group_id=lane.group_id,
+        once=True,
+        options=lane.options(once_idle_seconds=1.0),
+    )
     assert code == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line]
     assert len(lines) == 2
-    for line, role in zip(lines, ("owner", "client")):
+    for line, role in zip(lines, ("owner", "client"), strict=False):
         assert line.startswith(f"AppointmentReminder to {role} ")
-        assert f"reminder={message['ReminderId']}" in line and "Property showing starts in an hour" in line
+        assert (
+            f"reminder={message['ReminderId']}" in line
+            and "Property showing starts in an hour" in line
+        )
     # The dedup file lives under REMINDER_PIPELINE_HOME, one per group.
     assert list((tmp_path / "home" / "notifications").glob("*.dedup.sqlite3"))
 
@@ -305,8 +350,13 @@ def test_consume_main_stops_cleanly_on_sigterm(lane: Lane, tmp_path: Path) -> No
     killer = threading.Thread(target=lambda: wait_until(handled, then=terminate), daemon=True)
     killer.start()
     previous = signal.getsignal(signal.SIGTERM)
-    code = consume_main(_settings(lane, tmp_path / "home"), group_id=lane.group_id,
-                        dedup_path=dedup_path, stop=stop, options=lane.options())
+    code = consume_main(
+        _settings(lane, tmp_path / "home"),
+        group_id=lane.group_id,
+        dedup_path=dedup_path,
+        stop=stop,
+        options=lane.options(),
+    )
     killer.join()
     assert code == 0 and signalled == [True] and handled()
     assert signal.getsignal(signal.SIGTERM) == previous

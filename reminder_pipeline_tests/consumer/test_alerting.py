@@ -38,13 +38,14 @@ def _alerts() -> dict[str, dict]:
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          check=False)
+    return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
 
 
 def _metric_names(text: str) -> set[str]:
-    return {re.sub(r"_(bucket|sum|count)$", "", name)
-            for name in re.findall(r"notifications_reminder_consumer_[a-z_]+", text)}
+    return {
+        re.sub(r"_(bucket|sum|count)$", "", name)
+        for name in re.findall(r"notifications_reminder_consumer_[a-z_]+", text)
+    }
 
 
 @needs_promtool
@@ -54,8 +55,12 @@ def test_promtool_accepts_the_rules_and_every_alert_fires_in_its_unit_tests() ->
     result = _run(promtool, "test", "rules", str(RULE_TESTS))
     assert result.returncode == 0, result.stdout + result.stderr
     tests = yaml.safe_load(RULE_TESTS.read_text())
-    fired = {a["alertname"] for case in tests["tests"] for a in case.get("alert_rule_test", [])
-             if a.get("exp_alerts")}
+    fired = {
+        a["alertname"]
+        for case in tests["tests"]
+        for a in case.get("alert_rule_test", [])
+        if a.get("exp_alerts")
+    }
     assert fired == set(_alerts())
 
 
@@ -70,8 +75,11 @@ def test_there_is_an_alert_for_any_dead_letter_and_for_latency_over_a_minute() -
 
 
 def test_every_alert_links_an_existing_runbook_section() -> None:
-    headings = {re.sub(r"\s", "-", re.sub(r"[^\w\s-]", "", line.lstrip("#").strip().lower()))
-                for line in RUNBOOK.read_text().splitlines() if line.startswith("#")}
+    headings = {
+        re.sub(r"\s", "-", re.sub(r"[^\w\s-]", "", line.lstrip("#").strip().lower()))
+        for line in RUNBOOK.read_text().splitlines()
+        if line.startswith("#")
+    }
     for name, rule in _alerts().items():
         assert rule["labels"]["severity"] in ("critical", "warning"), name
         assert rule["annotations"]["summary"] and rule["annotations"]["description"], name
@@ -92,10 +100,16 @@ def test_the_dashboard_has_the_consumers_row_and_panels() -> None:
     rows = [i for i, p in enumerate(panels) if p["type"] == "row"]
     [start] = [i for i in rows if panels[i]["title"] == "Notifications consumer"]
     end = next((i for i in rows if i > start), len(panels))
-    titles = {p["title"]: p for p in panels[start + 1:end]}
-    for title in ("Dead letters (last 1 h)", "Held partitions", "Consumer messages per minute",
-                  "Notifications sent per minute", "Message → notified p50 / p95 (SLA 60 s)",
-                  "DueAt → notified p50 / p95 (SLO 120 s)", "Dead letters by reason"):
+    titles = {p["title"]: p for p in panels[start + 1 : end]}
+    for title in (
+        "Dead letters (last 1 h)",
+        "Held partitions",
+        "Consumer messages per minute",
+        "Notifications sent per minute",
+        "Message → notified p50 / p95 (SLA 60 s)",
+        "DueAt → notified p50 / p95 (SLO 120 s)",
+        "Dead letters by reason",
+    ):
         assert title in titles, title
     latency = titles["Message → notified p50 / p95 (SLA 60 s)"]["fieldConfig"]["defaults"]
     assert [s["value"] for s in latency["thresholds"]["steps"]] == [None, 60]

@@ -37,8 +37,11 @@ def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """Every sample of ``/metrics`` by (name, sorted labels)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         text = response.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 class CountingSink:
@@ -56,31 +59,52 @@ class CountingSink:
 
 
 def _settings(lane: Lane, home: Path) -> Settings:
-    return Settings.from_env({"KAFKA_BOOTSTRAP_SERVERS": lane.kafka.bootstrap_servers,
-                              "REMINDER_PIPELINE_HOME": str(home)})
+    return Settings.from_env(
+        {
+            "KAFKA_BOOTSTRAP_SERVERS": lane.kafka.bootstrap_servers,
+            "REMINDER_PIPELINE_HOME": str(home),
+        }
+    )
 
 
 def test_the_metrics_endpoint_counts_what_the_consumer_did(lane: Lane, tmp_path: Path) -> None:
     """Messages by outcome, notifications, duplicates, dead letters by reason, fallbacks, latency."""
     now = datetime.now(UTC)
     notified = a_payload()
-    overdue = a_payload(StartAt=(now + timedelta(minutes=45)).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                        OffsetMinutes=60)  # DueAt 15 minutes ago
+    overdue = a_payload(
+        StartAt=(now + timedelta(minutes=45)).strftime("%Y-%m-%dT%H:%M:%SZ"), OffsetMinutes=60
+    )  # DueAt 15 minutes ago
     host_zone = a_payload(TimeZone="localtime")
     newer = a_payload()
     for message in (notified, notified, overdue, host_zone):
         lane.produce(message, partition=0)
     lane.produce(a_payload(OwnerUserId=...), partition=1)
-    lane.produce(newer, partition=2, headers={
-        **contract.headers(newer["ReminderId"], None), contract.HEADER_CONTRACT_VERSION: "2"})
+    lane.produce(
+        newer,
+        partition=2,
+        headers={
+            **contract.headers(newer["ReminderId"], None),
+            contract.HEADER_CONTRACT_VERSION: "2",
+        },
+    )
 
     port = free_port()
     sink = CountingSink(expect=4)
     stop = threading.Event()
     codes: list[int] = []
-    runner = threading.Thread(target=lambda: codes.append(consume_main(
-        _settings(lane, tmp_path / "home"), group_id=lane.group_id, sink=sink, stop=stop,
-        options=lane.options(max_attempts=2), metrics_port=port)), daemon=True)
+    runner = threading.Thread(
+        target=lambda: codes.append(
+            consume_main(
+                _settings(lane, tmp_path / "home"),
+                group_id=lane.group_id,
+                sink=sink,
+                stop=stop,
+                options=lane.options(max_attempts=2),
+                metrics_port=port,
+            )
+        ),
+        daemon=True,
+    )
     runner.start()
     try:
         wait_until(sink.done.is_set, then=lambda: None, timeout=60)
@@ -105,9 +129,10 @@ def test_the_metrics_endpoint_counts_what_the_consumer_did(lane: Lane, tmp_path:
     assert value(m.NOTIFICATIONS, kind="CalendarReminder", recipient="owner") == 4
     assert value(m.NOTIFICATIONS, kind="AppointmentReminder", recipient="client") == 0
     assert value(m.DUPLICATES) == 1
-    assert {reason: value(m.DEAD_LETTERS, reason=reason) for reason in
-            ("unparseable", "incompatible", "unprocessable", "delivery-rejected")} == {
-        "unparseable": 0, "incompatible": 1, "unprocessable": 0, "delivery-rejected": 0}
+    assert {
+        reason: value(m.DEAD_LETTERS, reason=reason)
+        for reason in ("unparseable", "incompatible", "unprocessable", "delivery-rejected")
+    } == {"unparseable": 0, "incompatible": 1, "unprocessable": 0, "delivery-rejected": 0}
     assert value(m.TIME_ZONE_FALLBACKS) == 1
     assert value(m.VERSION_MISMATCHES) == 1
     assert value(m.RETRIES, stage="read") == 1
@@ -132,8 +157,13 @@ def test_a_metrics_port_in_use_is_a_one_line_error(
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        code = consume_main(_settings(lane, tmp_path), group_id=f"g-{uuid.uuid4().hex[:6]}",
-                            once=True, options=lane.options(), metrics_port=port)
+        code = consume_main(
+            _settings(lane, tmp_path),
+            group_id=f"g-{uuid.uuid4().hex[:6]}",
+            once=True,
+            options=lane.options(),
+            metrics_port=port,
+        )
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1
     assert err.startswith(f"reminder-pipeline consume: --metrics-port {port}: cannot listen")
@@ -141,9 +171,11 @@ def test_a_metrics_port_in_use_is_a_one_line_error(
 
 @pytest.mark.parametrize(
     "kwargs, message",
-    [({"metrics_port": 0}, "--metrics-port 0 is not a port (1..65535)"),
-     ({"metrics_port": 70000}, "--metrics-port 70000 is not a port (1..65535)"),
-     ({"locale": "de"}, "--locale: locale 'de' is not one of en, ru")],
+    [
+        ({"metrics_port": 0}, "--metrics-port 0 is not a port (1..65535)"),
+        ({"metrics_port": 70000}, "--metrics-port 70000 is not a port (1..65535)"),
+        ({"locale": "de"}, "--locale: locale 'de' is not one of en, ru"),
+    ],
 )
 def test_bad_consume_options_are_one_line_errors(
     lane: Lane, tmp_path: Path, capsys: pytest.CaptureFixture[str], kwargs: dict, message: str

@@ -63,13 +63,25 @@ def test_a_valid_payload_parses_into_typed_fields() -> None:
 
 def test_the_producers_payload_is_accepted_by_the_consumer() -> None:
     due = DueReminder(
-        reminder_id=str(uuid.uuid4()), event_id=str(uuid.uuid4()), tenant_id=str(uuid.uuid4()),
-        owner_user_id=str(uuid.uuid4()), client_user_id=None, appointment_id=str(uuid.uuid4()),
-        kind="Showing", event_status="Planned", start_at=START, time_zone="Asia/Tokyo",
-        offset_minutes=1440, due_at=START - timedelta(days=1),
+        reminder_id=str(uuid.uuid4()),
+        event_id=str(uuid.uuid4()),
+        tenant_id=str(uuid.uuid4()),
+        owner_user_id=str(uuid.uuid4()),
+        client_user_id=None,
+        appointment_id=str(uuid.uuid4()),
+        kind="Showing",
+        event_status="Planned",
+        start_at=START,
+        time_zone="Asia/Tokyo",
+        offset_minutes=1440,
+        due_at=START - timedelta(days=1),
     )
     reminder = parse_reminder(raw(build_payload(due)))
-    assert (str(reminder.reminder_id), reminder.start_at, reminder.kind) == (due.reminder_id, START, "Showing")
+    assert (str(reminder.reminder_id), reminder.start_at, reminder.kind) == (
+        due.reminder_id,
+        START,
+        "Showing",
+    )
 
 
 def test_field_names_in_any_case_are_the_contracts_fields() -> None:
@@ -97,7 +109,8 @@ def test_a_kind_of_another_type_or_case_is_read_fail_safe(kind: Any) -> None:
     expected_known = isinstance(kind, str) and kind.lower() in ("showing", "bookingdeadline")
     assert mapped.known_kind is expected_known
     assert mapped.notifications[0].text.startswith(
-        ("Property showing", "Booking deadline") if expected_known else "A calendar event")
+        ("Property showing", "Booking deadline") if expected_known else "A calendar event"
+    )
 
 
 def test_unknown_extra_fields_and_absent_optional_fields_are_accepted() -> None:
@@ -113,8 +126,10 @@ def test_the_consumers_leniency_leaves_the_producers_contract_strict() -> None:
     parse_reminder(raw(lenient))
     with pytest.raises(contract.ContractViolation):
         contract.validate(lenient)
-    for field, value in (("ReminderId", str(uuid.uuid4()).upper()),
-                         ("StartAt", "2026-11-30T10:00:00.1234567+00:00")):
+    for field, value in (
+        ("ReminderId", str(uuid.uuid4()).upper()),
+        ("StartAt", "2026-11-30T10:00:00.1234567+00:00"),
+    ):
         parse_reminder(raw(payload(**{field: value})))
         with pytest.raises(contract.ContractViolation):
             contract.validate(payload(**{field: value}))
@@ -181,8 +196,12 @@ def test_horizon_text(minutes: int, text: str) -> None:
 
 
 def test_an_appointment_reminder_goes_to_owner_and_client_in_local_time() -> None:
-    data = payload(Kind="Consultation", ClientUserId=str(uuid.uuid4()),
-                   AppointmentId=str(uuid.uuid4()), TimeZone="Asia/Yekaterinburg")
+    data = payload(
+        Kind="Consultation",
+        ClientUserId=str(uuid.uuid4()),
+        AppointmentId=str(uuid.uuid4()),
+        TimeZone="Asia/Yekaterinburg",
+    )
     mapped = notifications_for(parse_reminder(raw(data)))
     assert mapped.warnings == ()
     assert [(n.kind, n.recipient_role, str(n.recipient_user_id)) for n in mapped.notifications] == [
@@ -208,7 +227,10 @@ def test_a_task_without_a_client_is_a_calendar_reminder_to_the_owner_only() -> N
     assert [(n.kind, str(n.recipient_user_id)) for n in mapped.notifications] == [
         (NotificationKind.CALENDAR_REMINDER, data["OwnerUserId"])
     ]
-    assert mapped.notifications[0].text == "Task starts in 15 minutes, at 2026-11-30 13:00 (Europe/Moscow)"
+    assert (
+        mapped.notifications[0].text
+        == "Task starts in 15 minutes, at 2026-11-30 13:00 (Europe/Moscow)"
+    )
 
 
 def test_a_calendar_event_with_a_client_adds_the_client() -> None:
@@ -235,8 +257,18 @@ def test_an_unknown_kind_gets_the_neutral_text_and_a_warning() -> None:
 
 @pytest.mark.parametrize(
     "zone",
-    ["Mars/Olympus_Mons", "localtime", "posixrules", "Factory", "posix/Europe/Moscow",
-     "right/Asia/Tokyo", "europe/moscow", "../../etc/passwd", "", 3],
+    [
+        "Mars/Olympus_Mons",
+        "localtime",
+        "posixrules",
+        "Factory",
+        "posix/Europe/Moscow",
+        "right/Asia/Tokyo",
+        "europe/moscow",
+        "../../etc/passwd",
+        "",
+        3,
+    ],
 )
 def test_a_time_zone_that_is_not_a_canonical_iana_name_falls_back_to_utc(zone: Any) -> None:
     """Issue 14's policy: delivered, local time shown in UTC, warned (never the host's files)."""
@@ -253,10 +285,12 @@ def test_a_link_name_from_ianas_backward_file_is_canonical() -> None:
 
 
 def test_local_time_follows_daylight_saving() -> None:
-    summer = notifications_for(parse_reminder(raw(payload(
-        StartAt="2026-07-01T16:00:00Z", TimeZone="America/New_York"))))
-    winter = notifications_for(parse_reminder(raw(payload(
-        StartAt="2026-12-01T16:00:00Z", TimeZone="America/New_York"))))
+    summer = notifications_for(
+        parse_reminder(raw(payload(StartAt="2026-07-01T16:00:00Z", TimeZone="America/New_York")))
+    )
+    winter = notifications_for(
+        parse_reminder(raw(payload(StartAt="2026-12-01T16:00:00Z", TimeZone="America/New_York")))
+    )
     assert "12:00 (America/New_York)" in summer.notifications[0].text
     assert "11:00 (America/New_York)" in winter.notifications[0].text
 
@@ -273,9 +307,13 @@ def test_any_valid_payload_maps_without_failing(
     kind: str, zone: str, offset: int, client: bool, appointment: bool
 ) -> None:
     """Fail safe: whatever Kind, TimeZone and offset arrive, the owner gets a reminder."""
-    data = payload(Kind=kind, TimeZone=zone, OffsetMinutes=offset,
-                   ClientUserId=str(uuid.uuid4()) if client else None,
-                   AppointmentId=str(uuid.uuid4()) if appointment else None)
+    data = payload(
+        Kind=kind,
+        TimeZone=zone,
+        OffsetMinutes=offset,
+        ClientUserId=str(uuid.uuid4()) if client else None,
+        AppointmentId=str(uuid.uuid4()) if appointment else None,
+    )
     mapped = notifications_for(parse_reminder(raw(data)))
     assert mapped.notifications[0].recipient_role is RecipientRole.OWNER
     assert len(mapped.notifications) == 1 + client

@@ -28,10 +28,16 @@ def test_nonsensical_options_are_refused(kwargs: dict[str, float]) -> None:
 
 def test_the_default_sink_prints_one_line_with_ids_kind_and_local_time() -> None:
     payload = {
-        "ReminderId": str(uuid.uuid4()), "EventId": str(uuid.uuid4()),
-        "TenantId": str(uuid.uuid4()), "OwnerUserId": str(uuid.uuid4()), "ClientUserId": None,
-        "Kind": "Meeting", "StartAt": "2026-11-30T10:00:00Z", "TimeZone": "Europe/Moscow",
-        "OffsetMinutes": 1440, "AppointmentId": None,
+        "ReminderId": str(uuid.uuid4()),
+        "EventId": str(uuid.uuid4()),
+        "TenantId": str(uuid.uuid4()),
+        "OwnerUserId": str(uuid.uuid4()),
+        "ClientUserId": None,
+        "Kind": "Meeting",
+        "StartAt": "2026-11-30T10:00:00Z",
+        "TimeZone": "Europe/Moscow",
+        "OffsetMinutes": 1440,
+        "AppointmentId": None,
     }
     (notification,) = notifications_for(parse_reminder(json.dumps(payload))).notifications
     out = io.StringIO()

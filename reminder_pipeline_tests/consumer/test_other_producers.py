@@ -44,15 +44,27 @@ def test_messages_of_a_dotnet_producer_are_notified_and_a_spelling_is_no_second_
     event_id = uuid.uuid4()
     first, second, third = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
     plain = dotnet_message(first, event_id)
-    with_client = dotnet_message(second, event_id, ClientUserId=str(uuid.uuid4()).upper(),
-                                 AppointmentId=str(uuid.uuid4()).upper(), Kind="Showing",
-                                 StartAt="2026-12-01T02:11:55.1234567+03:00")
-    camel = {name[0].lower() + name[1:]: value
-             for name, value in dotnet_message(third, event_id, Kind="Task").items()}
+    with_client = dotnet_message(
+        second,
+        event_id,
+        ClientUserId=str(uuid.uuid4()).upper(),
+        AppointmentId=str(uuid.uuid4()).upper(),
+        Kind="Showing",
+        StartAt="2026-12-01T02:11:55.1234567+03:00",
+    )
+    camel = {
+        name[0].lower() + name[1:]: value
+        for name, value in dotnet_message(third, event_id, Kind="Task").items()
+    }
     # The first reminder again, as our producer spells it: a redelivery, not a new reminder.
-    ours = {**plain, "ReminderId": str(first), "EventId": str(event_id),
-            "TenantId": plain["TenantId"].lower(), "OwnerUserId": plain["OwnerUserId"].lower(),
-            "StartAt": "2026-11-30T23:11:55.123456Z"}
+    ours = {
+        **plain,
+        "ReminderId": str(first),
+        "EventId": str(event_id),
+        "TenantId": plain["TenantId"].lower(),
+        "OwnerUserId": plain["OwnerUserId"].lower(),
+        "StartAt": "2026-11-30T23:11:55.123456Z",
+    }
     broken = dotnet_message(uuid.uuid4(), event_id, StartAt="2026-11-30T23:11:55.1234567")
     key = str(event_id).upper()
     for message in (plain, with_client, camel, ours, broken):
@@ -67,15 +79,22 @@ def test_messages_of_a_dotnet_producer_are_notified_and_a_spelling_is_no_second_
     # 23:11:55Z is 02:11 the next day in Moscow; +03:00 spells the same instant.
     assert local[str(first)] == "Meeting starts in an hour, at 2026-12-01 02:11 (Europe/Moscow)"
     assert local[str(second)] == (
-        "Property showing starts in an hour, at 2026-12-01 02:11 (Europe/Moscow)")
+        "Property showing starts in an hour, at 2026-12-01 02:11 (Europe/Moscow)"
+    )
     assert sink.delivered[0].start_at == datetime(2026, 11, 30, 23, 11, 55, 123456, UTC)
     assert [n.kind.value for n in sink.delivered] == [
-        "CalendarReminder", "AppointmentReminder", "AppointmentReminder", "CalendarReminder"]
+        "CalendarReminder",
+        "AppointmentReminder",
+        "AppointmentReminder",
+        "CalendarReminder",
+    ]
 
     (dead,) = read_topic(lane.kafka, lane.dlq_topic, 1)
     headers = headers_of(dead)
     assert headers[HEADER_DLQ_REASON] == "incompatible"
-    assert headers[HEADER_DLQ_ERROR].startswith("StartAt: ") and "offset" in headers[HEADER_DLQ_ERROR]
+    assert (
+        headers[HEADER_DLQ_ERROR].startswith("StartAt: ") and "offset" in headers[HEADER_DLQ_ERROR]
+    )
     assert json.loads(dead.value()) == broken
 
 
@@ -85,4 +104,5 @@ def test_the_producers_own_messages_still_pass_the_strict_schema() -> None:
     assert strict["additionalProperties"] is False
     assert strict["properties"]["StartAt"]["pattern"].endswith("Z$")
     assert strict["$defs"]["guid"]["pattern"] == (
-        "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+        "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+    )

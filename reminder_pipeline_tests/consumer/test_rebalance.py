@@ -105,11 +105,17 @@ def _produce_everywhere(lane: Lane) -> dict[str, int]:
 def _assert_each_notified_once_and_nothing_stuck(
     lane: Lane, sink: OutageSink, partition_of: dict[str, int]
 ) -> None:
-    _await(lambda: sink.reminders_delivered() == set(partition_of),
-           "every reminder to be notified", DRAIN_TIMEOUT)
+    _await(
+        lambda: sink.reminders_delivered() == set(partition_of),
+        "every reminder to be notified",
+        DRAIN_TIMEOUT,
+    )
     expected_end = dict.fromkeys(range(contract.PARTITIONS), PER_PARTITION)
-    _await(lambda: committed(lane.kafka, lane.group_id, lane.topic) == expected_end,
-           "every partition's committed offset to reach its end", DRAIN_TIMEOUT)
+    _await(
+        lambda: committed(lane.kafka, lane.group_id, lane.topic) == expected_end,
+        "every partition's committed offset to reach its end",
+        DRAIN_TIMEOUT,
+    )
     with sink.lock:
         twice = {key: n for key, n in sink.delivered.items() if n != 1}
         recipients = len(sink.delivered)
@@ -124,16 +130,27 @@ def test_a_member_joining_during_an_outage_strands_no_partition(lane: Lane) -> N
     first = Member(lane, sink, "a")
     second: Member | None = None
     try:
-        _await(lambda: sink.tried.get("a", set()) == {0, 1, 2} and
-               len(first.consumer.held_partitions()) == 3,
-               "A to hold a message on every partition", JOIN_TIMEOUT)
+        _await(
+            lambda: (
+                sink.tried.get("a", set()) == {0, 1, 2}
+                and len(first.consumer.held_partitions()) == 3
+            ),
+            "A to hold a message on every partition",
+            JOIN_TIMEOUT,
+        )
         assignments_before = first.consumer.assignments
 
         second = Member(lane, sink, "b")
-        _await(lambda: first.consumer.assignments > assignments_before
-               and second.consumer.owned and first.consumer.owned
-               and len(first.consumer.owned | second.consumer.owned) == 3,
-               "the rebalance to split the partitions between A and B", JOIN_TIMEOUT)
+        _await(
+            lambda: (
+                first.consumer.assignments > assignments_before
+                and second.consumer.owned
+                and first.consumer.owned
+                and len(first.consumer.owned | second.consumer.owned) == 3
+            ),
+            "the rebalance to split the partitions between A and B",
+            JOIN_TIMEOUT,
+        )
 
         with sink.lock:
             sink.down = False
@@ -151,20 +168,36 @@ def test_a_member_leaving_during_an_outage_strands_no_partition(lane: Lane) -> N
     first = Member(lane, sink, "a")
     second = Member(lane, sink, "b")
     try:
-        _await(lambda: first.consumer.owned and second.consumer.owned
-               and len(first.consumer.owned | second.consumer.owned) == 3,
-               "A and B to share the partitions", JOIN_TIMEOUT)
+        _await(
+            lambda: (
+                first.consumer.owned
+                and second.consumer.owned
+                and len(first.consumer.owned | second.consumer.owned) == 3
+            ),
+            "A and B to share the partitions",
+            JOIN_TIMEOUT,
+        )
         sink.partition_of.update(_produce_everywhere(lane))
-        _await(lambda: len(first.consumer.held_partitions()) == len(first.consumer.owned)
-               and len(second.consumer.held_partitions()) == len(second.consumer.owned),
-               "both members to hold a message on each of their partitions", JOIN_TIMEOUT)
+        _await(
+            lambda: (
+                len(first.consumer.held_partitions()) == len(first.consumer.owned)
+                and len(second.consumer.held_partitions()) == len(second.consumer.owned)
+            ),
+            "both members to hold a message on each of their partitions",
+            JOIN_TIMEOUT,
+        )
         held_by_a = set(first.consumer.held_partitions())
         assignments_before = first.consumer.assignments
 
         second.close()
-        _await(lambda: first.consumer.assignments > assignments_before
-               and first.consumer.owned == {0, 1, 2},
-               "A to be assigned every partition", JOIN_TIMEOUT)
+        _await(
+            lambda: (
+                first.consumer.assignments > assignments_before
+                and first.consumer.owned == {0, 1, 2}
+            ),
+            "A to be assigned every partition",
+            JOIN_TIMEOUT,
+        )
         assert held_by_a  # A had paused partitions before the rebalance and owns them again
 
         with sink.lock:

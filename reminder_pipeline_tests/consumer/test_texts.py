@@ -26,10 +26,17 @@ START = "2026-11-30T06:03:00Z"  # 09:03 in Moscow
 
 def text_of(locale: str, **overrides: object) -> str:
     payload = {
-        "ReminderId": str(uuid.uuid4()), "EventId": str(uuid.uuid4()),
-        "TenantId": str(uuid.uuid4()), "OwnerUserId": str(uuid.uuid4()), "ClientUserId": None,
-        "Kind": "Showing", "StartAt": START, "TimeZone": "Europe/Moscow", "OffsetMinutes": 60,
-        "AppointmentId": None, **overrides,
+        "ReminderId": str(uuid.uuid4()),
+        "EventId": str(uuid.uuid4()),
+        "TenantId": str(uuid.uuid4()),
+        "OwnerUserId": str(uuid.uuid4()),
+        "ClientUserId": None,
+        "Kind": "Showing",
+        "StartAt": START,
+        "TimeZone": "Europe/Moscow",
+        "OffsetMinutes": 60,
+        "AppointmentId": None,
+        **overrides,
     }
     (notification,) = notifications_for(parse_reminder(json.dumps(payload)), locale).notifications
     return notification.text
@@ -64,8 +71,21 @@ def test_russian_horizons(minutes: int, text: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "n, form", [(1, "one"), (21, "one"), (101, "one"), (2, "few"), (4, "few"), (24, "few"),
-                (5, "many"), (11, "many"), (12, "many"), (14, "many"), (20, "many"), (111, "many")],
+    "n, form",
+    [
+        (1, "one"),
+        (21, "one"),
+        (101, "one"),
+        (2, "few"),
+        (4, "few"),
+        (24, "few"),
+        (5, "many"),
+        (11, "many"),
+        (12, "many"),
+        (14, "many"),
+        (20, "many"),
+        (111, "many"),
+    ],
 )
 def test_russian_plural_forms(n: int, form: str) -> None:
     assert plural_ru(n, "one", "few", "many") == form
@@ -75,14 +95,23 @@ def test_russian_plural_forms(n: int, form: str) -> None:
     "kind, offset, text",
     [
         ("Showing", 60, "Показ объекта начнётся через час, 30.11.2026 в 09:03 (Europe/Moscow)"),
-        ("Consultation", 1440,
-         "Консультация начнётся через сутки, 30.11.2026 в 09:03 (Europe/Moscow)"),
+        (
+            "Consultation",
+            1440,
+            "Консультация начнётся через сутки, 30.11.2026 в 09:03 (Europe/Moscow)",
+        ),
         ("Meeting", 15, "Встреча начнётся через 15 минут, 30.11.2026 в 09:03 (Europe/Moscow)"),
         ("Task", 60, "Задача начнётся через час, 30.11.2026 в 09:03 (Europe/Moscow)"),
-        ("BookingDeadline", 1440,
-         "Срок бронирования истекает через сутки, 30.11.2026 в 09:03 (Europe/Moscow)"),
-        ("Webinar", 60,
-         "Напоминание: событие календаря скоро начнётся, 30.11.2026 в 09:03 (Europe/Moscow)"),
+        (
+            "BookingDeadline",
+            1440,
+            "Срок бронирования истекает через сутки, 30.11.2026 в 09:03 (Europe/Moscow)",
+        ),
+        (
+            "Webinar",
+            60,
+            "Напоминание: событие календаря скоро начнётся, 30.11.2026 в 09:03 (Europe/Moscow)",
+        ),
     ],
 )
 def test_russian_texts(kind: str, offset: int, text: str) -> None:
@@ -94,8 +123,11 @@ def test_russian_texts(kind: str, offset: int, text: str) -> None:
     [
         ("Showing", 60, "Property showing starts in an hour, at 2026-11-30 09:03 (Europe/Moscow)"),
         ("Consultation", 1440, "Consultation starts in a day, at 2026-11-30 09:03 (Europe/Moscow)"),
-        ("BookingDeadline", 120,
-         "Booking deadline is in 2 hours, at 2026-11-30 09:03 (Europe/Moscow)"),
+        (
+            "BookingDeadline",
+            120,
+            "Booking deadline is in 2 hours, at 2026-11-30 09:03 (Europe/Moscow)",
+        ),
         ("Webinar", 60, "A calendar event starts soon, at 2026-11-30 09:03 (Europe/Moscow)"),
     ],
 )
@@ -126,14 +158,24 @@ def test_consume_with_locale_ru_prints_russian_reminders(
     hour = a_payload(Kind="Webinar", StartAt=start, OffsetMinutes=60, EventId=day["EventId"])
     lane.produce(day)
     lane.produce(hour)
-    settings = Settings.from_env({"KAFKA_BOOTSTRAP_SERVERS": lane.kafka.bootstrap_servers,
-                                  "REMINDER_PIPELINE_HOME": str(tmp_path)})
-    code = consume_main(settings, group_id=lane.group_id, once=True, locale="ru",
-                        options=lane.options(once_idle_seconds=1.0))
+    settings = Settings.from_env(
+        {
+            "KAFKA_BOOTSTRAP_SERVERS": lane.kafka.bootstrap_servers,
+            "REMINDER_PIPELINE_HOME": str(tmp_path),
+        }
+    )
+    code = consume_main(
+        settings,
+        group_id=lane.group_id,
+        once=True,
+        locale="ru",
+        options=lane.options(once_idle_seconds=1.0),
+    )
     assert code == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line]
     assert len(lines) == 2
     assert "| Консультация начнётся через сутки, 30.11.2026 в 09:03 (Europe/Moscow) |" in lines[0]
-    assert ("| Напоминание: событие календаря скоро начнётся, 30.11.2026 в 09:03 "
-            "(Europe/Moscow) |") in lines[1]
+    assert (
+        "| Напоминание: событие календаря скоро начнётся, 30.11.2026 в 09:03 (Europe/Moscow) |"
+    ) in lines[1]
     assert f"reminder={day['ReminderId']}" in lines[0]

@@ -53,11 +53,14 @@ def test_overflows_go_to_the_dlq_after_bounded_attempts_and_the_rest_flow(lane: 
     consumer = lane.run(sink, max_messages=5, max_attempts=3)
 
     assert sorted(sink.reminder_ids()) == sorted(
-        [behind["ReminderId"], far_ahead["ReminderId"], elsewhere["ReminderId"]])
+        [behind["ReminderId"], far_ahead["ReminderId"], elsewhere["ReminderId"]]
+    )
     same_key = [r for r in sink.reminder_ids() if r != elsewhere["ReminderId"]]
     assert same_key == [behind["ReminderId"], far_ahead["ReminderId"]]  # key order kept
-    dead = {json.loads(m.value())["ReminderId"]: headers_of(m)
-            for m in read_topic(lane.kafka, lane.dlq_topic, 2)}
+    dead = {
+        json.loads(m.value())["ReminderId"]: headers_of(m)
+        for m in read_topic(lane.kafka, lane.dlq_topic, 2)
+    }
     assert set(dead) == {tokyo["ReminderId"], beyond_utc["ReminderId"]}
     overflow = dead[tokyo["ReminderId"]]
     assert overflow[HEADER_DLQ_REASON] == MessageProblem.UNPROCESSABLE.value

@@ -28,9 +28,15 @@ def main() -> int:
     )
     [materialization] = result.asset_materializations_for_node("relay_outbox")
     values = metadata_values(materialization)
-    print(json.dumps({"success": result.success,
-                      **{k: v for k, v in values.items() if isinstance(v, int | float)}}),
-          flush=True)
+    print(
+        json.dumps(
+            {
+                "success": result.success,
+                **{k: v for k, v in values.items() if isinstance(v, int | float)},
+            }
+        ),
+        flush=True,
+    )
     return 0
 
 

@@ -20,9 +20,9 @@ from dagster._core.instance.config import dagster_instance_config
 
 import reminder_pipeline
 from reminder_pipeline import orchestrator
+from reminder_pipeline.definitions import defs
 from reminder_pipeline.defs.assets import DISPATCH_ASSET_KEY
 from reminder_pipeline.defs.jobs import CONCURRENCY_TAG, CONCURRENCY_VALUE
-from reminder_pipeline.definitions import defs
 
 REPO_ROOT = Path(reminder_pipeline.__file__).resolve().parent.parent
 ROOT_INSTANCE_YAML = REPO_ROOT / "dagster.yaml"
@@ -56,7 +56,12 @@ def test_the_dispatch_job_has_the_four_steps_in_order_in_process_and_tagged():
         deps = job.graph.dependency_structure
         upstream = {
             name: sorted({o.node.name for o in deps.all_upstream_outputs_from_node(name)})
-            for name in ("select_due_batch", "resolve_event_status", "transition_and_outbox", "relay_outbox")
+            for name in (
+                "select_due_batch",
+                "resolve_event_status",
+                "transition_and_outbox",
+                "relay_outbox",
+            )
         }
         assert upstream == {
             "select_due_batch": [],
@@ -69,12 +74,19 @@ def test_the_dispatch_job_has_the_four_steps_in_order_in_process_and_tagged():
 def test_dagster_cli_validates_the_workspace(tmp_path):
     # Run outside the repo root: from there the CLI would pick up the root dagster.yaml (Postgres
     # storage needing DAGSTER_PG_URL) for its temporary instance.
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "KAFKA_BOOTSTRAP_SERVERS")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "KAFKA_BOOTSTRAP_SERVERS")
+    }
     env["DAGSTER_HOME"] = str(tmp_path)
     dagster = Path(sys.executable).with_name("dagster")
     done = subprocess.run(
         [str(dagster), "definitions", "validate", "-w", str(ROOT_WORKSPACE_YAML)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "Validation successful" in done.stdout + done.stderr
@@ -102,14 +114,22 @@ def test_the_shipped_instance_config_is_the_root_one_and_valid(monkeypatch):
 def test_defaults_and_a_valid_config_are_accepted():
     ops = validate_run_config(defs.get_job_def("reminder_dispatch"), {})["ops"]
     assert ops["select_due_batch"]["config"] == {
-        "batch_size": 200, "max_batches": 1, "budget_seconds": 30.0, "as_of": None
+        "batch_size": 200,
+        "max_batches": 1,
+        "budget_seconds": 30.0,
+        "as_of": None,
     }
     ops = validate_run_config(defs.get_job_def("reminder_catch_up"), {})["ops"]
     assert ops["select_due_batch"]["config"]["max_batches"] == 10_000
     assert ops["select_due_batch"]["config"]["budget_seconds"] == 240.0
     ops = validate_run_config(
         defs.get_job_def("reminder_dispatch"),
-        {"batch_size": 10_000, "max_batches": 5, "budget_seconds": 90, "as_of": "2026-01-01T10:00:00+03:00"},
+        {
+            "batch_size": 10_000,
+            "max_batches": 5,
+            "budget_seconds": 90,
+            "as_of": "2026-01-01T10:00:00+03:00",
+        },
     )["ops"]
     assert ops["select_due_batch"]["config"]["as_of"] == "2026-01-01T10:00:00+03:00"
 
@@ -120,14 +140,38 @@ def test_defaults_and_a_valid_config_are_accepted():
     [
         # The same bounds and lines as the CLI and the environment (config.check_*).
         ("reminder_dispatch", {"batch_size": 0}, "batch_size=0 is out of range [1, 10000]"),
-        ("reminder_dispatch", {"batch_size": 10_001}, "batch_size=10001 is out of range [1, 10000]"),
+        (
+            "reminder_dispatch",
+            {"batch_size": 10_001},
+            "batch_size=10001 is out of range [1, 10000]",
+        ),
         ("reminder_dispatch", {"max_batches": 0}, "max_batches=0 is out of range [1, 10000]"),
         ("reminder_dispatch", {"budget_seconds": 91}, "budget_seconds=91 is out of range [1, 90]"),
-        ("reminder_catch_up", {"budget_seconds": 241}, "budget_seconds=241 is out of range [1, 240]"),
-        ("reminder_dispatch", {"budget_seconds": float("nan")}, "budget_seconds=nan is not a finite number"),
-        ("reminder_dispatch", {"as_of": "2999-01-01T00:00:00Z"}, "as_of='2999-01-01T00:00:00+00:00' is in the future; it must be <= now"),
-        ("reminder_dispatch", {"as_of": "yesterday"}, "as_of='yesterday' is not an ISO-8601 timestamp"),
-        ("reminder_dispatch", {"as_of": "2020-01-01T00:00:00"}, "as_of='2020-01-01T00:00:00' has no time zone"),
+        (
+            "reminder_catch_up",
+            {"budget_seconds": 241},
+            "budget_seconds=241 is out of range [1, 240]",
+        ),
+        (
+            "reminder_dispatch",
+            {"budget_seconds": float("nan")},
+            "budget_seconds=nan is not a finite number",
+        ),
+        (
+            "reminder_dispatch",
+            {"as_of": "2999-01-01T00:00:00Z"},
+            "as_of='2999-01-01T00:00:00+00:00' is in the future; it must be <= now",
+        ),
+        (
+            "reminder_dispatch",
+            {"as_of": "yesterday"},
+            "as_of='yesterday' is not an ISO-8601 timestamp",
+        ),
+        (
+            "reminder_dispatch",
+            {"as_of": "2020-01-01T00:00:00"},
+            "as_of='2020-01-01T00:00:00' has no time zone",
+        ),
     ],
 )
 def test_a_bad_value_is_refused_with_a_one_line_message(job, run_config, message):

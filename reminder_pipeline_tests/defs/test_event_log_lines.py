@@ -40,8 +40,10 @@ def journaled():
 
 def _batch(n: int, start: int = 0) -> list[dict]:
     selected = {"msg": "batch selected", "count": n, "skipped_locked": 0}
-    return [selected] + [{"msg": "reminder sent", "reminder_id": f"r{i}", "event_id": f"e{i}"}
-                         for i in range(start, start + n)]
+    return [selected] + [
+        {"msg": "reminder sent", "reminder_id": f"r{i}", "event_id": f"e{i}"}
+        for i in range(start, start + n)
+    ]
 
 
 def test_a_cycle_batch_is_one_entry_with_a_line_per_reminder(journaled):
@@ -130,8 +132,9 @@ def test_a_real_step_gets_one_batch_entry_and_one_folded_entry():
     def drains(context) -> None:
         with FoldingJournal(context.log) as journal:
             for k in range(20):
-                journal.batch(logging.INFO, "batch written", _batch(250, start=250 * k),
-                              run_id=context.run_id)
+                journal.batch(
+                    logging.INFO, "batch written", _batch(250, start=250 * k), run_id=context.run_id
+                )
 
     @job
     def j() -> None:
@@ -139,8 +142,9 @@ def test_a_real_step_gets_one_batch_entry_and_one_folded_entry():
 
     with instance_for_test() as instance:
         result = j.execute_in_process(instance=instance)
-        messages = [e.user_message for e in instance.all_logs(result.run_id)
-                    if not e.is_dagster_event]
+        messages = [
+            e.user_message for e in instance.all_logs(result.run_id) if not e.is_dagster_event
+        ]
     batch_entries = [m for m in messages if m.startswith("batch selected")]
     folded = [m for m in messages if "more batches:" in m]
     assert len(batch_entries) == 1

@@ -8,13 +8,12 @@ the ``AssetCheckEvaluation`` events.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import UTC, datetime
 
 import pytest
 from dagster import (
+    AssetCheckEvaluation,
     AssetCheckKey,
     AssetCheckSeverity,
-    AssetCheckEvaluation,
     DagsterInstance,
     DefaultSensorStatus,
     SensorResult,
@@ -34,7 +33,13 @@ from reminder_pipeline_tests.support import make_due_event
 
 from . import resources_for
 
-NAMES = ["dispatch_liveness", "no_overdue_reminders", "dispatch_errors", "outbox_backlog", "lateness_slo"]
+NAMES = [
+    "dispatch_liveness",
+    "no_overdue_reminders",
+    "dispatch_errors",
+    "outbox_backlog",
+    "lateness_slo",
+]
 
 
 @pytest.fixture
@@ -48,7 +53,9 @@ def run_health_checks(instance: DagsterInstance, database_url: str, checks=None)
     """Execute the health-check job (or a subset of its checks); the evaluations by check name."""
     job = defs.resolve_job_def(HEALTH_JOB_NAME)
     if checks is not None:
-        job = job.get_subset(asset_check_selection={AssetCheckKey(DISPATCH_ASSET_KEY, c) for c in checks})
+        job = job.get_subset(
+            asset_check_selection={AssetCheckKey(DISPATCH_ASSET_KEY, c) for c in checks}
+        )
     result = job.execute_in_process(
         instance=instance, resources={"postgres": PostgresResource(database_url=database_url)}
     )
@@ -81,8 +88,11 @@ def test_with_no_dispatch_ever_and_an_overdue_row_liveness_and_overdue_fail(
 
     assert list(checks) == NAMES
     assert {n: c.passed for n, c in checks.items()} == {
-        "dispatch_liveness": False, "no_overdue_reminders": False, "dispatch_errors": True,
-        "outbox_backlog": True, "lateness_slo": True,
+        "dispatch_liveness": False,
+        "no_overdue_reminders": False,
+        "dispatch_errors": True,
+        "outbox_backlog": True,
+        "lateness_slo": True,
     }
     overdue = checks["no_overdue_reminders"]
     assert overdue.severity is AssetCheckSeverity.ERROR
@@ -147,7 +157,9 @@ def test_the_job_is_outside_the_dispatch_concurrency_limit_and_in_process():
 def test_the_sensor_evaluates_every_check_each_minute_without_a_run(engine, database_url, instance):
     assert reminder_health_sensor.minimum_interval_seconds == 60
     assert reminder_health_sensor.default_status is DefaultSensorStatus.RUNNING
-    make_due_event(engine, minutes_overdue=30)  # overdue: the overdue check fails, the others do not
+    make_due_event(
+        engine, minutes_overdue=30
+    )  # overdue: the overdue check fails, the others do not
     with build_sensor_context(
         instance=instance, resources={"postgres": PostgresResource(database_url=database_url)}
     ) as context:
@@ -156,8 +168,10 @@ def test_the_sensor_evaluates_every_check_each_minute_without_a_run(engine, data
     assert not result.run_requests  # a verdict, not a run
     by_name = {e.check_name: e for e in result.asset_events}
     assert list(by_name) == NAMES
-    assert all(isinstance(e, AssetCheckEvaluation) and e.asset_key == DISPATCH_ASSET_KEY
-               for e in result.asset_events)
+    assert all(
+        isinstance(e, AssetCheckEvaluation) and e.asset_key == DISPATCH_ASSET_KEY
+        for e in result.asset_events
+    )
     assert not by_name["no_overdue_reminders"].passed
     assert by_name["no_overdue_reminders"].severity is AssetCheckSeverity.ERROR
     assert by_name["outbox_backlog"].passed
@@ -175,8 +189,9 @@ def test_the_sensor_tick_fails_when_the_database_is_unreachable(instance):
     port = free_port()  # nothing listens there
     url = f"postgresql+psycopg://u@127.0.0.1:{port}/x"
     with pytest.raises(Exception) as info:
-        with build_sensor_context(instance=instance,
-                                  resources={"postgres": PostgresResource(database_url=url)}) as context:
+        with build_sensor_context(
+            instance=instance, resources={"postgres": PostgresResource(database_url=url)}
+        ) as context:
             reminder_health_sensor(context)
     causes, error = [], info.value
     while error is not None:

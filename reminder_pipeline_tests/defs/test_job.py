@@ -58,13 +58,31 @@ def test_dispatch_run_sends_skips_publishes_and_records_the_figures(
     (materialization,) = result.asset_materializations_for_node("relay_outbox")
     assert materialization.asset_key == DISPATCH_ASSET_KEY
     meta = metadata_values(materialization)
-    assert {k: meta[k] for k in ("sent_count", "skipped_count", "skipped_locked_count",
-                                 "failed_count", "published_count", "publish_failed_count",
-                                 "backlog_remaining", "outbox_unpublished", "batch_size",
-                                 "batches")} == {
-        "sent_count": 3, "skipped_count": 1, "skipped_locked_count": 0, "failed_count": 0,
-        "published_count": 3, "publish_failed_count": 0, "backlog_remaining": 0,
-        "outbox_unpublished": 0, "batch_size": 200, "batches": 1,
+    assert {
+        k: meta[k]
+        for k in (
+            "sent_count",
+            "skipped_count",
+            "skipped_locked_count",
+            "failed_count",
+            "published_count",
+            "publish_failed_count",
+            "backlog_remaining",
+            "outbox_unpublished",
+            "batch_size",
+            "batches",
+        )
+    } == {
+        "sent_count": 3,
+        "skipped_count": 1,
+        "skipped_locked_count": 0,
+        "failed_count": 0,
+        "published_count": 3,
+        "publish_failed_count": 0,
+        "backlog_remaining": 0,
+        "outbox_unpublished": 0,
+        "batch_size": 200,
+        "batches": 1,
     }
     # Numbers are never None, so Dagster plots every point.
     assert all(isinstance(meta[k], int | float) for k in NUMERIC_METADATA)
@@ -81,7 +99,9 @@ def test_dispatch_run_sends_skips_publishes_and_records_the_figures(
     assert any("cycle started" in line and f"run_id={run_id}" in line for line in lines)
     assert any("batch selected" in line and "count=4" in line for line in lines)
     for reminder_id in live_ids:
-        assert any("reminder sent" in line and f"reminder_id={reminder_id}" in line for line in lines)
+        assert any(
+            "reminder sent" in line and f"reminder_id={reminder_id}" in line for line in lines
+        )
     assert any("cycle completed" in line and "sent=3" in line for line in lines)
     assert not any("Secret deal" in line or "Tverskaya" in line for line in lines)
 
@@ -92,7 +112,8 @@ def test_one_batch_per_run_by_default_and_the_backlog_is_reported(
     events = [make_due_event(engine, minutes_overdue=10 - i) for i in range(5)]
 
     result = reminder_dispatch.execute_in_process(
-        run_config={"batch_size": 2}, instance=instance,
+        run_config={"batch_size": 2},
+        instance=instance,
         resources=resources_for(database_url, kafka_settings),
     )
 
@@ -110,7 +131,8 @@ def test_catch_up_drains_the_backlog_in_batches_in_one_run(
     events = [make_due_event(engine, minutes_overdue=60 - i) for i in range(7)]
 
     result = reminder_catch_up.execute_in_process(
-        run_config={"batch_size": 2}, instance=instance,
+        run_config={"batch_size": 2},
+        instance=instance,
         resources=resources_for(database_url, kafka_settings),
     )
 
@@ -133,7 +155,8 @@ def test_as_of_in_the_past_only_takes_rows_due_before_it(
     as_of = (utcnow() - timedelta(minutes=5)).isoformat()
 
     result = reminder_dispatch.execute_in_process(
-        run_config={"as_of": as_of}, instance=instance,
+        run_config={"as_of": as_of},
+        instance=instance,
         resources=resources_for(database_url, kafka_settings),
     )
 
@@ -143,7 +166,9 @@ def test_as_of_in_the_past_only_takes_rows_due_before_it(
 
 
 @pytest.mark.parametrize(
-    "run_config", [{"as_of": "2999-01-01T00:00:00Z"}, {"batch_size": 0}], ids=["future-as-of", "batch-0"]
+    "run_config",
+    [{"as_of": "2999-01-01T00:00:00Z"}, {"batch_size": 0}],
+    ids=["future-as-of", "batch-0"],
 )
 def test_a_bad_run_config_is_refused_before_anything_is_written(
     engine, database_url, kafka_settings, instance, run_config
@@ -153,7 +178,8 @@ def test_a_bad_run_config_is_refused_before_anything_is_written(
 
     with pytest.raises(DagsterInvalidConfigError, match="reminder_dispatch run config refused"):
         reminder_dispatch.execute_in_process(
-            run_config=run_config, instance=instance,
+            run_config=run_config,
+            instance=instance,
             resources=resources_for(database_url, kafka_settings),
         )
 
@@ -176,5 +202,6 @@ def test_an_unreachable_database_fails_the_run_naming_the_setting(kafka_settings
         for e in result.all_events
         if getattr(e.event_specific_data, "error", None) is not None
     ]
-    assert any("DATABASE_URL: cannot connect to postgresql+psycopg://nobody@127.0.0.1" in m
-               for m in errors), errors
+    assert any(
+        "DATABASE_URL: cannot connect to postgresql+psycopg://nobody@127.0.0.1" in m for m in errors
+    ), errors

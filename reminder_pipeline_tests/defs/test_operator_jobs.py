@@ -28,10 +28,10 @@ from reminder_pipeline.defs.jobs import (
 from reminder_pipeline.defs.resources import PostgresResource
 from reminder_pipeline.defs.schedules import outbox_retention_schedule
 from reminder_pipeline_tests.support import (
-    POISON_KIND,
     PII_DESCRIPTION,
     PII_LOCATION,
     PII_TITLE,
+    POISON_KIND,
     make_due_event,
     outbox_rows,
     reminders,
@@ -67,7 +67,9 @@ def poison(engine, publisher) -> dict:
     report = cycle.run_cycle(engine, publisher)
     assert (report.counts.failed, report.counts.sent) == (1, 1)
     [row] = reminders(engine, event_id)
-    assert row["status"] == "Pending" and row["attempts"] == 1 and row["next_attempt_at"] is not None
+    assert (
+        row["status"] == "Pending" and row["attempts"] == 1 and row["next_attempt_at"] is not None
+    )
     assert reminders(engine, healthy)[0]["status"] == "Sent"
     return row
 
@@ -100,53 +102,70 @@ def test_retry_clears_the_back_off_and_skip_ends_the_row_each_logged(
 
     retried = reminder_poison_rows.execute_in_process(
         run_config={"action": "retry", "reminder_id": reminder_id},
-        instance=instance, resources=_resources(database_url),
+        instance=instance,
+        resources=_resources(database_url),
     )
     assert retried.success
     assert retried.output_for_node("poison_rows") == {
-        "action": "retry", "reminder_id": reminder_id, "changed": True
+        "action": "retry",
+        "reminder_id": reminder_id,
+        "changed": True,
     }
     [row] = reminders(engine, poison["calendar_event_id"])
     assert row["status"] == "Pending" and row["next_attempt_at"] is None
     lines = log_messages(instance, retried.run_id)
     assert any(
-        "poison row retry" in line and f"reminder_id={reminder_id}" in line
-        and f"run_id={retried.run_id}" in line and "changed=True" in line
+        "poison row retry" in line
+        and f"reminder_id={reminder_id}" in line
+        and f"run_id={retried.run_id}" in line
+        and "changed=True" in line
         for line in lines
     ), lines
 
     skipped = reminder_poison_rows.execute_in_process(
         run_config={"action": "skip", "reminder_id": reminder_id.upper()},  # any UUID spelling
-        instance=instance, resources=_resources(database_url),
+        instance=instance,
+        resources=_resources(database_url),
     )
     assert skipped.success
     assert _output_metadata(skipped, "poison_rows") == {
-        "action": "skip", "reminder_id": reminder_id, "changed": True
+        "action": "skip",
+        "reminder_id": reminder_id,
+        "changed": True,
     }
     assert reminders(engine, poison["calendar_event_id"])[0]["status"] == "Skipped"
     assert all(r["reminder_id"] != poison["id"] for r in outbox_rows(engine))  # never published
-    assert any("poison row skip" in line and "changed=True" in line
-               for line in log_messages(instance, skipped.run_id))
+    assert any(
+        "poison row skip" in line and "changed=True" in line
+        for line in log_messages(instance, skipped.run_id)
+    )
 
     # No longer Pending: nothing changes, and the run says so (like the CLI's exit code 1).
     again = reminder_poison_rows.execute_in_process(
         run_config={"action": "skip", "reminder_id": reminder_id},
-        instance=instance, resources=_resources(database_url), raise_on_error=False,
+        instance=instance,
+        resources=_resources(database_url),
+        raise_on_error=False,
     )
     assert not again.success
     failure = next(e for e in again.all_events if e.is_step_failure)
     assert failure.step_failure_data.user_failure_data.description == (
         f"poison skip: reminder {reminder_id}: nothing changed: it is Skipped, not Pending"
     )
-    assert any("poison row skip" in line and "changed=False" in line
-               for line in log_messages(instance, again.run_id))
+    assert any(
+        "poison row skip" in line and "changed=False" in line
+        for line in log_messages(instance, again.run_id)
+    )
     assert reminders(engine, poison["calendar_event_id"])[0]["status"] == "Skipped"
 
 
 @pytest.mark.parametrize(
     ("run_config", "message"),
     [
-        ({"action": "retry", "reminder_id": "not-a-uuid"}, "reminder_id 'not-a-uuid' is not a UUID"),
+        (
+            {"action": "retry", "reminder_id": "not-a-uuid"},
+            "reminder_id 'not-a-uuid' is not a UUID",
+        ),
         ({"action": "skip", "reminder_id": "1234"}, "reminder_id '1234' is not a UUID"),
         ({"action": "skip"}, "reminder_id is required for action 'skip'"),
         ({"action": "retry", "reminder_id": " "}, "reminder_id is required for action 'retry'"),
@@ -207,7 +226,8 @@ def test_retention_deletes_only_old_published_rows_never_unpublished_ones(
 
     result = outbox_retention.execute_in_process(
         run_config={"batch_size": 2},  # two DELETE transactions
-        instance=instance, resources=_resources(database_url),
+        instance=instance,
+        resources=_resources(database_url),
     )
 
     assert result.success
@@ -220,7 +240,9 @@ def test_retention_deletes_only_old_published_rows_never_unpublished_ones(
     # A shorter retention takes the recent published row too, and still not the unpublished one.
     _age_published(engine, [ids[3]], hours=2)
     shorter = outbox_retention.execute_in_process(
-        run_config={"retention_hours": 1}, instance=instance, resources=_resources(database_url),
+        run_config={"retention_hours": 1},
+        instance=instance,
+        resources=_resources(database_url),
     )
     assert shorter.output_for_node("purge_outbox") == 1
     assert [r["reminder_id"] for r in outbox_rows(engine)] == [waiting["reminder_id"]]
@@ -259,16 +281,23 @@ def test_the_job_touches_a_row_that_never_failed_only_when_forced(engine, databa
     [row] = reminders(engine, event_id)
     refused = reminder_poison_rows.execute_in_process(
         run_config={"action": "skip", "reminder_id": str(row["id"])},
-        instance=instance, resources=_resources(database_url), raise_on_error=False,
+        instance=instance,
+        resources=_resources(database_url),
+        raise_on_error=False,
     )
     assert not refused.success
     failure = next(e for e in refused.all_events if e.is_step_failure)
-    assert "it has not failed (attempts=0)" in failure.step_failure_data.user_failure_data.description
+    assert (
+        "it has not failed (attempts=0)" in failure.step_failure_data.user_failure_data.description
+    )
     assert reminders(engine, event_id)[0]["status"] == "Pending"
     forced = reminder_poison_rows.execute_in_process(
         run_config={"action": "skip", "reminder_id": str(row["id"]), "force": True},
-        instance=instance, resources=_resources(database_url),
+        instance=instance,
+        resources=_resources(database_url),
     )
     assert forced.success and reminders(engine, event_id)[0]["status"] == "Skipped"
-    assert any("poison row skip" in line and "forced=True" in line and "operator=" in line
-               for line in log_messages(instance, forced.run_id))
+    assert any(
+        "poison row skip" in line and "forced=True" in line and "operator=" in line
+        for line in log_messages(instance, forced.run_id)
+    )

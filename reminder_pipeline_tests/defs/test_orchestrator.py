@@ -25,22 +25,31 @@ def test_prepare_home_copies_the_instance_config_and_writes_the_workspace(tmp_pa
 
     assert (home / "dagster.yaml").read_bytes() == orchestrator.INSTANCE_YAML.read_bytes()
     workspace = yaml.safe_load((home / "workspace.yaml").read_text())
-    assert workspace["load_from"][0]["python_module"]["module_name"] == "reminder_pipeline.definitions"
+    assert (
+        workspace["load_from"][0]["python_module"]["module_name"] == "reminder_pipeline.definitions"
+    )
     # Never $DAGSTER_HOME/logs: Dagster uploads that directory as telemetry.
     assert orchestrator.PROCESS_LOG_DIR != "logs" and not (home / "logs").exists()
 
 
-def test_child_env_requires_the_settings_and_disables_telemetry_uploads(tmp_path: Path, monkeypatch):
+def test_child_env_requires_the_settings_and_disables_telemetry_uploads(
+    tmp_path: Path, monkeypatch
+):
     for name in orchestrator.REQUIRED_ENV:
         monkeypatch.delenv(name, raising=False)
     stack = orchestrator.DagsterStack(tmp_path, {"DATABASE_URL": "postgresql+psycopg://u@h/app"})
-    with pytest.raises(orchestrator.OrchestratorError, match="KAFKA_BOOTSTRAP_SERVERS, DAGSTER_PG_URL not set"):
+    with pytest.raises(
+        orchestrator.OrchestratorError, match="KAFKA_BOOTSTRAP_SERVERS, DAGSTER_PG_URL not set"
+    ):
         stack.child_env()
 
     stack = orchestrator.DagsterStack(
         tmp_path,
-        {"DATABASE_URL": "postgresql+psycopg://u@h/app", "KAFKA_BOOTSTRAP_SERVERS": "h:9092",
-         "DAGSTER_PG_URL": "postgresql+psycopg://u@h/dagster"},
+        {
+            "DATABASE_URL": "postgresql+psycopg://u@h/app",
+            "KAFKA_BOOTSTRAP_SERVERS": "h:9092",
+            "DAGSTER_PG_URL": "postgresql+psycopg://u@h/dagster",
+        },
         port=3123,
     )
     env = stack.child_env()
@@ -54,10 +63,19 @@ def test_children_get_default_signal_handlers_even_when_the_parent_ignores_sigin
     # What a shell does to a background job; Python then leaves SIGINT ignored in its children.
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        probe = "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
-        plain = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-        reset = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
-                               preexec_fn=orchestrator._reset_signals)
+        probe = (
+            "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+        )
+        plain = subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+        )
+        reset = subprocess.run(
+            [sys.executable, "-c", probe],
+            capture_output=True,
+            text=True,
+            check=True,
+            preexec_fn=orchestrator._reset_signals,
+        )
     finally:
         signal.signal(signal.SIGINT, previous)
     assert plain.stdout.strip() == "False"

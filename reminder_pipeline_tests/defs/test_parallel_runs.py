@@ -24,9 +24,17 @@ def test_four_runs_started_together_take_disjoint_batches(
     bulk_due(engine, 800)
     workers = [
         subprocess.Popen(
-            [sys.executable, "-m", "reminder_pipeline_tests.defs.dispatch_run_worker",
-             database_url, kafka_settings.bootstrap_servers],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ},
+            [
+                sys.executable,
+                "-m",
+                "reminder_pipeline_tests.defs.dispatch_run_worker",
+                database_url,
+                kafka_settings.bootstrap_servers,
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ},
         )
         for _ in range(4)
     ]

@@ -38,7 +38,8 @@ def dispatch_job_with_short_kafka_timeouts():
             "postgres": PostgresResource(database_url=EnvVar("DATABASE_URL")),
             "kafka": KafkaResource(
                 bootstrap_servers=EnvVar("KAFKA_BOOTSTRAP_SERVERS"),
-                topic_timeout_seconds=2, message_timeout_ms=3_000,
+                topic_timeout_seconds=2,
+                message_timeout_ms=3_000,
             ),
         },
     ).get_job_def("reminder_dispatch")
@@ -80,7 +81,11 @@ def test_reexecution_from_a_failed_relay_publishes_each_reminder_once(
         # The figures were recorded before the step failed: the outage is plain in the asset's plot.
         (recorded,) = materializations(failed.all_events)
         meta = metadata_values(recorded)
-        assert (meta["sent_count"], meta["published_count"], meta["publish_failed_count"]) == (3, 0, 3)
+        assert (meta["sent_count"], meta["published_count"], meta["publish_failed_count"]) == (
+            3,
+            0,
+            3,
+        )
         failed_run_id = failed.run_id
     # The outbox keeps the rows; the reminders are Sent exactly once.
     assert [r["status"] for e in events for r in reminders(engine, e)] == ["Sent"] * 3
@@ -88,7 +93,8 @@ def test_reexecution_from_a_failed_relay_publishes_each_reminder_once(
 
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka_settings.bootstrap_servers)  # broker back
     with execute_job(
-        JOB, instance=instance,
+        JOB,
+        instance=instance,
         reexecution_options=ReexecutionOptions.from_failure(failed_run_id, instance),
     ) as retried:
         assert retried.success
@@ -96,7 +102,11 @@ def test_reexecution_from_a_failed_relay_publishes_each_reminder_once(
         (recorded,) = materializations(retried.all_events)
         meta = metadata_values(recorded)
         # Only the relay ran here: its sent_count is 0 (the failed run already counted the 3).
-        assert (meta["sent_count"], meta["published_count"], meta["reexecuted_relay_only"]) == (0, 3, True)
+        assert (meta["sent_count"], meta["published_count"], meta["reexecuted_relay_only"]) == (
+            0,
+            3,
+            True,
+        )
 
     rows = outbox_rows(engine)
     assert sorted(r["reminder_id"] for r in rows) == sorted(ids)
@@ -127,8 +137,11 @@ def test_reexecuting_the_writing_step_of_a_successful_run_writes_nothing_new(
     # is loaded from the first run, re-locked and re-read; its rows are Sent, so nothing moves.
     for steps in (["transition_and_outbox"], ["transition_and_outbox", "relay_outbox"]):
         with execute_job(
-            JOB, instance=instance,
-            reexecution_options=ReexecutionOptions(parent_run_id=first_run_id, step_selection=steps),
+            JOB,
+            instance=instance,
+            reexecution_options=ReexecutionOptions(
+                parent_run_id=first_run_id, step_selection=steps
+            ),
         ) as again:
             assert again.success
             assert {e.step_key for e in again.get_step_success_events()} == set(steps)
@@ -170,16 +183,20 @@ def test_reexecuting_from_a_failed_transition_sends_once(
     with engine.begin() as conn:
         conn.exec_driver_sql("DROP TRIGGER refuse ON outbox")
     with execute_job(
-        JOB, instance=instance,
+        JOB,
+        instance=instance,
         reexecution_options=ReexecutionOptions.from_failure(failed_run_id, instance),
     ) as retried:
         assert retried.success
         assert {e.step_key for e in retried.get_step_success_events()} == {
-            "transition_and_outbox", "relay_outbox"
+            "transition_and_outbox",
+            "relay_outbox",
         }
 
     assert reminders(engine, event_id)[0]["status"] == "Sent"
     assert [r["reminder_id"] for r in outbox_rows(engine)] == [reminder_id]
     kafka_reader.wait_for([reminder_id])
     kafka_reader.drain()
-    assert _per_reminder(kafka_reader.for_reminders([reminder_id])) == Counter({str(reminder_id): 1})
+    assert _per_reminder(kafka_reader.for_reminders([reminder_id])) == Counter(
+        {str(reminder_id): 1}
+    )

@@ -105,7 +105,9 @@ def test_a_successful_run_records_a_succeeded_cycle_and_its_messages_carry_the_t
     assert len(stored) == 2
     assert {r["headers"]["traceparent"].split("-")[1] for r in stored} == {trace_id}
     ids = [reminders(engine, e)[0]["id"] for e in sent]
-    assert {m.headers["traceparent"].split("-")[1] for m in kafka_reader.wait_for(ids)} == {trace_id}
+    assert {m.headers["traceparent"].split("-")[1] for m in kafka_reader.wait_for(ids)} == {
+        trace_id
+    }
 
 
 def test_a_catch_up_run_is_one_cycle_in_the_ledger(engine, database_url, kafka_settings, instance):
@@ -113,13 +115,19 @@ def test_a_catch_up_run_is_one_cycle_in_the_ledger(engine, database_url, kafka_s
         make_due_event(engine, minutes_overdue=30 - i)
 
     result = reminder_catch_up.execute_in_process(
-        run_config={"batch_size": 2}, instance=instance,
+        run_config={"batch_size": 2},
+        instance=instance,
         resources=resources_for(database_url, kafka_settings),
     )
 
     assert result.success
     [row] = ledger_rows(engine)
-    assert (row["run_id"], row["succeeded"], row["sent"], row["batches"]) == (result.run_id, True, 5, 3)
+    assert (row["run_id"], row["succeeded"], row["sent"], row["batches"]) == (
+        result.run_id,
+        True,
+        5,
+        3,
+    )
 
 
 def test_a_broker_outage_records_a_dispatched_cycle_with_its_publish_failures_once(
@@ -131,7 +139,8 @@ def test_a_broker_outage_records_a_dispatched_cycle_with_its_publish_failures_on
     dead_broker = f"127.0.0.1:{free_port()}"
 
     result = reminder_dispatch.execute_in_process(
-        instance=instance, resources=resources_for(database_url, dead_broker, **SHORT_KAFKA),
+        instance=instance,
+        resources=resources_for(database_url, dead_broker, **SHORT_KAFKA),
         raise_on_error=False,
     )
 
@@ -142,7 +151,8 @@ def test_a_broker_outage_records_a_dispatched_cycle_with_its_publish_failures_on
     assert (row["sent"], row["published"], row["publish_failed"]) == (3, 0, 3)
     assert health.liveness(engine, row["finished_at"]).passed
     assert not health.outbox_backlog(engine, row["finished_at"]).passed or (
-        health.outbox_backlog(engine, row["finished_at"]).metadata["unpublished"] == 3)
+        health.outbox_backlog(engine, row["finished_at"]).metadata["unpublished"] == 3
+    )
     # The relay recorded it: the failure sensor adds nothing.
     run_failure_sensor_on(result, instance, database_url)
     assert len(ledger_rows(engine)) == 1
@@ -155,7 +165,8 @@ def test_a_run_failing_before_the_relay_is_recorded_by_the_failure_sensor(
     _refuse_outbox_writes(engine)
 
     result = reminder_dispatch.execute_in_process(
-        instance=instance, resources=resources_for(database_url, kafka_settings),
+        instance=instance,
+        resources=resources_for(database_url, kafka_settings),
         raise_on_error=False,
     )
 
@@ -205,7 +216,9 @@ def dispatch_job_with_short_kafka_timeouts():
         jobs=[reminder_dispatch],
         resources={
             "postgres": PostgresResource(database_url=EnvVar("DATABASE_URL")),
-            "kafka": KafkaResource(bootstrap_servers=EnvVar("KAFKA_BOOTSTRAP_SERVERS"), **SHORT_KAFKA),
+            "kafka": KafkaResource(
+                bootstrap_servers=EnvVar("KAFKA_BOOTSTRAP_SERVERS"), **SHORT_KAFKA
+            ),
         },
     ).get_job_def("reminder_dispatch")
 
@@ -227,7 +240,8 @@ def test_a_relay_only_reexecution_counts_what_it_published_not_the_sends_again(
             failed_run_id = failed.run_id
         monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka_settings.bootstrap_servers)
         with execute_job(
-            JOB, instance=instance,
+            JOB,
+            instance=instance,
             reexecution_options=ReexecutionOptions.from_failure(failed_run_id, instance),
         ) as retried:
             assert retried.success
@@ -235,10 +249,16 @@ def test_a_relay_only_reexecution_counts_what_it_published_not_the_sends_again(
 
     first, second = ledger_rows(engine)
     assert (first["run_id"], first["succeeded"], first["sent"], first["publish_failed"]) == (
-        failed_run_id, True, 3, 3
+        failed_run_id,
+        True,
+        3,
+        3,
     )
     assert (second["run_id"], second["succeeded"], second["sent"], second["published"]) == (
-        retried_run_id, True, 0, 3
+        retried_run_id,
+        True,
+        0,
+        3,
     )
     assert second["lateness_count"] == 0  # the lateness was the first run's
     assert sum(r["sent"] for r in (first, second)) == 3
@@ -256,10 +276,13 @@ def test_three_runs_through_a_broker_outage_keep_liveness_and_publish_once_it_re
     events, runs = [], []
     for minutes in (3, 2, 1):
         events.append(make_due_event(engine, minutes_overdue=minutes))
-        runs.append(reminder_dispatch.execute_in_process(
-            instance=instance, resources=resources_for(database_url, dead_broker, **SHORT_KAFKA),
-            raise_on_error=False,
-        ))
+        runs.append(
+            reminder_dispatch.execute_in_process(
+                instance=instance,
+                resources=resources_for(database_url, dead_broker, **SHORT_KAFKA),
+                raise_on_error=False,
+            )
+        )
         assert not runs[-1].success  # plainly failed: Kafka publish failed
         rows = ledger_rows(engine)
         assert rows[-1]["succeeded"] is True and rows[-1]["sent"] == 1
@@ -267,9 +290,14 @@ def test_three_runs_through_a_broker_outage_keep_liveness_and_publish_once_it_re
     assert [r["status"] for e in events for r in reminders(engine, e)] == ["Sent"] * 3
     assert [o["published_at"] for o in outbox_rows(engine)] == [None] * 3
     assert [r["finished_at"] for r in ledger_rows(engine)] == sorted(
-        r["finished_at"] for r in ledger_rows(engine))
-    assert health.outbox_backlog(engine, ledger_rows(engine)[-1]["finished_at"]).metadata[
-        "unpublished"] == 3
+        r["finished_at"] for r in ledger_rows(engine)
+    )
+    assert (
+        health.outbox_backlog(engine, ledger_rows(engine)[-1]["finished_at"]).metadata[
+            "unpublished"
+        ]
+        == 3
+    )
 
     back = reminder_dispatch.execute_in_process(
         instance=instance, resources=resources_for(database_url, kafka_settings)
@@ -281,4 +309,5 @@ def test_three_runs_through_a_broker_outage_keep_liveness_and_publish_once_it_re
     kafka_reader.drain()
     # Nothing reached the dead broker, so no duplicate: the ack window was never open.
     assert Counter(m.value["ReminderId"] for m in kafka_reader.for_reminders(ids)) == Counter(
-        {str(i): 1 for i in ids})
+        {str(i): 1 for i in ids}
+    )

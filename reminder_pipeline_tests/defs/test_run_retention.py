@@ -432,7 +432,7 @@ def test_progress_is_reported_while_a_long_pass_runs(instance, dagster_pg_url):
     assert report.runs_deleted == 3 and not report.budget_exhausted
     assert reported, "no progress reported"
     deleted = [r["runs_deleted"] for r in reported]
-    assert deleted == sorted(deleted) and 1 <= deleted[0] and deleted[-1] <= 3
+    assert deleted == sorted(deleted) and deleted[0] >= 1 and deleted[-1] <= 3
 
 
 def test_the_health_sensor_leaves_no_log_file_per_tick(instance, database_url):

@@ -49,7 +49,9 @@ def _add_run(instance: DagsterInstance, job_name: str, status: DagsterRunStatus,
         RegisteredCodeLocationOrigin("reminder_pipeline"), "__repository__"
     ).get_job_origin(job_name)
     run = DagsterRun(
-        job_name=job_name, status=status, remote_job_origin=origin,
+        job_name=job_name,
+        status=status,
+        remote_job_origin=origin,
         tags=tags if tags is not None else CONCURRENCY_TAGS,
     )
     instance.add_run(run)
@@ -75,8 +77,13 @@ def test_a_run_is_requested_when_nothing_is_in_flight(instance):
 
 @pytest.mark.parametrize(
     "status",
-    [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
-     DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING],
+    [
+        DagsterRunStatus.QUEUED,
+        DagsterRunStatus.NOT_STARTED,
+        DagsterRunStatus.STARTING,
+        DagsterRunStatus.STARTED,
+        DagsterRunStatus.CANCELING,
+    ],
 )
 def test_the_tick_is_skipped_naming_the_run_in_flight(instance, status):
     _add_run(instance, "reminder_dispatch", DagsterRunStatus.SUCCESS)

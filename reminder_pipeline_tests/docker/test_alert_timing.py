@@ -103,7 +103,8 @@ def test_every_rule_has_severity_text_and_an_existing_runbook_section():
         text = (ROOT / path).read_text()
         anchors = {
             re.sub(r"\s", "-", re.sub(r"[^\w\s-]", "", line.lstrip("#").strip().lower()))
-            for line in text.splitlines() if line.startswith("#")
+            for line in text.splitlines()
+            if line.startswith("#")
         }
         assert not anchor or anchor in anchors, f"{rule['alert']}: no #{anchor} in {path}"
         assert f"`{rule['alert']}`" in text, f"{path} does not name {rule['alert']}"

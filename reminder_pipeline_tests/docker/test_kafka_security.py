@@ -36,8 +36,14 @@ NOTIFICATIONS = "notifications"
 CONSUMER_SERVICE = "notifications-consumer"
 _INTERPOLATION = re.compile(r"\$\{([A-Z0-9_]+)(?::?([-?])([^}]*))?\}")
 #: What an operator must set (compose refuses to start without them: no default passwords).
-SECRETS = {name: f"pw-{name.lower()}" for name in
-           ("KAFKA_ADMIN_PASSWORD", "KAFKA_DISPATCHER_PASSWORD", "KAFKA_NOTIFICATIONS_PASSWORD")}
+SECRETS = {
+    name: f"pw-{name.lower()}"
+    for name in (
+        "KAFKA_ADMIN_PASSWORD",
+        "KAFKA_DISPATCHER_PASSWORD",
+        "KAFKA_NOTIFICATIONS_PASSWORD",
+    )
+}
 
 
 def _compose() -> dict:
@@ -46,6 +52,7 @@ def _compose() -> dict:
 
 def _interpolate(value: object) -> str:
     """Compose's interpolation with the operator's secrets set and nothing else: the defaults."""
+
     def one(m: re.Match[str]) -> str:
         name, operator, argument = m.groups()
         if name in SECRETS:
@@ -87,7 +94,9 @@ def _project_services(compose: dict) -> dict[str, dict]:
 
 def test_the_broker_takes_only_authenticated_clients_and_denies_what_no_acl_allows() -> None:
     env = _environment(_compose()["services"]["kafka"])
-    protocols = dict(item.split(":") for item in env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
+    protocols = dict(
+        item.split(":") for item in env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(",")
+    )
     listeners = {item.split("://")[0] for item in env["KAFKA_LISTENERS"].split(",")}
     assert listeners == set(protocols) and set(protocols.values()) == {"SASL_PLAINTEXT"}
     # Applications on 9092 with SCRAM only; PLAIN (the super user) only where no application goes.
@@ -97,7 +106,8 @@ def test_the_broker_takes_only_authenticated_clients_and_denies_what_no_acl_allo
     assert env["KAFKA_LISTENER_NAME_CONTROLLER_SASL_ENABLED_MECHANISMS"] == "PLAIN"
     assert env["KAFKA_INTER_BROKER_LISTENER_NAME"] == "INTERNAL"
     assert env["KAFKA_AUTHORIZER_CLASS_NAME"] == (
-        "org.apache.kafka.metadata.authorizer.StandardAuthorizer")
+        "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+    )
     assert env["KAFKA_ALLOW_EVERYONE_IF_NO_ACL_FOUND"] == "false"
     assert env["KAFKA_SUPER_USERS"] == "User:admin"
     assert env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
@@ -106,8 +116,11 @@ def test_the_broker_takes_only_authenticated_clients_and_denies_what_no_acl_allo
 def test_no_broker_property_value_contains_an_equals_sign() -> None:
     """The apache/kafka image silently drops such values: JAAS settings must come from a file."""
     env = _environment(_compose()["services"]["kafka"])
-    dropped = [name for name, value in env.items()
-               if name.startswith("KAFKA_") and name != "KAFKA_OPTS" and "=" in value]
+    dropped = [
+        name
+        for name, value in env.items()
+        if name.startswith("KAFKA_") and name != "KAFKA_OPTS" and "=" in value
+    ]
     assert not dropped
 
 
@@ -118,8 +131,11 @@ def test_the_jaas_file_and_the_admin_properties_are_mounted_where_they_are_named
     jaas = configs["kafka-jaas"]["content"]
     assert "org.apache.kafka.common.security.scram.ScramLoginModule required;" in jaas
     assert 'username="admin"' in jaas and 'user_admin="${KAFKA_ADMIN_PASSWORD:?' in jaas
-    admin = dict(line.split("=", 1) for line in configs["kafka-admin"]["content"].splitlines()
-                 if line.strip())
+    admin = dict(
+        line.split("=", 1)
+        for line in configs["kafka-admin"]["content"].splitlines()
+        if line.strip()
+    )
     assert admin["security.protocol"] == "SASL_PLAINTEXT" and admin["sasl.mechanism"] == "PLAIN"
     assert 'password="${KAFKA_ADMIN_PASSWORD:?' in admin["sasl.jaas.config"]
 
@@ -127,8 +143,10 @@ def test_the_jaas_file_and_the_admin_properties_are_mounted_where_they_are_named
     jaas_path = _config_targets(broker)["kafka-jaas"]
     assert _environment(broker)["KAFKA_OPTS"] == f"-Djava.security.auth.login.config={jaas_path}"
     admin_path = _config_targets(broker)["kafka-admin"]
-    assert f"--bootstrap-server localhost:9094 --command-config {admin_path}" in (
-        broker["healthcheck"]["test"][1])
+    assert (
+        f"--bootstrap-server localhost:9094 --command-config {admin_path}"
+        in (broker["healthcheck"]["test"][1])
+    )
     init = services["kafka-init"]
     args = [*init["entrypoint"], *_command(init)]
     assert _option(args, "--bootstrap-server") == "kafka:9094"
@@ -144,8 +162,10 @@ def test_the_jaas_file_and_the_admin_properties_are_mounted_where_they_are_named
 def test_each_application_connects_as_its_own_scram_user_with_the_codes_settings() -> None:
     compose = _compose()
     access = _raw_environment(compose["services"]["kafka-access"])
-    password_of = {access["DISPATCHER_USER"]: access["DISPATCHER_PASSWORD"],
-                   access["NOTIFICATIONS_USER"]: access["NOTIFICATIONS_PASSWORD"]}
+    password_of = {
+        access["DISPATCHER_USER"]: access["DISPATCHER_PASSWORD"],
+        access["NOTIFICATIONS_USER"]: access["NOTIFICATIONS_PASSWORD"],
+    }
     assert set(password_of) == {DISPATCHER, NOTIFICATIONS}
     users = {}
     for name, service in _project_services(compose).items():
@@ -153,7 +173,9 @@ def test_each_application_connects_as_its_own_scram_user_with_the_codes_settings
         config = settings.client_config()
         assert config["bootstrap.servers"] == "kafka:9092", name
         assert (config["security.protocol"], config["sasl.mechanism"]) == (
-            "SASL_PLAINTEXT", "SCRAM-SHA-512"), name
+            "SASL_PLAINTEXT",
+            "SCRAM-SHA-512",
+        ), name
         users[name] = config["sasl.username"]
         # The secret it sends comes from the same variable kafka-access gives its user
         # (the shared block's merged in, or the service's own override).
@@ -170,7 +192,9 @@ def test_the_consumer_service_runs_consume_with_its_group_metrics_and_locale() -
     consumer = services[CONSUMER_SERVICE]
     args = _command(consumer)
     assert args[:2] == ["reminder-pipeline", "consume"]
-    assert _option(args, "--group-id") == _environment(services["kafka-access"])["NOTIFICATIONS_GROUP"]
+    assert (
+        _option(args, "--group-id") == _environment(services["kafka-access"])["NOTIFICATIONS_GROUP"]
+    )
     assert Locale(_option(args, "--locale")) is Locale.RU
     port = _option(args, "--metrics-port")
     assert _environment(consumer)["REMINDER_METRICS_HOST"] == "0.0.0.0"
@@ -186,9 +210,11 @@ def test_the_consumer_service_runs_consume_with_its_group_metrics_and_locale() -
     # Users and ACLs exist before any application connects.
     assert consumer["depends_on"]["kafka-init"]["condition"] == "service_completed_successfully"
     assert services["kafka-init"]["depends_on"]["kafka-access"]["condition"] == (
-        "service_completed_successfully")
+        "service_completed_successfully"
+    )
     assert services["user-code"]["depends_on"]["kafka-init"]["condition"] == (
-        "service_completed_successfully")
+        "service_completed_successfully"
+    )
 
 
 # -- the ACLs ------------------------------------------------------------------------------------
@@ -201,8 +227,10 @@ def _run_access_script(tmp_path: Path) -> list[list[str]]:
     log = tmp_path / "calls.log"
     for tool in ("kafka-topics.sh", "kafka-configs.sh", "kafka-acls.sh"):
         stub = bin_dir / tool
-        stub.write_text('#!/usr/bin/env bash\n{ printf "%s" "$(basename "$0")"; '
-                        'for a in "$@"; do printf "\\t%s" "$a"; done; printf "\\n"; } >> "$CALLS"\n')
+        stub.write_text(
+            '#!/usr/bin/env bash\n{ printf "%s" "$(basename "$0")"; '
+            'for a in "$@"; do printf "\\t%s" "$a"; done; printf "\\n"; } >> "$CALLS"\n'
+        )
         stub.chmod(0o755)
     service = _compose()["services"]["kafka-access"]
     [mount] = [str(v) for v in service["volumes"]]
@@ -210,10 +238,15 @@ def _run_access_script(tmp_path: Path) -> list[list[str]]:
     assert service["entrypoint"] == ["bash", target]
     script = (DOCKER / source).resolve()
     assert script == ACCESS_SCRIPT
-    env = {"PATH": os.environ["PATH"], "KAFKA_BIN": str(bin_dir), "CALLS": str(log),
-           **_environment(service)}
-    result = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True,
-                            timeout=60, check=False)
+    env = {
+        "PATH": os.environ["PATH"],
+        "KAFKA_BIN": str(bin_dir),
+        "CALLS": str(log),
+        **_environment(service),
+    }
+    result = subprocess.run(
+        ["bash", str(script)], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     return [line.split("\t") for line in log.read_text().splitlines()]
 
@@ -228,8 +261,7 @@ def _acls(calls: list[list[str]]) -> set[tuple[str, str, str, str, str]]:
         assert "--add" in args and "--deny-principal" not in args
         principal = _option(args, "--allow-principal")
         operations = [args[i + 1] for i, a in enumerate(args) if a == "--operation"]
-        kinds = [k for k in ("--topic", "--group", "--cluster", "--transactional-id")
-                 if k in args]
+        kinds = [k for k in ("--topic", "--group", "--cluster", "--transactional-id") if k in args]
         assert len(kinds) == 1, call
         kind = kinds[0].lstrip("-")
         name = _option(args, kinds[0])
@@ -265,12 +297,15 @@ def test_the_scram_users_and_the_dead_letter_topic_are_created(tmp_path: Path) -
     for call in (c for c in calls if c[0] == "kafka-configs.sh"):
         args = call[1:]
         assert "--alter" in args and _option(args, "--entity-type") == "users"
-        credential = re.fullmatch(r"SCRAM-SHA-512=\[iterations=(\d+),password=([^,\]]+)\]",
-                                  _option(args, "--add-config"))
+        credential = re.fullmatch(
+            r"SCRAM-SHA-512=\[iterations=(\d+),password=([^,\]]+)\]", _option(args, "--add-config")
+        )
         assert credential and int(credential.group(1)) >= 4096
         users[_option(args, "--entity-name")] = credential.group(2)
-    assert users == {DISPATCHER: SECRETS["KAFKA_DISPATCHER_PASSWORD"],
-                     NOTIFICATIONS: SECRETS["KAFKA_NOTIFICATIONS_PASSWORD"]}
+    assert users == {
+        DISPATCHER: SECRETS["KAFKA_DISPATCHER_PASSWORD"],
+        NOTIFICATIONS: SECRETS["KAFKA_NOTIFICATIONS_PASSWORD"],
+    }
     [create] = [c[1:] for c in calls if c[0] == "kafka-topics.sh"]
     assert "--create" in create and "--if-not-exists" in create
     assert _option(create, "--topic") == DLQ_TOPIC
@@ -278,8 +313,12 @@ def test_the_scram_users_and_the_dead_letter_topic_are_created(tmp_path: Path) -
 
 
 def test_the_codes_sasl_settings_are_documented() -> None:
-    names = ("KAFKA_SECURITY_PROTOCOL", "KAFKA_SASL_MECHANISM", "KAFKA_SASL_USERNAME",
-             "KAFKA_SASL_PASSWORD")
+    names = (
+        "KAFKA_SECURITY_PROTOCOL",
+        "KAFKA_SASL_MECHANISM",
+        "KAFKA_SASL_USERNAME",
+        "KAFKA_SASL_PASSWORD",
+    )
     for document in (ROOT / "README.md", ROOT / "docs" / "contract.md"):
         text = document.read_text()
         assert all(name in text for name in names), document

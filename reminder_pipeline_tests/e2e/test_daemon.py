@@ -59,8 +59,9 @@ def dagster_storage_url(pg_admin_url: str) -> Iterator[str]:
 def _scheduled_runs(instance: DagsterInstance, statuses=None) -> list:
     return list(
         instance.get_run_records(
-            filters=RunsFilter(job_name="reminder_dispatch", tags={SCHEDULE_NAME_TAG: SCHEDULE},
-                               statuses=statuses),
+            filters=RunsFilter(
+                job_name="reminder_dispatch", tags={SCHEDULE_NAME_TAG: SCHEDULE}, statuses=statuses
+            ),
             ascending=True,
         )
     )
@@ -73,12 +74,19 @@ def _wait_for_finished_runs(instance, stack, count: int, timeout: float) -> list
         failed = [r for r in finished if r.dagster_run.status is not DagsterRunStatus.SUCCESS]
         if failed:
             run_id = failed[0].dagster_run.run_id
-            errors = [e.user_message for e in instance.all_logs(run_id) if e.is_dagster_event
-                      and e.dagster_event.is_failure]
-            pytest.fail(f"scheduled run {run_id} ended {failed[0].dagster_run.status}: {errors[-3:]}")
+            errors = [
+                e.user_message
+                for e in instance.all_logs(run_id)
+                if e.is_dagster_event and e.dagster_event.is_failure
+            ]
+            pytest.fail(
+                f"scheduled run {run_id} ended {failed[0].dagster_run.status}: {errors[-3:]}"
+            )
         if len(finished) >= count:
             return finished
-        assert stack.is_running(), f"dagster died: {orchestrator.log_tail(stack.log_file('daemon'))}"
+        assert stack.is_running(), (
+            f"dagster died: {orchestrator.log_tail(stack.log_file('daemon'))}"
+        )
         if time.monotonic() > deadline:
             pytest.fail(
                 f"{count} scheduled runs did not finish within {timeout:.0f}s "
@@ -89,7 +97,9 @@ def _wait_for_finished_runs(instance, stack, count: int, timeout: float) -> list
 
 
 def _timings(record) -> dict:
-    scheduled = datetime.fromisoformat(record.dagster_run.tags[SCHEDULED_EXECUTION_TIME_TAG]).timestamp()
+    scheduled = datetime.fromisoformat(
+        record.dagster_run.tags[SCHEDULED_EXECUTION_TIME_TAG]
+    ).timestamp()
     return {
         "run_id": record.dagster_run.run_id,
         "tick_to_created_s": round(record.create_timestamp.timestamp() - scheduled, 2),
@@ -100,8 +110,14 @@ def _timings(record) -> dict:
 
 
 def test_the_daemon_dispatches_on_schedule(
-    engine, database_url, kafka_settings, kafka_reader, dagster_storage_url, tmp_path: Path,
-    artifacts_dir: Path, monkeypatch,
+    engine,
+    database_url,
+    kafka_settings,
+    kafka_reader,
+    dagster_storage_url,
+    tmp_path: Path,
+    artifacts_dir: Path,
+    monkeypatch,
 ):
     first_wave = [make_due_event(engine, minutes_overdue=3 - i) for i in range(3)]
     cancelled = make_due_event(engine, minutes_overdue=2, status="Cancelled")
@@ -140,7 +156,10 @@ def test_the_daemon_dispatches_on_schedule(
         t_launch = time.monotonic()
         catch_up_id = client.submit_job_execution("reminder_catch_up", run_config={"batch_size": 2})
         deadline = time.monotonic() + 60
-        while client.get_run_status(catch_up_id) not in (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE):
+        while client.get_run_status(catch_up_id) not in (
+            DagsterRunStatus.SUCCESS,
+            DagsterRunStatus.FAILURE,
+        ):
             assert time.monotonic() < deadline, "catch-up run did not finish within 60 s"
             time.sleep(0.5)
         timings["catch_up_launch_to_end_s"] = round(time.monotonic() - t_launch, 1)
@@ -155,7 +174,9 @@ def test_the_daemon_dispatches_on_schedule(
         runs = _wait_for_finished_runs(instance, stack, 2, NEXT_RUN_TIMEOUT)
         # Until the run after the new rows were created has taken them (normally the second).
         deadline = time.monotonic() + NEXT_RUN_TIMEOUT
-        while reminders(engine, second_wave[0])[0]["status"] != "Sent" and time.monotonic() < deadline:
+        while (
+            reminders(engine, second_wave[0])[0]["status"] != "Sent" and time.monotonic() < deadline
+        ):
             time.sleep(1.0)
         assert reminders(engine, second_wave[0])[0]["status"] == "Sent"
         assert len(kafka_reader.wait_for(second_ids)) == 1
@@ -170,10 +191,14 @@ def test_the_daemon_dispatches_on_schedule(
 
         # Run log lines carry the ids (the ops write them through context.log).
         lines = [e.user_message for e in instance.all_logs(first.dagster_run.run_id)]
-        assert any("reminder sent" in line and f"reminder_id={first_ids[0]}" in line for line in lines)
+        assert any(
+            "reminder sent" in line and f"reminder_id={first_ids[0]}" in line for line in lines
+        )
         # The UI answers GraphQL on the same storage.
-        data = stack.graphql('{ runsOrError(filter: {pipelineName: "reminder_dispatch"}) '
-                             '{ ... on Runs { results { runId status } } } }')
+        data = stack.graphql(
+            '{ runsOrError(filter: {pipelineName: "reminder_dispatch"}) '
+            "{ ... on Runs { results { runId status } } } }"
+        )
         assert {r["runId"] for r in data["runsOrError"]["results"]} >= {
             r.dagster_run.run_id for r in runs
         }
@@ -207,7 +232,7 @@ def test_the_daemon_dispatches_on_schedule(
         stack.stop()
         timings["stop_s"] = round(time.monotonic() - t1, 1)
         (artifacts_dir / "dagster-e2e-timings.json").write_text(json.dumps(timings, indent=2))
-        print(json.dumps(timings))  # noqa: T201 - visible with -s / in the CI log on failure
+        print(json.dumps(timings))
 
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
     # Nothing was spooled for Dagster's telemetry upload (see orchestrator.PROCESS_LOG_DIR).
@@ -226,9 +251,12 @@ CREATE TRIGGER rp_test_stall BEFORE INSERT ON outbox
 
 def _sleeping_backends(engine) -> int:
     with engine.connect() as conn:
-        return conn.execute(sa.text(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND wait_event = 'PgSleep'")).scalar_one()
+        return conn.execute(
+            sa.text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event = 'PgSleep'"
+            )
+        ).scalar_one()
 
 
 def _terminate_mid_transaction(engine, client, instance) -> None:
@@ -240,8 +268,12 @@ def _terminate_mid_transaction(engine, client, instance) -> None:
         while _sleeping_backends(engine) == 0:
             assert time.monotonic() < deadline, "no run reached the stalled outbox insert"
             time.sleep(0.5)
-        in_flight = [r.dagster_run.run_id for r in instance.get_run_records(
-            filters=RunsFilter(statuses=[DagsterRunStatus.STARTED]))]
+        in_flight = [
+            r.dagster_run.run_id
+            for r in instance.get_run_records(
+                filters=RunsFilter(statuses=[DagsterRunStatus.STARTED])
+            )
+        ]
         assert in_flight, "a run holds the stalled transaction"
         for run_id in in_flight:
             client.terminate_run(run_id)
@@ -256,10 +288,13 @@ def _terminate_mid_transaction(engine, client, instance) -> None:
             try:
                 with engine.begin() as conn:
                     conn.execute(sa.text("SET LOCAL lock_timeout = '100ms'"))
-                    locked = conn.execute(sa.text(
-                        "SELECT id FROM event_reminders WHERE status = 'Pending' "
-                        "AND calendar_event_id = ANY(:ids) FOR UPDATE NOWAIT"),
-                        {"ids": stalled}).all()
+                    locked = conn.execute(
+                        sa.text(
+                            "SELECT id FROM event_reminders WHERE status = 'Pending' "
+                            "AND calendar_event_id = ANY(:ids) FOR UPDATE NOWAIT"
+                        ),
+                        {"ids": stalled},
+                    ).all()
                 break
             except sa.exc.OperationalError:
                 assert time.monotonic() < deadline, "row locks still held after termination"
@@ -268,13 +303,22 @@ def _terminate_mid_transaction(engine, client, instance) -> None:
         with engine.begin() as conn:  # before the next tick stalls again
             conn.exec_driver_sql("DROP TRIGGER rp_test_stall ON outbox")
         with engine.connect() as conn:
-            assert conn.execute(sa.text("SELECT count(*) FROM outbox o JOIN event_reminders r "
-                                        "ON r.id = o.reminder_id WHERE r.calendar_event_id = ANY(:ids)"),
-                                {"ids": stalled}).scalar_one() == 0
+            assert (
+                conn.execute(
+                    sa.text(
+                        "SELECT count(*) FROM outbox o JOIN event_reminders r "
+                        "ON r.id = o.reminder_id WHERE r.calendar_event_id = ANY(:ids)"
+                    ),
+                    {"ids": stalled},
+                ).scalar_one()
+                == 0
+            )
     finally:
         with engine.begin() as conn:
-            conn.exec_driver_sql("DROP TRIGGER IF EXISTS rp_test_stall ON outbox; "
-                                 "DROP FUNCTION IF EXISTS rp_test_stall()")
+            conn.exec_driver_sql(
+                "DROP TRIGGER IF EXISTS rp_test_stall ON outbox; "
+                "DROP FUNCTION IF EXISTS rp_test_stall()"
+            )
 
 
 def test_browser_is_there_in_ci():

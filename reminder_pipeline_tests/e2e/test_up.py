@@ -22,8 +22,11 @@ pytestmark = pytest.mark.slow
 
 
 def _env(home) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("DATABASE_URL", "KAFKA_BOOTSTRAP_SERVERS", "DAGSTER_PG_URL", "DAGSTER_HOME")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DATABASE_URL", "KAFKA_BOOTSTRAP_SERVERS", "DAGSTER_PG_URL", "DAGSTER_HOME")
+    }
     env.update(
         REMINDER_PIPELINE_HOME=str(home),
         REMINDER_EMBEDDED_PG_PORT=str(free_port()),
@@ -52,8 +55,12 @@ def test_up_runs_everything_and_ctrl_c_stops_it(tmp_path):
     stderr = (tmp_path / "up.stderr").open("w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "reminder_pipeline.cli", "up"],
-        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr,
-        text=True, start_new_session=True,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+        start_new_session=True,
     )
     try:
         lines = _read_until(proc, "Dagster UI:", timeout=240)
@@ -63,8 +70,11 @@ def test_up_runs_everything_and_ctrl_c_stops_it(tmp_path):
         assert sent > 0  # the demo data had reminders already due
         ui = next(line for line in lines if line.startswith("Dagster UI:")).split()[2]
         # While Dagster loaded, progress lines went to stderr (stdout stays the command's output).
-        progress = [line for line in (tmp_path / "up.stderr").read_text().splitlines()
-                    if line.startswith("reminder-pipeline: waiting for Dagster:")]
+        progress = [
+            line
+            for line in (tmp_path / "up.stderr").read_text().splitlines()
+            if line.startswith("reminder-pipeline: waiting for Dagster:")
+        ]
         assert progress, "no progress line while Dagster loaded"
         assert not any("waiting for Dagster" in line for line in lines)
         with urllib.request.urlopen(f"{ui}/server_info", timeout=10) as response:
@@ -88,9 +98,18 @@ def test_up_runs_everything_and_ctrl_c_stops_it(tmp_path):
     # Running it again resumes on the same data (the schema is there; the demo adds more).
     again = subprocess.run(
         [sys.executable, "-m", "reminder_pipeline.cli", "up", "--once"],
-        env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=240,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert again.returncode == 0, again.stderr[-2000:]
     assert "first dispatch cycle:" in again.stdout
-    subprocess.run([sys.executable, "-m", "reminder_pipeline.cli", "services", "stop"],
-                   env=env, capture_output=True, timeout=120, check=True)
+    subprocess.run(
+        [sys.executable, "-m", "reminder_pipeline.cli", "services", "stop"],
+        env=env,
+        capture_output=True,
+        timeout=120,
+        check=True,
+    )

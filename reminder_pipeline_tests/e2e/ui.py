@@ -11,8 +11,14 @@ import shutil
 from pathlib import Path
 
 CHROMIUM_FLAGS = [
-    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
 ]
 
 
@@ -47,7 +53,9 @@ def check_ui(base_url: str, artifacts: Path, *, timeout_ms: int = 60_000) -> lis
             shot("job-runs")
 
             # The schedule: running, every minute.
-            page.goto(f"{base_url}/locations/reminder_pipeline/schedules/reminder_dispatch_schedule")
+            page.goto(
+                f"{base_url}/locations/reminder_pipeline/schedules/reminder_dispatch_schedule"
+            )
             expect(page.get_by_text("reminder_dispatch_schedule").first).to_be_visible()
             expect(page.get_by_role("row", name="Running").first).to_be_visible()
             expect(page.get_by_role("checkbox").first).to_be_checked()

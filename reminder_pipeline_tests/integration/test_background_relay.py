@@ -24,8 +24,15 @@ from ..support import make_event, outbox_rows, reminders, utcnow
 def _events(engine, n: int, start_minutes: int = 50):
     """``n`` events with two due reminders each (same key twice: per-key order is observable)."""
     now = utcnow()
-    return [make_event(engine, start_at=now + timedelta(minutes=start_minutes + i % 5),
-                       offsets=(70, 65), now=now - timedelta(days=1)) for i in range(n)]
+    return [
+        make_event(
+            engine,
+            start_at=now + timedelta(minutes=start_minutes + i % 5),
+            offsets=(70, 65),
+            now=now - timedelta(days=1),
+        )
+        for i in range(n)
+    ]
 
 
 def _assert_once_in_outbox_order(engine, kafka_reader, event_ids) -> None:
@@ -42,7 +49,9 @@ def _assert_once_in_outbox_order(engine, kafka_reader, event_ids) -> None:
         assert outbox_ids == sorted(outbox_ids), f"key {key} out of outbox order"
 
 
-def test_a_drain_publishes_every_batch_once_while_it_writes_the_next(engine, publisher, kafka_reader):
+def test_a_drain_publishes_every_batch_once_while_it_writes_the_next(
+    engine, publisher, kafka_reader
+):
     event_ids = _events(engine, 23)
     counts, relay = cycle.drain(engine, utcnow(), 5, max_batches=100, publisher=publisher)
     assert counts.sent == 46 and counts.batches == 10  # 9 full batches and a short last one
@@ -85,7 +94,8 @@ def test_with_another_relay_holding_the_lock_nothing_is_published_and_rows_stay(
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as other:
         other.execute(queries.TRY_RELAY_LOCK, {"key": queries.RELAY_LOCK_KEY})
         relay = OutboxRelay(engine, publisher, lock_wait_seconds=0.2).start(
-            deadline=time.monotonic() + 30)
+            deadline=time.monotonic() + 30
+        )
         batch = cycle.dispatch_batch(engine, utcnow(), 1000)
         relay.hand_over(batch.messages)
         result = relay.finish(timeout=30)
@@ -149,7 +159,8 @@ def test_hand_overs_do_not_wait_while_the_relay_waits_for_the_lock(engine, publi
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as other:
         other.execute(queries.TRY_RELAY_LOCK, {"key": queries.RELAY_LOCK_KEY})
         relay = OutboxRelay(engine, publisher, lock_wait_seconds=60).start(
-            deadline=time.monotonic() + 120, max_queued=1)
+            deadline=time.monotonic() + 120, max_queued=1
+        )
         try:
             batches = [cycle.dispatch_batch(engine, utcnow(), 2).messages for _ in range(3)]
             handing = threading.Thread(target=lambda: [relay.hand_over(b) for b in batches])
@@ -178,12 +189,15 @@ def test_the_due_columns_map_onto_due_reminder_in_order(engine):
     from reminder_pipeline.domain.model import DueReminder
 
     with engine.begin() as conn:
-        result = conn.execute(queries.SELECT_DUE_FOR_UPDATE_SKIP_LOCKED,
-                              {"as_of": utcnow(), "batch_size": 1})
+        result = conn.execute(
+            queries.SELECT_DUE_FOR_UPDATE_SKIP_LOCKED, {"as_of": utcnow(), "batch_size": 1}
+        )
         names = [f.name for f in fields(DueReminder)]
         assert list(result.keys())[: len(names)] == names
         assert list(result.keys())[-1] == "skipped_locked"
         with engine.begin() as conn:
-            result = conn.execute(queries.LOCK_CANDIDATES_SKIP_LOCKED,
-                                  {"ids": [], "as_of": utcnow(), "reserved_by": None})
+            result = conn.execute(
+                queries.LOCK_CANDIDATES_SKIP_LOCKED,
+                {"ids": [], "as_of": utcnow(), "reserved_by": None},
+            )
             assert list(result.keys()) == names

@@ -104,8 +104,13 @@ def test_rows_held_by_a_cancel_in_flight_are_skipped_then_cancelled(engine):
         tx = cascade.begin()
         repository.lock_event(cascade, event_id)
         repository.lock_pending_reminders(cascade, event_id)
-        repository.set_event_status(cascade, event_id, __import__(
-            "reminder_pipeline.domain.model", fromlist=["EventStatus"]).EventStatus.CANCELLED)
+        repository.set_event_status(
+            cascade,
+            event_id,
+            __import__(
+                "reminder_pipeline.domain.model", fromlist=["EventStatus"]
+            ).EventStatus.CANCELLED,
+        )
 
         outcome = cycle.dispatch_batch(engine, utcnow(), 200)
         assert outcome.sent == [] and outcome.skipped_locked == 1
@@ -140,7 +145,9 @@ def test_dispatcher_first_then_cancel_sends_once_and_cancel_waits(engine):
         selection = cycle.select_due_batch(conn, as_of, 200)
         canceller = threading.Thread(target=cancel_event, args=(engine, event_id))
         canceller.start()
-        assert _wait_for_lock_wait(engine), "the cancel cascade should wait for the dispatcher's lock"
+        assert _wait_for_lock_wait(engine), (
+            "the cancel cascade should wait for the dispatcher's lock"
+        )
         cycle.transition_and_outbox(conn, selection.ids, as_of)
     canceller.join(timeout=30)
     assert not canceller.is_alive()

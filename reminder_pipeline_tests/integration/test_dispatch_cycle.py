@@ -19,10 +19,10 @@ from reminder_pipeline.domain import contract
 from reminder_pipeline.store.tables import calendar_events
 
 from ..support import (
-    POISON_KIND,
     PII_DESCRIPTION,
     PII_LOCATION,
     PII_TITLE,
+    POISON_KIND,
     event_row,
     make_due_event,
     make_event,
@@ -110,7 +110,9 @@ def test_partial_failure_excludes_the_poison_row_and_commits_the_rest(engine, pu
     assert "Kind" in after["last_error"]
     assert after["next_attempt_at"] > report.as_of
     assert len(outbox_rows(engine)) == 2
-    errors = [r for r in caplog.records if r.levelno == logging.ERROR and r.getMessage() == "item failed"]
+    errors = [
+        r for r in caplog.records if r.levelno == logging.ERROR and r.getMessage() == "item failed"
+    ]
     assert len(errors) == 1
     assert errors[0].fields["reminder_id"] == str(poison_row["id"])
     assert errors[0].fields["event_id"] == str(poison)
@@ -147,7 +149,10 @@ def test_future_rows_are_untouched(engine, publisher):
 def test_offsets_1440_and_60_give_exactly_two_messages(engine, publisher, kafka_reader):
     now = utcnow()
     event_id = make_event(
-        engine, start_at=now + timedelta(minutes=59), offsets=(1440, 60), now=now - timedelta(days=2)
+        engine,
+        start_at=now + timedelta(minutes=59),
+        offsets=(1440, 60),
+        now=now - timedelta(days=2),
     )
     # The 1440 row is due a day before the 60 row; a cycle at each moment sends one each.
     report = cycle.run_cycle(engine, publisher)
@@ -205,7 +210,11 @@ def test_slo_lateness_is_measured_and_within_one_cycle(engine, publisher):
 def test_appointment_and_client_fields_reach_the_payload(engine, publisher, kafka_reader):
     client, appointment = uuid.uuid4(), uuid.uuid4()
     event_id = make_due_event(
-        engine, client_user_id=client, origin="Appointment", appointment_id=appointment, kind="Showing"
+        engine,
+        client_user_id=client,
+        origin="Appointment",
+        appointment_id=appointment,
+        kind="Showing",
     )
     cycle.run_cycle(engine, publisher)
     [row] = reminders(engine, event_id)

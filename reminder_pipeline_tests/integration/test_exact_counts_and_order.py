@@ -46,9 +46,15 @@ def _tied_due(engine, n: int, distinct: int = 3) -> None:
 
 def _hold(conn, n: int) -> list[str]:
     """Lock the ``n`` oldest due rows in ``conn``'s transaction (another instance, a cascade)."""
-    return list(conn.execute(sa.text(
-        "SELECT CAST(id AS text) FROM event_reminders WHERE status = 'Pending' "
-        "ORDER BY due_at, id LIMIT :n FOR UPDATE"), {"n": n}).scalars())
+    return list(
+        conn.execute(
+            sa.text(
+                "SELECT CAST(id AS text) FROM event_reminders WHERE status = 'Pending' "
+                "ORDER BY due_at, id LIMIT :n FOR UPDATE"
+            ),
+            {"n": n},
+        ).scalars()
+    )
 
 
 def test_a_lone_dispatcher_reports_nothing_locked_whatever_the_due_at_ties(engine):
@@ -92,8 +98,12 @@ def test_a_run_reservation_keeps_its_rows_from_other_selections_until_its_write(
     assert {r["status"] for r in reminders(engine)} == {"Sent"}
     assert len(outbox_rows(engine)) == 300
     with engine.connect() as conn:  # the reservation ends with the write
-        assert conn.execute(sa.text(
-            "SELECT count(*) FROM event_reminders WHERE reserved_by IS NOT NULL")).scalar_one() == 0
+        assert (
+            conn.execute(
+                sa.text("SELECT count(*) FROM event_reminders WHERE reserved_by IS NOT NULL")
+            ).scalar_one()
+            == 0
+        )
 
 
 def test_the_reservation_of_a_run_that_died_expires_by_itself(engine):
@@ -111,8 +121,12 @@ def test_a_write_never_takes_rows_another_run_reserved(engine):
     mine = cycle.start("run-mine", batch_size=5)
     ids = cycle.select(engine, mine).ids
     with engine.begin() as conn:  # my reservation lapsed; another run took the rows meanwhile
-        conn.execute(sa.text("UPDATE event_reminders SET reserved_by = 'run-other', "
-                             "reserved_until = now() + interval '1 minute'"))
+        conn.execute(
+            sa.text(
+                "UPDATE event_reminders SET reserved_by = 'run-other', "
+                "reserved_until = now() + interval '1 minute'"
+            )
+        )
     written = cycle.write(engine, mine, ids, run_id="run-mine")
     assert written.counts.sent == 0 and written.counts.skipped_locked == 5
     assert {r["status"] for r in reminders(engine)} == {"Pending"}
@@ -130,9 +144,13 @@ class _CommitWitness(Journal):
     def batch(self, level, message, items, **fields):
         ids = [i["reminder_id"] for i in items if "reminder_id" in i]
         with self.engine.connect() as conn:
-            pending = conn.execute(sa.text(
-                "SELECT CAST(id AS text) FROM event_reminders "
-                "WHERE id = ANY(CAST(:ids AS uuid[])) AND status = 'Pending'"), {"ids": ids}).scalars()
+            pending = conn.execute(
+                sa.text(
+                    "SELECT CAST(id AS text) FROM event_reminders "
+                    "WHERE id = ANY(CAST(:ids AS uuid[])) AND status = 'Pending'"
+                ),
+                {"ids": ids},
+            ).scalars()
             self.seen_pending.extend(pending)
         self.records.append((message, items))
         super().batch(level, message, items, **fields)
@@ -150,16 +168,22 @@ def test_a_batch_is_logged_and_traced_after_its_commit(engine, monkeypatch):
 
     def witness_span_events(name, items):
         with engine.connect() as conn:
-            traced_while_pending.append(conn.execute(sa.text(
-                "SELECT count(*) FROM event_reminders WHERE status = 'Pending'")).scalar_one())
+            traced_while_pending.append(
+                conn.execute(
+                    sa.text("SELECT count(*) FROM event_reminders WHERE status = 'Pending'")
+                ).scalar_one()
+            )
         return item_events(name, items)
 
     monkeypatch.setattr(tracing, "item_events", witness_span_events)
     with tracing.cycle_span("run-order"):
-        outcome = cycle.dispatch_batch(engine, utcnow(), 200, correlation_id="run-order",
-                                       journal=witness)
+        outcome = cycle.dispatch_batch(
+            engine, utcnow(), 200, correlation_id="run-order", journal=witness
+        )
     assert len(outcome.sent) == 3
-    sent_lines = [i for m, items in witness.records for i in items if i.get("msg") == "reminder sent"]
+    sent_lines = [
+        i for m, items in witness.records for i in items if i.get("msg") == "reminder sent"
+    ]
     assert len(sent_lines) == 3
     assert witness.seen_pending == []  # every logged row was already committed
     assert traced_while_pending and set(traced_while_pending) == {0}
@@ -171,10 +195,16 @@ def test_a_batch_that_rolls_back_logs_that_and_never_reminder_sent(engine, caplo
     with engine.begin() as conn:  # the outbox refuses writes: an infrastructure error mid-batch
         conn.exec_driver_sql(
             "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS "
-            "$$BEGIN RAISE EXCEPTION 'outbox unavailable' USING ERRCODE = '55000'; END$$")
-        conn.exec_driver_sql("CREATE TRIGGER refuse BEFORE INSERT ON outbox "
-                             "FOR EACH STATEMENT EXECUTE FUNCTION refuse()")
-    with caplog.at_level(logging.INFO, logger="reminder_pipeline"), pytest.raises(sa.exc.DBAPIError):
+            "$$BEGIN RAISE EXCEPTION 'outbox unavailable' USING ERRCODE = '55000'; END$$"
+        )
+        conn.exec_driver_sql(
+            "CREATE TRIGGER refuse BEFORE INSERT ON outbox "
+            "FOR EACH STATEMENT EXECUTE FUNCTION refuse()"
+        )
+    with (
+        caplog.at_level(logging.INFO, logger="reminder_pipeline"),
+        pytest.raises(sa.exc.DBAPIError),
+    ):
         cycle.dispatch_batch(engine, utcnow(), 200, correlation_id="run-rollback")
     messages = [r.getMessage() for r in caplog.records]
     assert "batch rolled back" in messages

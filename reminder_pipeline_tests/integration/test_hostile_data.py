@@ -22,19 +22,34 @@ from reminder_pipeline.store.tables import event_reminders
 MARK = "PII-MARK-7f3a"
 
 zones = st.one_of(
-    st.sampled_from(["Europe/Moscow", "UTC", "America/Argentina/ComodRivadavia", "Etc/GMT+12",
-                     "Pacific/Chatham", "Asia/Kathmandu"]),
+    st.sampled_from(
+        [
+            "Europe/Moscow",
+            "UTC",
+            "America/Argentina/ComodRivadavia",
+            "Etc/GMT+12",
+            "Pacific/Chatham",
+            "Asia/Kathmandu",
+        ]
+    ),
     st.sampled_from(["", " ", "Mars/Base", "../etc/passwd", "UTC\\x00", "Europe/" + "X" * 200]),
     st.text(max_size=40),
 )
 timestamps = st.one_of(
-    st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30), timezones=st.just(UTC)),
+    st.datetimes(
+        min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30), timezones=st.just(UTC)
+    ),
     st.sampled_from(["infinity", "-infinity", "294000-01-01 00:00Z", "4000-01-01 00:00Z BC"]),
 )
-pii = st.one_of(st.none(), st.text(max_size=50).filter(lambda t: "\x00" not in t).map(lambda t: MARK + t),
-                st.integers(1, 100_000).map(lambda n: MARK + "x" * n))
-kinds = st.one_of(st.sampled_from(["Showing", "Consultation", "Meeting", "Task", "BookingDeadline"]),
-                  st.text(min_size=0, max_size=100))
+pii = st.one_of(
+    st.none(),
+    st.text(max_size=50).filter(lambda t: "\x00" not in t).map(lambda t: MARK + t),
+    st.integers(1, 100_000).map(lambda n: MARK + "x" * n),
+)
+kinds = st.one_of(
+    st.sampled_from(["Showing", "Consultation", "Meeting", "Task", "BookingDeadline"]),
+    st.text(min_size=0, max_size=100),
+)
 events = st.fixed_dictionaries(
     {
         "kind": kinds.filter(lambda k: "\x00" not in k),
@@ -44,10 +59,14 @@ events = st.fixed_dictionaries(
         "appointment": st.booleans(),
         "start_at": timestamps,
         "time_zone": zones.filter(lambda z: "\x00" not in z),
-        "title": pii, "description": pii, "location": pii,
+        "title": pii,
+        "description": pii,
+        "location": pii,
         "offset": st.integers(0, 2**31 - 1),
-        "due": st.one_of(st.integers(1, 10**6).map(lambda s: timedelta(seconds=s)),
-                         st.sampled_from(["-infinity", "4000-01-01 00:00Z BC"])),
+        "due": st.one_of(
+            st.integers(1, 10**6).map(lambda s: timedelta(seconds=s)),
+            st.sampled_from(["-infinity", "4000-01-01 00:00Z BC"]),
+        ),
     }
 )
 
@@ -63,12 +82,18 @@ def _insert(conn, spec: dict) -> uuid.UUID:
             "CAST(:start AS timestamptz), :tz, :title, :description, :location)"
         ),
         {
-            "id": event_id, "tenant": uuid.uuid4(), "owner": uuid.uuid4(),
+            "id": event_id,
+            "tenant": uuid.uuid4(),
+            "owner": uuid.uuid4(),
             "client": uuid.uuid4() if spec["client"] else None,
             "appointment": uuid.uuid4() if spec["appointment"] else None,
-            "kind": spec["kind"], "status": spec["status"], "origin": spec["origin"],
+            "kind": spec["kind"],
+            "status": spec["status"],
+            "origin": spec["origin"],
             "start": start.isoformat() if isinstance(start, datetime) else start,
-            "tz": spec["time_zone"], "title": spec["title"], "description": spec["description"],
+            "tz": spec["time_zone"],
+            "title": spec["title"],
+            "description": spec["description"],
             "location": spec["location"],
         },
     )
@@ -84,9 +109,15 @@ def _insert(conn, spec: dict) -> uuid.UUID:
     return reminder_id
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                 HealthCheck.too_slow,
-                                                                 HealthCheck.data_too_large])
+@settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+    ],
+)
 @given(batch=st.lists(events, min_size=1, max_size=6))
 def test_arbitrary_rows_never_crash_break_the_contract_or_leak(engine, batch):
     with engine.begin() as conn:
@@ -97,10 +128,20 @@ def test_arbitrary_rows_never_crash_break_the_contract_or_leak(engine, batch):
 
     assert len(outcome.sent) + len(outcome.skipped) + len(outcome.poison) == len(ids)
     with engine.connect() as conn:
-        outbox = conn.execute(sa.text("SELECT payload::text AS p, headers::text AS h FROM outbox")).all()
-        rows = {str(r.id): r for r in conn.execute(
-            sa.select(event_reminders.c.id, event_reminders.c.status, event_reminders.c.attempts,
-                      event_reminders.c.last_error))}
+        outbox = conn.execute(
+            sa.text("SELECT payload::text AS p, headers::text AS h FROM outbox")
+        ).all()
+        rows = {
+            str(r.id): r
+            for r in conn.execute(
+                sa.select(
+                    event_reminders.c.id,
+                    event_reminders.c.status,
+                    event_reminders.c.attempts,
+                    event_reminders.c.last_error,
+                )
+            )
+        }
     assert len(outbox) == len(outcome.sent)
     for row in outbox:
         contract.validate(json.loads(row.p))

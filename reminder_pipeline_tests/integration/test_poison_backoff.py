@@ -12,14 +12,19 @@ from datetime import timedelta
 import sqlalchemy as sa
 
 from reminder_pipeline import cycle
-from reminder_pipeline.store.repository import POISON_BACKOFF_BASE_SECONDS, POISON_BACKOFF_CAP_SECONDS
+from reminder_pipeline.store.repository import (
+    POISON_BACKOFF_BASE_SECONDS,
+    POISON_BACKOFF_CAP_SECONDS,
+)
 
 from ..support import POISON_KIND, make_due_event, reminders
 
 
 def test_healthy_rows_behind_a_head_of_poison_rows_are_dispatched(engine):
     batch = 5
-    poison = [make_due_event(engine, minutes_overdue=60 + i, kind=POISON_KIND) for i in range(batch * 2)]
+    poison = [
+        make_due_event(engine, minutes_overdue=60 + i, kind=POISON_KIND) for i in range(batch * 2)
+    ]
     healthy = [make_due_event(engine, minutes_overdue=1 + i / 10) for i in range(3)]
 
     first = cycle.dispatch_batch(engine, cycle.now_utc(), batch)
@@ -54,7 +59,9 @@ def test_a_poison_row_fixed_by_the_calendar_goes_out_on_its_next_attempt(engine)
     cycle.dispatch_batch(engine, cycle.now_utc(), 10)
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE calendar_events SET kind = 'Meeting'"))
-        conn.execute(sa.text("UPDATE event_reminders SET next_attempt_at = NULL"))  # as `poison retry`
+        conn.execute(
+            sa.text("UPDATE event_reminders SET next_attempt_at = NULL")
+        )  # as `poison retry`
     outcome = cycle.dispatch_batch(engine, cycle.now_utc(), 10)
     assert len(outcome.sent) == 1
     [row] = reminders(engine, event_id)

@@ -29,7 +29,9 @@ def own_postgres(tmp_path):
     server.stop()
 
 
-def test_restart_mid_cycle_rolls_back_the_batch_and_the_next_cycle_recovers(own_postgres, publisher):
+def test_restart_mid_cycle_rolls_back_the_batch_and_the_next_cycle_recovers(
+    own_postgres, publisher
+):
     server, engine = own_postgres
     events = [make_due_event(engine, minutes_overdue=m) for m in (3, 2, 1)]
 

@@ -63,7 +63,9 @@ def test_relay_survives_a_broker_that_is_down_then_publishes_everything(engine, 
         reader.close()
 
 
-def test_concurrent_relays_publish_each_row_once_in_outbox_order(engine, kafka_settings, kafka_reader):
+def test_concurrent_relays_publish_each_row_once_in_outbox_order(
+    engine, kafka_settings, kafka_reader
+):
     # Several events, two reminders each, so per-key order is observable.
     now = utcnow()
     from datetime import timedelta
@@ -71,8 +73,12 @@ def test_concurrent_relays_publish_each_row_once_in_outbox_order(engine, kafka_s
     from ..support import make_event
 
     event_ids = [
-        make_event(engine, start_at=now + timedelta(minutes=50 + i % 5), offsets=(70, 65),
-                   now=now - timedelta(days=1))
+        make_event(
+            engine,
+            start_at=now + timedelta(minutes=50 + i % 5),
+            offsets=(70, 65),
+            now=now - timedelta(days=1),
+        )
         for i in range(40)
     ]
     cycle.drain(engine, utcnow(), 1000)

@@ -25,7 +25,9 @@ def empty_engine(pg_admin_url):
     dsn = make_url(pg_admin_url).set(drivername="postgresql").render_as_string(hide_password=False)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
-    engine = make_engine(make_url(pg_admin_url).set(database=name).render_as_string(hide_password=False))
+    engine = make_engine(
+        make_url(pg_admin_url).set(database=name).render_as_string(hide_password=False)
+    )
     yield engine
     engine.dispose()
     with psycopg.connect(dsn, autocommit=True) as conn:

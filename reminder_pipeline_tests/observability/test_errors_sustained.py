@@ -37,9 +37,14 @@ def _poison_attempt(engine) -> None:
 def _record(engine, finished_at: datetime, **counts: int) -> None:
     """A ledger row for a cycle that finished at ``finished_at`` with these counts."""
     error = counts.pop("error", None)
-    ledger.record_cycle(engine, f"run-{finished_at:%H%M%S}", CycleCounts(**counts),
-                        started_at=finished_at - timedelta(seconds=5), finished_at=finished_at,
-                        error=RuntimeError("x") if error else None)
+    ledger.record_cycle(
+        engine,
+        f"run-{finished_at:%H%M%S}",
+        CycleCounts(**counts),
+        started_at=finished_at - timedelta(seconds=5),
+        finished_at=finished_at,
+        error=RuntimeError("x") if error else None,
+    )
 
 
 def test_errors_sustained_since_walks_back_until_a_five_minute_gap():
@@ -107,8 +112,9 @@ def test_a_row_failing_twice_is_held_back_until_skipped_whatever_the_back_off(en
 def test_errors_fail_the_check_only_after_ten_minutes_without_a_five_minute_gap(engine):
     minute = timedelta(minutes=1)
     # A failed cycle, a poison item, refused deliveries: one error every 3 minutes for 12 minutes.
-    for k, counts in enumerate([{"error": 1}, {"failed": 1}, {"publish_failed": 4}, {"failed": 1},
-                                {"publish_failed": 2}]):
+    for k, counts in enumerate(
+        [{"error": 1}, {"failed": 1}, {"publish_failed": 4}, {"failed": 1}, {"publish_failed": 2}]
+    ):
         _record(engine, T0 + 3 * k * minute, **counts)
 
     assert health.errors(engine, T0 + 9 * minute).passed  # going on for 9 minutes: not yet

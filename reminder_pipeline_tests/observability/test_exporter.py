@@ -219,8 +219,9 @@ def test_scrape_shows_no_row_level_data(engine, publisher, metrics):
     assert str(row["id"]) not in text and str(event_id) not in text
     labels = {
         part.split("=")[0]
-        for line in text.splitlines() if "{" in line and not line.startswith("#")
-        for part in line[line.index("{") + 1:line.index("}")].split(",")
+        for line in text.splitlines()
+        if "{" in line and not line.startswith("#")
+        for part in line[line.index("{") + 1 : line.index("}")].split(",")
     }
     assert labels <= {"result", "kind", "le"}
 
@@ -240,8 +241,13 @@ def test_serve_forever_serves_until_sigterm_then_exits_cleanly(engine, publisher
         "sys.exit(serve_forever(settings, endpoints))\n"
     )
     env = {**os.environ, "DATABASE_URL": database_url, "REMINDER_METRICS_PORT": str(port)}
-    process = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-c", code],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         url = f"http://127.0.0.1:{port}/metrics"
         deadline = time.monotonic() + 30

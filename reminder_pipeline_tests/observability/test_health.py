@@ -27,8 +27,13 @@ def _by_name(engine, now=None) -> dict[str, health.HealthCheck]:
 
 def test_a_fresh_system_is_not_live_and_otherwise_clean(engine):
     checks = _by_name(engine)
-    assert list(checks) == ["dispatch_liveness", "no_overdue_reminders", "dispatch_errors",
-                            "outbox_backlog", "lateness_slo"]
+    assert list(checks) == [
+        "dispatch_liveness",
+        "no_overdue_reminders",
+        "dispatch_errors",
+        "outbox_backlog",
+        "lateness_slo",
+    ]
     assert not checks["dispatch_liveness"].passed
     assert checks["dispatch_liveness"].metadata["seconds_since_last_success"] is None
     assert all(c.passed for name, c in checks.items() if name != "dispatch_liveness")
@@ -118,7 +123,8 @@ def _headings(markdown: Path) -> set[str]:
     """GitHub-style anchors of the file's headings."""
     return {
         re.sub(r"\s", "-", re.sub(r"[^\w\s-]", "", line.lstrip("#").strip().lower()))
-        for line in markdown.read_text().splitlines() if line.startswith("#")
+        for line in markdown.read_text().splitlines()
+        if line.startswith("#")
     }
 
 

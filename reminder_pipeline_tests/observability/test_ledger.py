@@ -63,8 +63,9 @@ def test_each_cycle_writes_one_row_with_its_counts_and_histograms(engine, publis
     assert row["started_at"] <= report.as_of <= row["finished_at"]
     assert row["duration_seconds"] == pytest.approx(report.counts.duration_ms / 1000)
     assert sum(row["duration_buckets"]) == 1
-    lateness = sorted((r["sent_at"] - r["due_at"]).total_seconds()
-                      for e in events for r in reminders(engine, e))
+    lateness = sorted(
+        (r["sent_at"] - r["due_at"]).total_seconds() for e in events for r in reminders(engine, e)
+    )
     assert row["lateness_count"] == 2
     assert row["lateness_sum"] == pytest.approx(sum(lateness), abs=0.01)
     assert row["lateness_buckets"] == ledger.bucket_counts(lateness, LATE)
@@ -73,8 +74,9 @@ def test_each_cycle_writes_one_row_with_its_counts_and_histograms(engine, publis
     assert [r["sent"] for r in _rows(engine)] == [2, 0]
 
 
-def test_a_failed_ledger_write_is_logged_and_never_fails_the_cycle(engine, publisher, monkeypatch,
-                                                                   caplog):
+def test_a_failed_ledger_write_is_logged_and_never_fails_the_cycle(
+    engine, publisher, monkeypatch, caplog
+):
     make_due_event(engine, minutes_overdue=1)
 
     def broken(conn, record):
@@ -111,12 +113,17 @@ def test_a_failed_dispatch_is_recorded_in_its_own_transaction(engine, publisher,
 
 def test_record_cycle_for_a_dagster_op_times_the_cycle_from_its_start(engine):
     started = datetime.now(UTC) - timedelta(seconds=4)
-    counts = CycleCounts(sent=3, skipped=1, batches=2, published=3,
-                         lateness_seconds=[10.0, 20.0, 200.0])
+    counts = CycleCounts(
+        sent=3, skipped=1, batches=2, published=3, lateness_seconds=[10.0, 20.0, 200.0]
+    )
 
     # The ops carry their start as epoch seconds (wall clock, across step processes).
-    assert ledger.record_cycle(engine, "dagster-run-1", counts, started_at=started.timestamp(),
-                               as_of=started) is True
+    assert (
+        ledger.record_cycle(
+            engine, "dagster-run-1", counts, started_at=started.timestamp(), as_of=started
+        )
+        is True
+    )
     [row] = _rows(engine)
 
     assert 4 <= row["duration_seconds"] < 10
@@ -129,8 +136,9 @@ def test_roll_up_folds_old_rows_into_the_totals_and_keeps_recent_ones(engine):
     for days_ago, error in ((3, None), (2, "OperationalError"), (0, None)):
         at = now - timedelta(days=days_ago)
         counts = CycleCounts(sent=2, lateness_seconds=[5, 50])
-        ledger.record_cycle(engine, f"run-{days_ago}", counts, started_at=at, finished_at=at,
-                            error=error)
+        ledger.record_cycle(
+            engine, f"run-{days_ago}", counts, started_at=at, finished_at=at, error=error
+        )
 
     # Each write already rolled up what was older than the retention (1 day).
     assert [r["run_id"] for r in _rows(engine)] == ["run-0"]
@@ -140,7 +148,8 @@ def test_roll_up_folds_old_rows_into_the_totals_and_keeps_recent_ones(engine):
         assert totals["lateness_buckets"] == [2 * c for c in ledger.bucket_counts([5, 50], LATE)]
         assert totals["last_success_at"] == now - timedelta(days=3)
         assert totals["rolled_up_until"] == now - timedelta(days=2)
-        merged = metrics_repository.ledger_totals(conn, len(ledger.DURATION_BUCKETS) + 1,
-                                                  len(LATE) + 1)
+        merged = metrics_repository.ledger_totals(
+            conn, len(ledger.DURATION_BUCKETS) + 1, len(LATE) + 1
+        )
     assert (merged.cycles, merged.cycles_failed, merged.sent, merged.lateness_count) == (3, 1, 6, 6)
     assert merged.last_success_at == now

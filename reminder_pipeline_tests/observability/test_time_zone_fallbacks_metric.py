@@ -23,13 +23,15 @@ from . import exporter_settings, scrape
 
 def _cycle(engine, fallbacks: int, finished_at: datetime) -> None:
     counts = CycleCounts(sent=fallbacks + 1, time_zone_fallbacks=fallbacks)
-    assert ledger.record_cycle(engine, "run-tz", counts, started_at=finished_at,
-                               finished_at=finished_at)
+    assert ledger.record_cycle(
+        engine, "run-tz", counts, started_at=finished_at, finished_at=finished_at
+    )
 
 
 def test_build_record_carries_the_cycles_fallback_count():
-    record = ledger.build_record("r", CycleCounts(sent=3, time_zone_fallbacks=2),
-                                 started_at=datetime.now(UTC))
+    record = ledger.build_record(
+        "r", CycleCounts(sent=3, time_zone_fallbacks=2), started_at=datetime.now(UTC)
+    )
     assert record.time_zone_fallbacks == 2
     assert ledger.build_record("r", None, started_at=0.0).time_zone_fallbacks == 0
 
@@ -40,9 +42,13 @@ def test_fallbacks_are_counted_per_cycle_and_survive_a_roll_up(engine, database_
     _cycle(engine, 0, now - timedelta(minutes=1))
     _cycle(engine, 1, now)
     with engine.connect() as conn:
-        stored = conn.execute(
-            sa.select(dispatch_cycles.c.time_zone_fallbacks).order_by(dispatch_cycles.c.id)
-        ).scalars().all()
+        stored = (
+            conn.execute(
+                sa.select(dispatch_cycles.c.time_zone_fallbacks).order_by(dispatch_cycles.c.id)
+            )
+            .scalars()
+            .all()
+        )
     assert stored == [2, 0, 1]
 
     settings, endpoints = exporter_settings(database_url)

@@ -105,13 +105,17 @@ def test_no_current_span_means_no_trace_headers():
 
 def test_exporting_is_off_unless_an_otlp_endpoint_is_set():
     quiet = tracing._build_provider({})
-    assert not [p for p in quiet._active_span_processor._span_processors
-                if isinstance(p, BatchSpanProcessor)]
+    assert not [
+        p
+        for p in quiet._active_span_processor._span_processors
+        if isinstance(p, BatchSpanProcessor)
+    ]
     assert quiet.resource.attributes["service.name"] == tracing.SERVICE_NAME
     quiet.shutdown()
 
-    exporting = tracing._build_provider({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318",
-                                         "OTEL_SERVICE_NAME": "x"})
+    exporting = tracing._build_provider(
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318", "OTEL_SERVICE_NAME": "x"}
+    )
     processors = exporting._active_span_processor._span_processors
     assert [type(p) for p in processors] == [BatchSpanProcessor]
     exporting.shutdown()  # nothing was recorded, so nothing is sent

@@ -62,10 +62,12 @@ def test_a_broker_outage_keeps_liveness_and_fires_the_outbox_backlog(engine, dat
     assert health.liveness(engine, now).passed
     assert health.outbox_backlog(engine, now).passed  # written seconds ago: within 2 minutes
     with engine.begin() as conn:  # as the outage goes on, the oldest message ages
-        conn.execute(sa.text(
-            "UPDATE outbox SET created_at = created_at - interval '3 minutes' WHERE id = "
-            "(SELECT min(id) FROM outbox)"
-        ))
+        conn.execute(
+            sa.text(
+                "UPDATE outbox SET created_at = created_at - interval '3 minutes' WHERE id = "
+                "(SELECT min(id) FROM outbox)"
+            )
+        )
     backlog = health.outbox_backlog(engine, now)
     assert not backlog.passed
     assert backlog.metadata["unpublished"] == 3

@@ -47,7 +47,7 @@ def plain_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
             [*pip, *args], check=False, capture_output=True, text=True, timeout=1200
         )
         assert result.returncode == 0, result.stdout + result.stderr[-3000:]
-    yield venv
+    return venv
 
 
 def run(venv: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

@@ -53,7 +53,12 @@ def test_decision_follows_the_event_status(status, action):
 def test_only_pending_rows_move_and_terminal_states_stay():
     check_transition("Pending", "Sent")
     check_transition("Pending", "Skipped")
-    for current, target in [("Sent", "Pending"), ("Skipped", "Sent"), ("Sent", "Skipped"), ("Pending", "Pending")]:
+    for current, target in [
+        ("Sent", "Pending"),
+        ("Skipped", "Sent"),
+        ("Sent", "Skipped"),
+        ("Pending", "Pending"),
+    ]:
         with pytest.raises(TransitionError):
             check_transition(current, target)
 
@@ -76,7 +81,9 @@ def test_payload_nulls_optional_fields():
 def test_start_at_is_rendered_in_utc_whatever_the_input_offset():
     msk = timezone(timedelta(hours=3))
     assert iso_utc(datetime(2026, 12, 1, 12, 30, tzinfo=msk)) == "2026-12-01T09:30:00Z"
-    assert iso_utc(datetime(2026, 12, 1, 9, 30, 0, 500, tzinfo=UTC)) == "2026-12-01T09:30:00.000500Z"
+    assert (
+        iso_utc(datetime(2026, 12, 1, 9, 30, 0, 500, tzinfo=UTC)) == "2026-12-01T09:30:00.000500Z"
+    )
 
 
 def test_unknown_kind_is_allowed_by_the_additive_contract():
@@ -120,8 +127,18 @@ def test_headers_carry_version_type_and_reminder_id():
 
 @pytest.mark.parametrize(
     "zone",
-    ["Mars/Olympus_Mons", "", "../../etc/passwd", "localtime", "posixrules", "Factory",
-     "posix/Europe/Moscow", "right/UTC", "europe/moscow", None],
+    [
+        "Mars/Olympus_Mons",
+        "",
+        "../../etc/passwd",
+        "localtime",
+        "posixrules",
+        "Factory",
+        "posix/Europe/Moscow",
+        "right/UTC",
+        "europe/moscow",
+        None,
+    ],
 )
 def test_a_zone_that_is_not_canonical_iana_is_sent_as_utc_never_held_back(zone):
     # The time-zone policy: the reminder matters more than its wording (docs/design.md).
@@ -133,8 +150,10 @@ def test_a_zone_that_is_not_canonical_iana_is_sent_as_utc_never_held_back(zone):
     assert len(plan.time_zone_fallbacks) == 1
 
 
-@pytest.mark.parametrize("zone", ["Europe/Moscow", "UTC", "America/Argentina/ComodRivadavia",
-                                  "Europe/Kiev", "Etc/GMT+12"])
+@pytest.mark.parametrize(
+    "zone",
+    ["Europe/Moscow", "UTC", "America/Argentina/ComodRivadavia", "Europe/Kiev", "Etc/GMT+12"],
+)
 def test_a_canonical_zone_is_sent_as_is(zone):
     assert build_payload(reminder(time_zone=zone))["TimeZone"] == zone
     assert plan_batch([reminder(time_zone=zone)]).time_zone_fallbacks == []
@@ -151,4 +170,6 @@ def test_the_plan_decides_each_row_on_its_own_state():
     assert [p.reminder_id for p in plan.poison] == [poison.reminder_id]
     assert "Kind" in plan.poison[0].error
     assert [(r.reminder_id, s.value) for r, s, _ in plan.transitions()] == [
-        (live.reminder_id, "Sent"), (closed.reminder_id, "Skipped")]
+        (live.reminder_id, "Sent"),
+        (closed.reminder_id, "Skipped"),
+    ]

@@ -37,7 +37,9 @@ def test_a_batch_record_is_one_line_per_item_with_the_common_fields(captured):
 
 def test_an_item_cannot_shadow_a_common_field_into_invalid_json(captured):
     logger, stream = captured
-    logs.events(logger, logging.INFO, "reminder skipped", [{"msg": "other", "x": 1}, {}], run_id="r")
+    logs.events(
+        logger, logging.INFO, "reminder skipped", [{"msg": "other", "x": 1}, {}], run_id="r"
+    )
     first, second = (json.loads(line) for line in stream.getvalue().splitlines())
     assert first["msg"] == "other" and first["x"] == 1  # the item wins, once
     assert second["msg"] == "reminder skipped"

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from reminder_pipeline.domain.model import ClaimedMessage
 from reminder_pipeline.messaging.kafka import DeliveryResult
 from reminder_pipeline.messaging.relay import acknowledged_in_key_order
-from reminder_pipeline.domain.model import ClaimedMessage
 
 
 def msg(outbox_id: int, key: str) -> ClaimedMessage:

@@ -95,7 +95,7 @@ def test_as_of_is_iso_8601_with_a_zone_and_never_in_the_future():
 def test_the_environment_uses_the_same_checks_and_names_the_variable():
     with pytest.raises(ConfigError, match=r"^REMINDER_BATCH_SIZE=0 is out of range \[1, 10000\]$"):
         Settings.from_env({"REMINDER_BATCH_SIZE": "0"})
-    with pytest.raises(ConfigError, match="^REMINDER_CYCLE_BUDGET_SECONDS=nan is not a finite"):
+    with pytest.raises(ConfigError, match=r"^REMINDER_CYCLE_BUDGET_SECONDS=nan is not a finite"):
         Settings.from_env({"REMINDER_CYCLE_BUDGET_SECONDS": "nan"})
 
 

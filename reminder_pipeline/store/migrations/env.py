@@ -1,4 +1,4 @@
-"""Alembic environment: runs on the connection handed over by :mod:`reminder_pipeline.store.migrate`."""
+"""Alembic environment: runs on the connection that :mod:`reminder_pipeline.store.migrate` gives."""
 
 from alembic import context
 

@@ -1,4 +1,4 @@
-"""Dispatch metrics ledger: dispatch_cycles (a row per cycle) and dispatch_metric_totals (rolled-up past).
+"""Dispatch metrics ledger: dispatch_cycles (a row per cycle), dispatch_metric_totals (rolled up).
 
 Revision ID: 0002
 Revises: 0001
@@ -54,12 +54,20 @@ def upgrade() -> None:
         sa.Column("published", sa.BigInteger(), server_default="0", nullable=False),
         sa.Column("publish_failed", sa.BigInteger(), server_default="0", nullable=False),
         sa.Column("duration_sum", sa.Double(), server_default="0", nullable=False),
-        sa.Column("duration_buckets", sa.ARRAY(sa.BigInteger()), server_default=EMPTY_COUNTS,
-                  nullable=False),
+        sa.Column(
+            "duration_buckets",
+            sa.ARRAY(sa.BigInteger()),
+            server_default=EMPTY_COUNTS,
+            nullable=False,
+        ),
         sa.Column("lateness_sum", sa.Double(), server_default="0", nullable=False),
         sa.Column("lateness_count", sa.BigInteger(), server_default="0", nullable=False),
-        sa.Column("lateness_buckets", sa.ARRAY(sa.BigInteger()), server_default=EMPTY_COUNTS,
-                  nullable=False),
+        sa.Column(
+            "lateness_buckets",
+            sa.ARRAY(sa.BigInteger()),
+            server_default=EMPTY_COUNTS,
+            nullable=False,
+        ),
         sa.Column("last_success_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("rolled_up_until", sa.DateTime(timezone=True), nullable=True),
         sa.CheckConstraint("id = 1", name="ck_dispatch_metric_totals_singleton"),
