@@ -172,6 +172,19 @@ def _require_schema(engine: Engine) -> None:
         )
 
 
+@contextmanager
+def _database(*, schema: bool = True) -> Iterator[Engine]:
+    """The app database for one command: reachable, at this code's schema unless ``schema`` is
+    False (the migration commands), disposed afterwards."""
+    _, engine = _open(_settings())
+    try:
+        if schema:
+            _require_schema(engine)
+        yield engine
+    finally:
+        engine.dispose()
+
+
 def _publisher(settings: Settings, bootstrap_servers: str | None) -> KafkaPublisher:
     from ..messaging.kafka import KafkaPublisher, ensure_topic
 
@@ -433,12 +446,8 @@ def poison_list(limit: int, as_json: bool) -> int:
     """Pending rows with failed attempts, oldest due first, with their last error."""
     from .. import poison as poison_rows
 
-    _, engine = _open(_settings())
-    try:
-        _require_schema(engine)
+    with _database() as engine:
         rows = poison_rows.list_rows(engine, limit)
-    finally:
-        engine.dispose()
     if as_json:
         print_json(rows)
     else:
@@ -454,12 +463,8 @@ def _poison_change(action: str, reminder_id: uuid.UUID, force: bool) -> int:
     """Retry or skip one row in its own transaction; refuse a row that has not failed."""
     from .. import poison as poison_rows
 
-    _, engine = _open(_settings())
-    try:
-        _require_schema(engine)
+    with _database() as engine:
         done = poison_rows.change(engine, action, reminder_id, actor=_operator(), force=force)
-    finally:
-        engine.dispose()
     if done.changed:
         print(f"poison {action}: done ({reminder_id})", flush=True)
         return EXIT_OK
@@ -520,12 +525,8 @@ def outbox_purge(retention_hours: float, batch_size: int, as_json: bool) -> int:
     """Delete published outbox rows past the retention, in small batches; never unpublished ones."""
     from ..retention import purge_outbox
 
-    _, engine = _open(_settings())
-    try:
-        _require_schema(engine)
+    with _database() as engine:
         deleted = purge_outbox(engine, timedelta(hours=retention_hours), batch_size=batch_size)
-    finally:
-        engine.dispose()
     _audit(
         "outbox purged by an operator",
         "outbox purge",
@@ -568,12 +569,9 @@ def db_upgrade(as_json: bool) -> int:
     """Migrate the schema to this code's head (the owner role; the dispatcher never does)."""
     from ..store import migrate
 
-    _, engine = _open(_settings())
-    try:
+    with _database(schema=False) as engine:
         migrate.upgrade(engine)
         data = _revision_line(engine)
-    finally:
-        engine.dispose()
     _print_revision(data, as_json)
     return EXIT_OK
 
@@ -582,11 +580,8 @@ def db_upgrade(as_json: bool) -> int:
 @json_option
 def db_current(as_json: bool) -> int:
     """Show the schema's revision and this code's head."""
-    _, engine = _open(_settings())
-    try:
+    with _database(schema=False) as engine:
         data = _revision_line(engine)
-    finally:
-        engine.dispose()
     _print_revision(data, as_json)
     return EXIT_OK
 
@@ -614,13 +609,10 @@ def db_downgrade(revision: str, yes: bool) -> int:
         raise ConfigError(
             f"db downgrade {revision} drops schema objects and their data: add --yes to confirm"
         )
-    _, engine = _open(_settings())
-    try:
+    with _database(schema=False) as engine:
         before = migrate.current_revision(engine)
         migrate.downgrade(engine, revision)
         data = _revision_line(engine)
-    finally:
-        engine.dispose()
     _audit("schema downgraded", "db downgrade", from_revision=before, to_revision=data["current"])
     _print_revision(data, as_json=False)
     return EXIT_OK
@@ -812,12 +804,8 @@ def demo(overdue: int, upcoming: int, as_json: bool) -> int:
     """Seed demo events (a development database; needs the migrated schema)."""
     from .. import demo as demo_data
 
-    _, engine = _open(_settings())
-    try:
-        _require_schema(engine)
+    with _database() as engine:
         data = demo_data.seed(engine, overdue=overdue, upcoming=upcoming)
-    finally:
-        engine.dispose()
     if as_json:
         print_json(data)
     else:
