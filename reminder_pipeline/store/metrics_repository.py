@@ -160,16 +160,7 @@ def roll_up(
     for row in moved:
         new["cycles"] += 1
         new["cycles_failed"] += 0 if row.succeeded else 1
-        for name in (
-            "sent",
-            "skipped",
-            "skipped_locked",
-            "failed",
-            "published",
-            "publish_failed",
-            "lateness_count",
-            "time_zone_fallbacks",
-        ):
+        for name in _COUNTERS[2:]:  # the per-row counts (cycles and failed cycles: above)
             new[name] += int(getattr(row, name))
         new["duration_sum"] += float(row.duration_seconds)
         new["lateness_sum"] += float(row.lateness_sum)
