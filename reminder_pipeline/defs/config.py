@@ -8,62 +8,90 @@ the CLI and the environment give, before a run exists (Launchpad, GraphQL, sched
 # No ``from __future__ import annotations``: Dagster reads the fields' annotations.
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any, ClassVar, Literal, Optional
 
 import pydantic
 from dagster import Config, ConfigMapping, DagsterInvalidConfigError, OpDefinition
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, model_validator
 
 from .. import config as settings
 
 
+class CheckedConfig(Config):
+    """Run config whose values pass the plain validators in ``checks`` (field -> check)."""
+
+    checks: ClassVar[Mapping[str, Callable[[Any], Any]]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _checked(cls, values: Any) -> Any:
+        if not isinstance(values, Mapping):
+            return values
+        return {
+            k: cls.checks[k](v) if k in cls.checks and v is not None else v
+            for k, v in values.items()
+        }
+
+
 def describe_validation_error(error: pydantic.ValidationError) -> str:
-    """One line per error, joined: ``field=value: reason`` (our own messages as they are)."""
+    """One line per error, joined: our own messages as they are, else ``field=value: reason``."""
     parts = []
     for item in error.errors():
-        name = ".".join(str(p) for p in item.get("loc", ())) or "config"
+        name = ".".join(str(p) for p in item.get("loc", ()))
         message = str(item.get("msg", "invalid")).removeprefix("Value error, ")
-        parts.append(
-            message if message.startswith(name) else f"{name}={item.get('input')!r}: {message}"
-        )
+        keep = not name or message.startswith(name)
+        parts.append(message if keep else f"{name}={item.get('input')!r}: {message}")
     return "; ".join(parts)
+
+
+def checked(job_name: str, config_cls: type[Config], values: Mapping[str, Any]) -> Config:
+    """``values`` as ``config_cls``, or the job's one-line refusal."""
+    try:
+        return config_cls(**values)
+    except pydantic.ValidationError as error:
+        # A DagsterError crosses Dagster's user-code boundary unwrapped: the Launchpad shows this
+        # line instead of "the config mapping function has thrown an unexpected error".
+        raise DagsterInvalidConfigError(
+            f"{job_name} run config refused: {describe_validation_error(error)}", [], dict(values)
+        ) from None
 
 
 def validated(job_name: str, config_cls: type[Config], op_def: OpDefinition) -> ConfigMapping:
     """The job's run config: the fields of ``config_cls`` at the top level, checked by it."""
 
     def to_op_config(values: Mapping[str, Any]) -> dict[str, Any]:
-        try:
-            checked = config_cls(**values)
-        except pydantic.ValidationError as error:
-            # A DagsterError crosses Dagster's user-code boundary unwrapped: the Launchpad shows
-            # this line instead of "the config mapping function has thrown an unexpected error".
-            raise DagsterInvalidConfigError(
-                f"{job_name} run config refused: {describe_validation_error(error)}",
-                [],
-                dict(values),
-            ) from None
-        op_config = {name: getattr(checked, name) for name in type(checked).model_fields}
-        return {"ops": {op_def.name: {"config": op_config}}}
+        config = checked(job_name, config_cls, values)
+        fields = {name: getattr(config, name) for name in type(config).model_fields}
+        return {"ops": {op_def.name: {"config": fields}}}
 
     return ConfigMapping(config_fn=to_op_config, config_schema=config_cls.to_config_schema())
 
 
-class CycleConfig(Config):
+def _as_of(value: str) -> Optional[str]:
+    # Checked again when the run starts: a queued run may start later.
+    return None if settings.check_as_of(value) is None else value.strip()
+
+
+class CycleConfig(CheckedConfig):
     """One dispatch cycle: the batch size, how many batches to drain, the time budget, AsOf."""
 
-    #: The widest budget the job accepts (the run is failed at its ``dagster/max_runtime``).
-    max_budget_seconds: ClassVar[float] = 240.0
+    checks: ClassVar[Mapping[str, Callable[[Any], Any]]] = {
+        "batch_size": settings.check_batch_size,
+        "max_batches": settings.check_max_batches,
+        "budget_seconds": partial(settings.check_budget_seconds, high=240.0),
+        "as_of": _as_of,
+    }
 
     batch_size: int = Field(
         default=settings.DEFAULT_BATCH_SIZE,
-        description="Rows per batch (each batch one transaction), 1..10,000.",
+        description="Rows per batch (each one transaction), 1..10,000.",
     )
     max_batches: int = Field(
         default=settings.DEFAULT_MAX_BATCHES,
         description="Batches per run (1 = the design's cycle); more drains a "
-        "backlog, publishing as it goes, until the budget is spent.",
+        "backlog, publishing as it goes, until the budget ends.",
     )
     budget_seconds: float = Field(
         default=settings.DEFAULT_CYCLE_BUDGET_SECONDS,
@@ -75,38 +103,19 @@ class CycleConfig(Config):
         "default now; never in the future.",
     )
 
-    @field_validator("batch_size")
-    @classmethod
-    def _batch_size(cls, value: int) -> int:
-        return settings.check_batch_size(value)
-
-    @field_validator("max_batches")
-    @classmethod
-    def _max_batches(cls, value: int) -> int:
-        return settings.check_max_batches(value)
-
-    @field_validator("budget_seconds")
-    @classmethod
-    def _budget(cls, value: float) -> float:
-        return settings.check_budget_seconds(value, high=cls.max_budget_seconds)
-
-    @field_validator("as_of")
-    @classmethod
-    def _as_of(cls, value: Optional[str]) -> Optional[str]:
-        # Checked again when the run starts: a queued run may start later.
-        return None if settings.check_as_of(value) is None else value.strip()
-
 
 class DispatchRunConfig(CycleConfig):
     """``reminder_dispatch``: the design's cycle (one batch of 200, 30 s, at most 90 s)."""
 
-    max_budget_seconds: ClassVar[float] = 90.0
+    checks: ClassVar[Mapping[str, Callable[[Any], Any]]] = {
+        **CycleConfig.checks,
+        "budget_seconds": partial(settings.check_budget_seconds, high=90.0),
+    }
 
 
 class CatchUpRunConfig(CycleConfig):
     """``reminder_catch_up``: drain the backlog, batch after batch, in one run (at most 240 s)."""
 
-    max_budget_seconds: ClassVar[float] = 240.0
     max_batches: int = Field(
         default=settings.MAX_BATCHES,
         description="Batches at most; the run stops earlier when nothing due "
@@ -119,8 +128,20 @@ class CatchUpRunConfig(CycleConfig):
     )
 
 
-class PoisonConfig(Config):
+def _reminder_id(value: str) -> str:
+    try:
+        return str(uuid.UUID(value.strip()))
+    except ValueError:
+        raise ValueError(f"reminder_id {value.strip()!r} is not a UUID") from None
+
+
+class PoisonConfig(CheckedConfig):
     """List the poison rows, or retry / skip one by its reminder id."""
+
+    checks: ClassVar[Mapping[str, Callable[[Any], Any]]] = {
+        "limit": settings.check_poison_limit,
+        "reminder_id": lambda v: _reminder_id(v) if v.strip() else None,
+    }
 
     action: Literal["list", "retry", "skip"] = Field(
         default="list",
@@ -128,35 +149,25 @@ class PoisonConfig(Config):
         "retry: clear the back-off; skip: Skipped, never published.",
     )
     reminder_id: Optional[str] = Field(
-        default=None,
-        validate_default=True,
-        description="The reminder's id (from list); for retry/skip.",
+        default=None, description="The reminder's id (from list); for retry/skip."
     )
     force: bool = Field(default=False, description="Retry/skip a Pending row that never failed.")
     limit: int = Field(default=settings.DEFAULT_POISON_LIMIT, description="Rows listed, 1..1,000.")
 
-    @field_validator("limit")
-    @classmethod
-    def _limit(cls, value: int) -> int:
-        return settings.check_poison_limit(value)
-
-    @field_validator("reminder_id")
-    @classmethod
-    def _reminder_id(cls, value: Optional[str], info: ValidationInfo) -> Optional[str]:
-        action = info.data.get("action", "list")
-        text = (value or "").strip()
-        if not text:
-            if action != "list":
-                raise ValueError(f"reminder_id is required for action {action!r}")
-            return None
-        try:
-            return str(uuid.UUID(text))
-        except ValueError:
-            raise ValueError(f"reminder_id {text!r} is not a UUID") from None
+    @model_validator(mode="after")
+    def _needs_a_row(self) -> "PoisonConfig":
+        if self.action != "list" and self.reminder_id is None:
+            raise ValueError(f"reminder_id is required for action {self.action!r}")
+        return self
 
 
-class RetentionConfig(Config):
+class RetentionConfig(CheckedConfig):
     """Published outbox rows older than ``retention_hours`` go, ``batch_size`` per transaction."""
+
+    checks: ClassVar[Mapping[str, Callable[[Any], Any]]] = {
+        "retention_hours": settings.check_retention_hours,
+        "batch_size": settings.check_purge_batch_size,
+    }
 
     retention_hours: float = Field(
         default=settings.DEFAULT_RETENTION_HOURS,
@@ -166,13 +177,3 @@ class RetentionConfig(Config):
         default=settings.DEFAULT_PURGE_BATCH_SIZE,
         description="Rows per DELETE transaction, 1..10,000.",
     )
-
-    @field_validator("retention_hours")
-    @classmethod
-    def _retention(cls, value: float) -> float:
-        return settings.check_retention_hours(value)
-
-    @field_validator("batch_size")
-    @classmethod
-    def _batch_size(cls, value: int) -> int:
-        return settings.check_purge_batch_size(value)

@@ -16,14 +16,15 @@ and an hour), and a live relay waiting for the advisory lock waits behind one ch
 
 # No ``from __future__ import annotations``: Dagster reads the op's annotations at definition time.
 
+from collections.abc import Callable, Mapping
 from datetime import UTC, date, datetime, timedelta
+from typing import Any, ClassVar
 
-import pydantic
 from dagster import (
     AssetKey,
     AssetMaterialization,
     AssetSpec,
-    Config,
+    DagsterInvalidConfigError,
     DailyPartitionsDefinition,
     Failure,
     MetadataValue,
@@ -35,10 +36,10 @@ from dagster import (
 from pydantic import Field
 
 from .. import republish, retention
-from ..config import MAX_RETENTION_HOURS
+from ..config import check_int, check_number, check_retention_hours
 from ..domain import contract
 from ..logs import FoldingJournal
-from .config import describe_validation_error
+from .config import CheckedConfig, checked
 from .jobs import CONCURRENCY_TAG, KIND_TAG
 from .resources import KafkaResource, PostgresResource
 
@@ -83,29 +84,27 @@ reminder_due_republished = AssetSpec(
 )
 
 
-class RepublishConfig(Config):
+class RepublishConfig(CheckedConfig):
     """How far back days may go, and how the day is sent (the defaults suit a back-fill)."""
+
+    checks: ClassVar[Mapping[str, Callable[[Any], Any]]] = {
+        "retention_hours": check_retention_hours,
+        "chunk_size": lambda v: check_int(v, "chunk_size", 1, 10_000),
+        "lock_wait_seconds": lambda v: check_number(v, "lock_wait_seconds", 1.0, 1200.0),
+    }
 
     retention_hours: float = Field(
         default=retention.DEFAULT_RETENTION.total_seconds() / 3600,
-        ge=1,
-        le=MAX_RETENTION_HOURS,
-        description=(
-            "The outbox retention outbox_retention applies (default 168): days starting before "
-            "now minus this are refused, their rows may already be purged."
-        ),
+        description="The outbox retention outbox_retention applies "
+        "(default 168): older days are refused.",
     )
     chunk_size: int = Field(
         default=republish.DEFAULT_CHUNK_SIZE,
-        ge=1,
-        le=10_000,
-        description="Messages per chunk; the relay lock is held for one chunk at a time.",
+        description="Messages per chunk (the relay lock is held per chunk).",
     )
     lock_wait_seconds: float = Field(
         default=republish.DEFAULT_LOCK_WAIT_SECONDS,
-        ge=1,
-        le=1200,
-        description="How long a chunk waits for the relay lock (a catch-up holds it up to 240 s).",
+        description="How long a chunk waits for the relay lock.",
     )
 
 
@@ -120,13 +119,9 @@ def republish_day(
 ) -> None:
     """One partition (a UTC DueAt day): refused, failed plainly, or materialized with its counts."""
     try:
-        config = RepublishConfig(**context.op_config)
-    except pydantic.ValidationError as error:
-        raise Failure(
-            description=f"{REPUBLISH_JOB_NAME} run config refused: "
-            f"{describe_validation_error(error)}",
-            allow_retries=False,
-        ) from None
+        config = checked(REPUBLISH_JOB_NAME, RepublishConfig, context.op_config)
+    except DagsterInvalidConfigError as refused:
+        raise Failure(description=str(refused), allow_retries=False) from None
     day = date.fromisoformat(context.partition_key)
     tags = context.run.tags
     requester = republish.Requester(context.run_id, tags.get(BACKFILL_ID_TAG), tags.get(USER_TAG))

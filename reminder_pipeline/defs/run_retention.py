@@ -9,10 +9,11 @@ database, so it carries no dispatch concurrency tag.
 
 # No ``from __future__ import annotations``: Dagster reads the op's annotations at definition time.
 
+from collections.abc import Callable, Mapping
 from datetime import timedelta
+from typing import Any, ClassVar
 
 from dagster import (
-    Config,
     DefaultScheduleStatus,
     OpExecutionContext,
     Output,
@@ -28,8 +29,9 @@ from dagster import (
 from pydantic import Field
 
 from .. import run_retention
+from ..config import check_int, check_number
 from ..logs import line
-from .config import validated
+from .config import CheckedConfig, validated
 from .jobs import KIND_TAG
 
 RUN_RETENTION_JOB_NAME = "dagster_run_retention"
@@ -42,29 +44,28 @@ MAX_KEEP_DAYS = 365
 MAX_BATCH_SIZE = 1000
 
 
-class RunRetentionConfig(Config):
+class RunRetentionConfig(CheckedConfig):
     """How old a finished run must be to go, how many runs per batch, and the time budget."""
+
+    checks: ClassVar[Mapping[str, Callable[[Any], Any]]] = {
+        "keep_days": lambda v: check_int(v, "keep_days", 1, MAX_KEEP_DAYS),
+        "batch_size": lambda v: check_int(v, "batch_size", 1, MAX_BATCH_SIZE),
+        "budget_seconds": lambda v: check_number(v, "budget_seconds", 1.0, MAX_BUDGET_SECONDS),
+    }
 
     keep_days: int = Field(
         default=run_retention.DEFAULT_KEEP.days,
-        ge=1,
-        le=MAX_KEEP_DAYS,
-        description="Finished runs created more than this many days ago are deleted (default 14).",
+        description="Finished runs created more than this many days ago go "
+        "(default 14, at most 365).",
     )
     batch_size: int = Field(
         default=run_retention.DEFAULT_BATCH_SIZE,
-        ge=1,
-        le=MAX_BATCH_SIZE,
-        description="Runs looked up per batch (oldest first).",
+        description="Runs looked up per batch (oldest first), 1..1,000.",
     )
     budget_seconds: float = Field(
         default=run_retention.DEFAULT_BUDGET_SECONDS,
-        ge=1.0,
-        le=MAX_BUDGET_SECONDS,
-        description=(
-            f"Stop starting deletions after this many seconds (at most {MAX_BUDGET_SECONDS}, "
-            f"the run is failed after {RUN_RETENTION_MAX_RUNTIME_SECONDS}); the next run resumes."
-        ),
+        description=f"No deletion starts after this many seconds (at "
+        f"most {MAX_BUDGET_SECONDS}); the next run resumes.",
     )
 
 

@@ -132,7 +132,6 @@ def test_a_bad_config_value_is_refused_in_one_line_before_anything_is_read(
     )
     [failure] = [e for e in result.all_events if e.is_step_failure]
     assert failure.step_failure_data.user_failure_data.description == (
-        "reminder_republish run config refused: chunk_size=0: "
-        "Input should be greater than or equal to 1"
+        "reminder_republish run config refused: chunk_size=0 is out of range [1, 10000]"
     )
     assert not [m for m in log_messages(instance, result.run_id) if "republish" in m]

@@ -348,8 +348,8 @@ def test_the_job_records_its_counts_and_survives_its_own_pass(instance, dagster_
 @pytest.mark.parametrize(
     ("config", "fragment"),
     [
-        ({"keep_days": 0}, "keep_days=0: Input should be greater than or equal to 1"),
-        ({"keep_days": 366}, "keep_days=366: Input should be less than or equal to 365"),
+        ({"keep_days": 0}, "keep_days=0 is out of range [1, 365]"),
+        ({"keep_days": 366}, "keep_days=366 is out of range [1, 365]"),
         ({"batch_size": 0}, "batch_size=0"),
         ({"budget_seconds": MAX_BUDGET_SECONDS + 1}, "budget_seconds="),
     ],
