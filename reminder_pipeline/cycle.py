@@ -149,6 +149,27 @@ class CycleReport:
     #: A step re-executed from the UI that only relayed: the sends were the parent run's.
     reexecuted_relay_only: bool = False
 
+    def figures(self) -> dict[str, int | float | bool]:
+        """The cycle's figures as numbers, never None (what the asset plots over runs)."""
+        c = self.counts
+        return {
+            "sent_count": c.sent,
+            "skipped_count": c.skipped,
+            "skipped_locked_count": c.skipped_locked,
+            "failed_count": c.failed,
+            "published_count": self.relay.published,
+            "publish_failed_count": self.relay.failed,
+            "time_zone_fallback_count": c.time_zone_fallbacks,
+            "duration_ms": c.duration_ms,
+            "backlog_remaining": self.backlog_remaining,
+            "oldest_due_age_seconds": float(self.oldest_due_age_seconds or 0),
+            "max_lateness_seconds": float(c.max_lateness_seconds or 0),
+            "outbox_unpublished": self.outbox_unpublished,
+            "batch_size": self.batch_size,
+            "batches": c.batches,
+            "reexecuted_relay_only": self.reexecuted_relay_only,
+        }
+
     def as_dict(self) -> dict[str, Any]:
         """Flat dict for the CLI, logs and metadata."""
         data: dict[str, Any] = self.counts.as_dict()

@@ -9,8 +9,6 @@ nothing for rows that were sent, skipped or cancelled since (docs/design.md).
 
 # No ``from __future__ import annotations``: Dagster reads the ops' annotations when defining them.
 
-from typing import Any
-
 from dagster import AssetMaterialization, Failure, MetadataValue, Out, Output, op
 
 from .. import cycle
@@ -103,7 +101,7 @@ def relay_outbox(context, written: dict, postgres: PostgresResource, kafka: Kafk
     # Yielded, not logged: it is stored before a Failure below ends the step.
     yield AssetMaterialization(
         asset_key=DISPATCH_ASSET_KEY,
-        metadata=materialization_metadata(report),
+        metadata={**report.figures(), "as_of": MetadataValue.timestamp(report.as_of)},
         description=f"{report.counts.sent} sent, {report.counts.skipped} skipped, "
         f"{report.relay.published} published",
     )
@@ -117,26 +115,3 @@ def relay_outbox(context, written: dict, postgres: PostgresResource, kafka: Kafk
             },
         )
     yield Output(report.as_dict())
-
-
-def materialization_metadata(report: cycle.CycleReport) -> dict[str, Any]:
-    """The run's figures as asset metadata; numbers never None, so the UI plots every point."""
-    c = report.counts
-    return {
-        "sent_count": MetadataValue.int(c.sent),
-        "skipped_count": MetadataValue.int(c.skipped),
-        "skipped_locked_count": MetadataValue.int(c.skipped_locked),
-        "failed_count": MetadataValue.int(c.failed),
-        "published_count": MetadataValue.int(report.relay.published),
-        "publish_failed_count": MetadataValue.int(report.relay.failed),
-        "time_zone_fallback_count": MetadataValue.int(c.time_zone_fallbacks),
-        "duration_ms": MetadataValue.int(c.duration_ms),
-        "backlog_remaining": MetadataValue.int(report.backlog_remaining),
-        "oldest_due_age_seconds": MetadataValue.float(float(report.oldest_due_age_seconds or 0)),
-        "max_lateness_seconds": MetadataValue.float(float(c.max_lateness_seconds or 0)),
-        "outbox_unpublished": MetadataValue.int(report.outbox_unpublished),
-        "batch_size": MetadataValue.int(report.batch_size),
-        "batches": MetadataValue.int(c.batches),
-        "as_of": MetadataValue.timestamp(report.as_of),
-        "reexecuted_relay_only": MetadataValue.bool(report.reexecuted_relay_only),
-    }

@@ -62,19 +62,10 @@ class PostgresResource(ConfigurableResource):
 
 
 class KafkaResource(ConfigurableResource):
-    """The broker (``KAFKA_BOOTSTRAP_SERVERS``; ``KAFKA_SECURITY_PROTOCOL``/``KAFKA_SASL_*`` from
-    the environment unless set here): one producer per run. Optional settings are not ``EnvVar``
-    fields, because an unset ``EnvVar`` is an error."""
+    """The broker (``KAFKA_BOOTSTRAP_SERVERS``; its security settings, ``KAFKA_SECURITY_PROTOCOL``
+    and ``KAFKA_SASL_*``, from the environment like the CLI's): one producer per run."""
 
     bootstrap_servers: str = Field(description="host:port[,host:port].")
-    security_protocol: Optional[str] = Field(default=None, description="Default: the environment.")
-    sasl_mechanism: Optional[str] = Field(default=None, description="Default: the environment.")
-    sasl_username: Optional[str] = Field(default=None, description="Default: the environment.")
-    sasl_password: Optional[str] = Field(
-        default=None,
-        description="Default: the environment.",
-        json_schema_extra={"dagster__is_secret": True},
-    )
     message_timeout_ms: int = Field(
         default=15_000, ge=1_000, le=300_000, description="How long the producer retries a message."
     )
@@ -88,21 +79,8 @@ class KafkaResource(ConfigurableResource):
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
         """Validate the settings and create the producer (it connects lazily: cheap)."""
-        env = {
-            **os.environ,
-            **{
-                name: value
-                for name, value in (
-                    ("KAFKA_SECURITY_PROTOCOL", self.security_protocol),
-                    ("KAFKA_SASL_MECHANISM", self.sasl_mechanism),
-                    ("KAFKA_SASL_USERNAME", self.sasl_username),
-                    ("KAFKA_SASL_PASSWORD", self.sasl_password),
-                )
-                if value is not None
-            },
-        }
         try:
-            settings = KafkaSettings.from_env(env, self.bootstrap_servers)
+            settings = KafkaSettings.from_env(os.environ, self.bootstrap_servers)
         except ConfigError as error:
             raise Failure(description=str(error)) from None
         self._publisher = KafkaPublisher(settings, message_timeout_ms=self.message_timeout_ms)

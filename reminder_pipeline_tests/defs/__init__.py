@@ -18,14 +18,8 @@ from reminder_pipeline.orchestrator import INSTANCE_YAML
 
 def resources_for(database_url: str, kafka: KafkaSettings | str, **kafka_overrides: Any) -> dict:
     """Resources on the test's database and broker (``kafka`` may be a dead ``host:port``)."""
-    if isinstance(kafka, KafkaSettings):
-        kafka_resource = KafkaResource(
-            bootstrap_servers=kafka.bootstrap_servers,
-            security_protocol=kafka.security_protocol,
-            **kafka_overrides,
-        )
-    else:
-        kafka_resource = KafkaResource(bootstrap_servers=kafka, **kafka_overrides)
+    servers = kafka.bootstrap_servers if isinstance(kafka, KafkaSettings) else kafka
+    kafka_resource = KafkaResource(bootstrap_servers=servers, **kafka_overrides)
     return {"postgres": PostgresResource(database_url=database_url), "kafka": kafka_resource}
 
 

@@ -182,13 +182,16 @@ def test_a_run_failing_before_the_relay_is_recorded_by_the_failure_sensor(
     assert health.errors(engine, row["finished_at"]).metadata["failed_cycles"] == 1
 
 
-def test_a_run_whose_resources_cannot_start_is_recorded_too(engine, database_url, instance):
+def test_a_run_whose_resources_cannot_start_is_recorded_too(
+    engine, database_url, instance, monkeypatch
+):
     # No step runs (op failure hooks would never fire): the sensor still sees the run fail.
+    monkeypatch.setenv("KAFKA_SECURITY_PROTOCOL", "QUANTUM")  # a bad setting: one-line Failure
     result = reminder_dispatch.execute_in_process(
         instance=instance,
         resources={
             "postgres": PostgresResource(database_url=database_url),
-            "kafka": KafkaResource(bootstrap_servers="127.0.0.1:9", security_protocol="QUANTUM"),
+            "kafka": KafkaResource(bootstrap_servers="127.0.0.1:9"),
         },
         raise_on_error=False,
     )
