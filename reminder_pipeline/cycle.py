@@ -581,6 +581,18 @@ def write(
                 progress=(lambda c: progress(_plus(counts, c))) if progress else None,
             )
             counts.add(more)
+            # The step's summary: in a run's event log a drain's batches are folded.
+            journal.event(
+                logging.INFO,
+                "batches written",
+                run_id=run_id,
+                batches=counts.batches,
+                sent=counts.sent,
+                skipped=counts.skipped,
+                failed=counts.failed,
+                skipped_locked=counts.skipped_locked,
+                published=relay.published,
+            )
         tracing.set_attributes(**counts.as_dict())
     return Written(run_id, counts, relay)
 

@@ -75,12 +75,15 @@ def _reset_signals() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def _command(script: str, module: str) -> list[str]:
-    """The console script next to this interpreter (same venv), else ``python -m module``."""
+def _command(script: str) -> list[str]:
+    """The console script next to this interpreter (same venv), else the one on PATH."""
     candidate = Path(sys.executable).with_name(script)
     if candidate.is_file() and os.access(candidate, os.X_OK):
         return [str(candidate)]
-    return [sys.executable, "-m", module]
+    found = shutil.which(script)
+    if found is None:
+        raise OrchestratorError(f"{script} not found next to {sys.executable} nor on PATH")
+    return [found]
 
 
 def log_tail(path: Path, lines: int = 5) -> str:
@@ -155,7 +158,7 @@ class DagsterStack:
             self._spawn(
                 "daemon",
                 [
-                    *_command("dagster-daemon", "dagster._daemon"),
+                    *_command("dagster-daemon"),
                     "run",
                     "-w",
                     workspace,
@@ -167,7 +170,7 @@ class DagsterStack:
             self._spawn(
                 "webserver",
                 [
-                    *_command("dagster-webserver", "dagster_webserver"),
+                    *_command("dagster-webserver"),
                     "-w",
                     workspace,
                     "-h",
