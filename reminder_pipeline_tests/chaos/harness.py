@@ -8,7 +8,7 @@ import sys
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -92,14 +92,16 @@ def spawn_worker(
     )
 
 
-def final_clean_cycles(engine: Engine, publisher) -> None:
-    """The survivor: cycles until nothing is due (poison rows back off) and all is published."""
+def final_clean_cycles(engine: Engine, publisher) -> datetime:
+    """The survivor: cycles until nothing is due (poison rows back off), nothing is still held by
+    a dying worker's session, and all is published; returns the last cycle's AsOf."""
     for _ in range(1000):
         report = cycle.run_cycle(
             engine, publisher, batch_size=500, max_batches=50, budget_seconds=120
         )
-        if report.counts.sent + report.counts.skipped == 0 and report.relay.failed == 0:
-            return
+        counts = report.counts
+        if counts.sent + counts.skipped + counts.skipped_locked == 0 and report.relay.failed == 0:
+            return report.as_of
     raise AssertionError("the final cycles did not converge")
 
 
@@ -113,9 +115,12 @@ class Verdict:
     duplicates: int
 
 
-def check_invariants(engine: Engine, reader: KafkaReader, scenario: Scenario) -> Verdict:
-    """The promises of the seed, checked on the database and on the topic."""
-    now = utcnow()
+def check_invariants(
+    engine: Engine, reader: KafkaReader, scenario: Scenario, as_of: datetime | None = None
+) -> Verdict:
+    """The design's promises, checked on the database and on the topic, for the rows due before
+    ``as_of`` (the last cycle's; a rescheduled row may fall due after it)."""
+    now = as_of or utcnow()
     with engine.connect() as conn:
         rows = [dict(r._mapping) for r in conn.execute(sa.select(event_reminders))]
         out = [dict(r._mapping) for r in conn.execute(sa.select(outbox))]

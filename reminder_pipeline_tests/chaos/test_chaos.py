@@ -71,8 +71,8 @@ def _chaos(engine, database_url, kafka_settings, publisher, kafka_reader, second
                 p.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 p.kill()
-    final_clean_cycles(engine, publisher)
-    verdict = check_invariants(engine, kafka_reader, scenario)
+    as_of = final_clean_cycles(engine, publisher)
+    verdict = check_invariants(engine, kafka_reader, scenario, as_of)
     print(f"chaos: {changed} {verdict}")
     assert changed["kills"] >= 1
     assert verdict.sent > 0

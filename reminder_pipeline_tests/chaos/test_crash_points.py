@@ -31,8 +31,8 @@ def test_kill_at_each_step_boundary(
     assert worker.returncode == -signal.SIGKILL, f"worker did not reach {point}: {out}"
     assert f"crashing at {point}" in out
 
-    final_clean_cycles(engine, publisher)
-    verdict = check_invariants(engine, kafka_reader, scenario)
+    as_of = final_clean_cycles(engine, publisher)
+    verdict = check_invariants(engine, kafka_reader, scenario, as_of)
     assert verdict.sent > 0 and verdict.skipped > 0 and verdict.poison_pending > 0
     if point == "after_ack":
         assert 0 < verdict.duplicates <= 30  # at most the batch that was in the ack window
