@@ -33,6 +33,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection, Engine
 
+from . import config as settings
 from .domain import contract
 from .domain.model import (
     Action,
@@ -63,25 +64,15 @@ MIN_RELAY_SECONDS = 5.0
 Progress = Callable[[CycleCounts], None]
 
 
-class AsOfInFutureError(ValueError):
-    """``as_of`` later than now would dispatch reminders before they are due."""
-
-
 def now_utc() -> datetime:
     """The system clock, in UTC (the design's AsOf)."""
     return datetime.now(UTC)
 
 
 def check_as_of(as_of: datetime | None, now: datetime | None = None) -> datetime:
-    """Default ``as_of`` to now; refuse a naive or future one."""
+    """Default ``as_of`` to now; refuse a naive or future one (``config.check_as_of``'s lines)."""
     now = now or now_utc()
-    if as_of is None:
-        return now
-    if as_of.tzinfo is None:
-        raise AsOfInFutureError("as_of must carry a time zone (e.g. 2026-11-30T10:00:00Z)")
-    if as_of > now:
-        raise AsOfInFutureError(f"as_of {as_of.isoformat()} is in the future; it must be <= now")
-    return as_of
+    return settings.check_as_of(as_of, now=now) or now
 
 
 # --- the records a cycle hands from step to step (plain values: what Dagster steps store) ------

@@ -8,7 +8,9 @@ at WARNING with who did it, the action and the row.
 
 from __future__ import annotations
 
+import getpass
 import logging
+import os
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +21,14 @@ from .logs import Journal
 from .store import repository
 
 ACTIONS = ("retry", "skip")
+
+
+def os_user() -> str:
+    """Who runs this process (the audit trail of operators' actions)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return f"uid {os.getuid()}"
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,6 @@ migrate: the dispatcher's commands run as the least-privilege role and refuse an
 
 from __future__ import annotations
 
-import getpass
 import logging
 import os
 import signal
@@ -195,10 +194,9 @@ def _publisher(settings: Settings, bootstrap_servers: str | None) -> KafkaPublis
 
 def _operator() -> str:
     """The operator's OS user (the audit trail of destructive commands)."""
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return f"uid {os.getuid()}"
+    from ..poison import os_user
+
+    return os_user()
 
 
 def _audit(message: str, action: str, **fields: Any) -> None:
@@ -919,12 +917,11 @@ def _exit_code(error: BaseException) -> int | None:
     """The documented exit code of an expected failure, else None."""
     from sqlalchemy import exc as sa_exc
 
-    from .. import cycle
     from ..db import DatabaseUnavailable
     from ..orchestrator import OrchestratorError
     from ..services import ServiceError
 
-    if isinstance(error, ConfigError | cycle.AsOfInFutureError):
+    if isinstance(error, ConfigError):
         return EXIT_USAGE
     if isinstance(
         error,

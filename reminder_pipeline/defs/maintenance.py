@@ -7,7 +7,6 @@ dispatch (status predicates, SKIP LOCKED, small batches), so neither waits for t
 
 # No ``from __future__ import annotations``: Dagster reads the ops' annotations at definition time.
 
-import getpass
 import logging
 import time
 from datetime import timedelta
@@ -58,7 +57,7 @@ def poison_rows(context, config: PoisonConfig, postgres: PostgresResource):
             postgres.engine,
             config.action,
             config.reminder_id,
-            actor=context.dagster_run.tags.get("user") or getpass.getuser(),
+            actor=context.dagster_run.tags.get("user") or poison.os_user(),
             force=config.force,
             run_id=context.run_id,
             journal=journal,

@@ -142,6 +142,9 @@ class KafkaPublisher:
                     break
                 except BufferError:  # the local queue is full: serve reports, then retry
                     self._producer.poll(0.05)
+                except KafkaException as error:  # refused at once (too large, a bad topic): that
+                    results[message.id] = str(error)  # row fails; it stays in the outbox
+                    break
         # No poll(0) per message: each one releases and re-takes the GIL, and while another
         # thread runs Python (the dispatcher, during a catch-up) every re-take waits for the
         # interpreter's switch interval. The reports are served by flush() below.

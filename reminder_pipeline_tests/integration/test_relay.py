@@ -129,3 +129,36 @@ def test_a_slow_broker_is_a_delivery_not_a_failed_publish(engine, tmp_path):
             reader.close()
     finally:
         stop()
+
+
+def test_a_message_the_producer_refuses_at_once_is_a_failed_row_not_a_crash(
+    engine, publisher, kafka_reader
+):
+    """librdkafka refuses some messages synchronously (here one over its message.max.bytes):
+    that row fails and stays in the outbox; the relay goes on with the other keys."""
+    import json
+
+    import sqlalchemy as sa
+
+    event_id = make_due_event(engine, minutes_overdue=1)
+    cycle.drain(engine, utcnow(), 200)  # one good row in the outbox, unpublished
+    with engine.begin() as conn:  # a row of another key, too large for the producer
+        conn.execute(
+            sa.text(
+                "INSERT INTO outbox (topic, message_key, payload, reminder_id) "
+                "VALUES (:topic, 'other-key', CAST(:payload AS jsonb), NULL)"
+            ),
+            {
+                "topic": outbox_rows(engine)[0]["topic"],
+                "payload": json.dumps({"x": "y" * 2_000_000}),
+            },
+        )
+
+    result = relay_outbox(engine, publisher, budget_seconds=30)
+
+    assert (result.published, result.failed) == (1, 1)
+    good, huge = outbox_rows(engine)
+    assert good["published_at"] is not None and huge["published_at"] is None
+    assert huge["publish_attempts"] == 1
+    [row] = reminders(engine, event_id)
+    assert len(kafka_reader.wait_for([row["id"]])) == 1
