@@ -8,12 +8,13 @@ from datetime import timedelta
 
 from sqlalchemy.engine import Engine
 
+from .config import DEFAULT_RETENTION_HOURS
 from .logs import event
 from .store import repository
 
 log = logging.getLogger(__name__)
 
-DEFAULT_RETENTION = timedelta(days=7)
+DEFAULT_RETENTION = timedelta(hours=DEFAULT_RETENTION_HOURS)
 
 
 def purge_outbox(

@@ -16,6 +16,7 @@ import psycopg
 import pytest
 from sqlalchemy.engine import Engine, make_url
 
+from reminder_pipeline import orchestrator
 from reminder_pipeline.config import KafkaSettings
 from reminder_pipeline.db import make_engine
 from reminder_pipeline.messaging.kafka import KafkaPublisher, ensure_topic
@@ -79,6 +80,16 @@ def engine(database_url: str) -> Iterator[Engine]:
     engine = make_engine(database_url, pool_size=10)
     yield engine
     engine.dispose()
+
+
+@pytest.fixture
+def dagster_storage_url(pg_admin_url: str) -> Iterator[str]:
+    """Dagster's own database on the test server (psycopg2, as dagster-postgres needs), dropped
+    afterwards."""
+    name = f"rp_dagster_{uuid.uuid4().hex[:10]}"
+    yield orchestrator.ensure_database(pg_admin_url, name)
+    with psycopg.connect(_psycopg_dsn(pg_admin_url), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture(scope="session")

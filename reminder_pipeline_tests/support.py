@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import subprocess
+import sys
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from datetime import time as clock_time
@@ -376,3 +379,33 @@ def publish_two_days(
         unpublished=str(reminders(engine, unpublished)[0]["id"]) if unpublished else None,
         day_before=str(reminders(engine, before)[0]["id"]),
     )
+
+
+# --- the CLI as a process ------------------------------------------------------------------------
+
+#: The settings that name servers: a CLI test passes exactly the ones it means.
+SERVER_VARIABLES = ("DATABASE_URL", "KAFKA_BOOTSTRAP_SERVERS", "DAGSTER_PG_URL")
+
+
+def run_cli(
+    *args: str, env: dict[str, str], command: Sequence[str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``reminder-pipeline ARGS`` (or ``command ARGS``) with exactly the server settings in
+    ``env``, no stdin, its output captured."""
+    base = {k: v for k, v in os.environ.items() if k not in SERVER_VARIABLES}
+    return subprocess.run(
+        [*(command or (sys.executable, "-m", "reminder_pipeline.cli")), *args],
+        env={**base, **env},
+        stdin=subprocess.DEVNULL,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def error_lines(result: subprocess.CompletedProcess[str]) -> list[str]:
+    """The one-line errors the command printed."""
+    return [
+        line for line in result.stderr.splitlines() if line.startswith("reminder-pipeline: error")
+    ]

@@ -14,13 +14,11 @@ the moment the last recipient is notified (the consumer's SLA, < 1 minute), and 
 from __future__ import annotations
 
 import logging
-import threading
-from dataclasses import dataclass
-from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from ..logs import event
+from ..metrics_http import MetricsServer, serve_registry
 from .notifications import MessageProblem, NotificationKind, RecipientRole
 
 log = logging.getLogger(__name__)
@@ -137,27 +135,6 @@ class ConsumerMetrics:
             self.retries.labels(stage)
 
 
-@dataclass
-class MetricsServer:
-    """A running ``/metrics`` endpoint; :meth:`stop` ends it."""
-
-    server: WSGIServer
-    thread: threading.Thread
-    host: str
-    port: int
-
-    @property
-    def url(self) -> str:
-        """The scrape URL."""
-        return f"http://{self.host}:{self.port}/metrics"
-
-    def stop(self) -> None:
-        """Stop serving and wait for the server thread."""
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=10)
-
-
 class MetricsPortUnavailable(OSError):
     """The metrics port cannot be listened on; str() is one line naming it."""
 
@@ -165,10 +142,10 @@ class MetricsPortUnavailable(OSError):
 def serve_metrics(metrics: ConsumerMetrics, host: str, port: int) -> MetricsServer:
     """Serve ``metrics`` on ``http://host:port/metrics`` in a background thread."""
     try:
-        server, thread = start_http_server(port, addr=host, registry=metrics.registry)
+        server = serve_registry(metrics.registry, host, port)
     except OSError as exc:
         raise MetricsPortUnavailable(
             f"--metrics-port {port}: cannot listen on {host}:{port} ({exc.strerror or exc})"
         ) from None
     event(log, logging.INFO, "consumer metrics listening", host=host, port=port)
-    return MetricsServer(server, thread, host, port)
+    return server

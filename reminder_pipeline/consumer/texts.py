@@ -42,28 +42,31 @@ class Texts:
     when: Callable[[datetime, str], str]
 
 
+def offset_units(offset_minutes: int) -> list[tuple[int, str]]:
+    """A positive horizon in whole units, largest first: whole weeks alone (10080 → 1 week),
+    else the days, hours and minutes that are not 0 (1530 → 1 day, 1 hour, 30 minutes)."""
+    weeks, rest = divmod(offset_minutes, 7 * 24 * 60)
+    if rest == 0:
+        return [(weeks, "week")]
+    days, rest = divmod(offset_minutes, 24 * 60)
+    hours, minutes = divmod(rest, 60)
+    return [(n, unit) for n, unit in ((days, "day"), (hours, "hour"), (minutes, "minute")) if n]
+
+
 # -- English ------------------------------------------------------------------------------------
 
-
-def _en_count(n: int, unit: str, article: str) -> str:
-    return f"{article} {unit}" if n == 1 else f"{n} {unit}s"
+_EN_ARTICLE = {"week": "a", "day": "a", "hour": "an", "minute": "a"}
 
 
 def horizon_en(offset_minutes: int) -> str:
     """1440 → "in a day", 60 → "in an hour", 90 → "in 1 hour 30 minutes", 0 → "now"."""
     if offset_minutes <= 0:
         return "now"
-    weeks, rest = divmod(offset_minutes, 7 * 24 * 60)
-    if rest == 0:
-        return "in " + _en_count(weeks, "week", "a")
-    days, rest = divmod(offset_minutes, 24 * 60)
-    hours, minutes = divmod(rest, 60)
-    parts = [(days, "day", "a"), (hours, "hour", "an"), (minutes, "minute", "a")]
-    present = [(n, unit, article) for n, unit, article in parts if n]
-    if len(present) == 1:
-        n, unit, article = present[0]
-        return "in " + _en_count(n, unit, article)
-    return "in " + " ".join(f"{n} {unit}{'' if n == 1 else 's'}" for n, unit, _ in present)
+    units = offset_units(offset_minutes)
+    if len(units) == 1:
+        n, unit = units[0]
+        return "in " + (f"{_EN_ARTICLE[unit]} {unit}" if n == 1 else f"{n} {unit}s")
+    return "in " + " ".join(f"{n} {unit}{'' if n == 1 else 's'}" for n, unit in units)
 
 
 def _when_en(local_start: datetime, zone: str) -> str:
@@ -119,16 +122,10 @@ def horizon_ru(offset_minutes: int) -> str:
     """1440 → «через сутки», 60 → «через час», 90 → «через 1 час 30 минут», 0 → «сейчас»."""
     if offset_minutes <= 0:
         return "сейчас"
-    weeks, rest = divmod(offset_minutes, 7 * 24 * 60)
-    if rest == 0:
-        return _RU_ONE["week"] if weeks == 1 else "через " + _ru_count(weeks, "week")
-    days, rest = divmod(offset_minutes, 24 * 60)
-    hours, minutes = divmod(rest, 60)
-    present = [(n, unit) for n, unit in ((days, "day"), (hours, "hour"), (minutes, "minute")) if n]
-    if len(present) == 1:
-        n, unit = present[0]
-        return _RU_ONE[unit] if n == 1 else "через " + _ru_count(n, unit)
-    return "через " + " ".join(_ru_count(n, unit) for n, unit in present)
+    units = offset_units(offset_minutes)
+    if len(units) == 1 and units[0][0] == 1:
+        return _RU_ONE[units[0][1]]
+    return "через " + " ".join(_ru_count(n, unit) for n, unit in units)
 
 
 def _when_ru(local_start: datetime, zone: str) -> str:

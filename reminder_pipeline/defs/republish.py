@@ -35,8 +35,8 @@ from dagster import (
 )
 from pydantic import Field
 
-from .. import republish, retention
-from ..config import check_int, check_number, check_retention_hours
+from .. import republish
+from ..config import DEFAULT_RETENTION_HOURS, check_int, check_number, check_retention_hours
 from ..domain import contract
 from ..logs import FoldingJournal
 from .config import CheckedConfig, checked
@@ -94,7 +94,7 @@ class RepublishConfig(CheckedConfig):
     }
 
     retention_hours: float = Field(
-        default=retention.DEFAULT_RETENTION.total_seconds() / 3600,
+        default=DEFAULT_RETENTION_HOURS,
         description="The outbox retention outbox_retention applies "
         "(default 168): older days are refused.",
     )

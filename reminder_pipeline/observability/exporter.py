@@ -22,9 +22,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -36,6 +35,7 @@ from sqlalchemy.engine import Engine
 
 from ..config import Settings
 from ..logs import event
+from ..metrics_http import MetricsServer, serve_registry
 from ..runtime import Endpoints
 from ..services import ServiceError
 from ..store import metrics_repository, repository
@@ -275,33 +275,21 @@ class LedgerCollector(Collector):
 class MetricsExporter:
     """A running ``/metrics`` HTTP endpoint; :meth:`stop` shuts it down."""
 
-    def __init__(
-        self,
-        server: WSGIServer,
-        thread: threading.Thread,
-        engine: Engine,
-        host: str,
-        port: int,
-        *,
-        owns_engine: bool,
-    ) -> None:
+    def __init__(self, server: MetricsServer, engine: Engine, *, owns_engine: bool) -> None:
         self._server = server
-        self._thread = thread
         self._engine = engine
         self._owns_engine = owns_engine
-        self.host = host
-        self.port = port
+        self.host = server.host
+        self.port = server.port
 
     @property
     def url(self) -> str:
         """The scrape URL."""
-        return f"http://{self.host}:{self.port}/metrics"
+        return self._server.url
 
     def stop(self) -> None:
         """Stop serving, wait for the server thread, release the database connections."""
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=10)
+        self._server.stop()
         if self._owns_engine:
             self._engine.dispose()
         event(log, logging.INFO, "metrics exporter stopped", port=self.port)
@@ -332,7 +320,7 @@ def start_exporter(
     registry = CollectorRegistry(auto_describe=False)
     registry.register(LedgerCollector(engine))
     try:
-        server, thread = start_http_server(port, addr=host, registry=registry)
+        server = serve_registry(registry, host, port)
     except OSError as exc:
         if owns_engine:
             engine.dispose()
@@ -340,7 +328,7 @@ def start_exporter(
             f"metrics exporter cannot listen on {host}:{port} (REMINDER_METRICS_PORT): {exc}"
         ) from None
     event(log, logging.INFO, "metrics exporter listening", host=host, port=port)
-    return MetricsExporter(server, thread, engine, host, port, owns_engine=owns_engine)
+    return MetricsExporter(server, engine, owns_engine=owns_engine)
 
 
 def serve_forever(settings: Settings, endpoints: Endpoints) -> int:

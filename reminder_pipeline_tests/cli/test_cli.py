@@ -26,31 +26,17 @@ from reminder_pipeline.services import free_port
 from reminder_pipeline.store import migrate
 from reminder_pipeline.store.tables import outbox
 
-from ..support import POISON_KIND, make_due_event, outbox_rows, reminders, utcnow
+from ..support import (
+    POISON_KIND,
+    SERVER_VARIABLES,
+    error_lines,
+    make_due_event,
+    outbox_rows,
+    reminders,
+    run_cli,
+    utcnow,
+)
 from .produce_refusing_broker import produce_refusing_broker
-
-SERVER_VARIABLES = ("DATABASE_URL", "KAFKA_BOOTSTRAP_SERVERS", "DAGSTER_PG_URL")
-
-
-def run_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """``reminder-pipeline ARGS`` with exactly the server settings in ``env``."""
-    base = {k: v for k, v in os.environ.items() if k not in SERVER_VARIABLES}
-    return subprocess.run(
-        [sys.executable, "-m", "reminder_pipeline.cli", *args],
-        env={**base, **env},
-        stdin=subprocess.DEVNULL,
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
-def error_lines(result: subprocess.CompletedProcess[str]) -> list[str]:
-    """The one-line errors the command printed."""
-    return [
-        line for line in result.stderr.splitlines() if line.startswith("reminder-pipeline: error")
-    ]
 
 
 def log_records(result: subprocess.CompletedProcess[str]) -> list[dict]:

@@ -28,6 +28,8 @@ from reminder_pipeline.domain import contract
 from reminder_pipeline.logs import fields_of
 from reminder_pipeline.messaging.kafka import ensure_topic
 
+from .payloads import payload
+
 #: The embedded broker answers a JoinGroup after about half the session timeout: keep it short
 #: here so each test's join costs ~1 s (production keeps the runner's defaults).
 FAST_GROUP = {"session.timeout.ms": 2000, "heartbeat.interval.ms": 250, "fetch.wait.max.ms": 100}
@@ -146,20 +148,7 @@ def new_lane(kafka: KafkaSettings, tmp_path: Path) -> Lane:
 def a_payload(**overrides: Any) -> dict[str, Any]:
     """A valid contract v1 payload for an event starting in two hours (``...`` removes a field)."""
     start = (datetime.now(UTC) + timedelta(hours=2)).replace(microsecond=0)
-    data: dict[str, Any] = {
-        "ReminderId": str(uuid.uuid4()),
-        "EventId": str(uuid.uuid4()),
-        "TenantId": str(uuid.uuid4()),
-        "OwnerUserId": str(uuid.uuid4()),
-        "ClientUserId": None,
-        "Kind": "Meeting",
-        "StartAt": start.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "TimeZone": "Europe/Moscow",
-        "OffsetMinutes": 60,
-        "AppointmentId": None,
-    }
-    data.update(overrides)
-    return {k: v for k, v in data.items() if v is not ...}
+    return payload(**{"StartAt": start.strftime("%Y-%m-%dT%H:%M:%SZ"), **overrides})
 
 
 def read_topic(kafka: KafkaSettings, topic: str, count: int, timeout: float = 15.0) -> list[Any]:

@@ -27,25 +27,9 @@ from reminder_pipeline.domain import contract
 from reminder_pipeline.domain.model import DueReminder
 from reminder_pipeline.domain.payload import build_payload
 
-START = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
+from .payloads import payload
 
-
-def payload(**overrides: Any) -> dict[str, Any]:
-    """A valid contract v1 payload; ``overrides`` replace fields (a value of ... removes one)."""
-    data: dict[str, Any] = {
-        "ReminderId": str(uuid.uuid4()),
-        "EventId": str(uuid.uuid4()),
-        "TenantId": str(uuid.uuid4()),
-        "OwnerUserId": str(uuid.uuid4()),
-        "ClientUserId": None,
-        "Kind": "Meeting",
-        "StartAt": "2026-11-30T10:00:00Z",
-        "TimeZone": "Europe/Moscow",
-        "OffsetMinutes": 60,
-        "AppointmentId": None,
-    }
-    data.update(overrides)
-    return {k: v for k, v in data.items() if v is not ...}
+START = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)  # payload()'s StartAt
 
 
 def raw(data: Any) -> bytes:

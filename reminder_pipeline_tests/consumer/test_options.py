@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import io
 import json
-import uuid
 
 import pytest
 
 from reminder_pipeline.config import Settings
 from reminder_pipeline.consumer.notifications import notifications_for, parse_reminder
 from reminder_pipeline.consumer.runner import ConsumerOptions, StdoutSink, default_dedup_path
+
+from .payloads import payload
 
 
 def test_backoff_doubles_and_is_capped() -> None:
@@ -27,25 +28,14 @@ def test_nonsensical_options_are_refused(kwargs: dict[str, float]) -> None:
 
 
 def test_the_default_sink_prints_one_line_with_ids_kind_and_local_time() -> None:
-    payload = {
-        "ReminderId": str(uuid.uuid4()),
-        "EventId": str(uuid.uuid4()),
-        "TenantId": str(uuid.uuid4()),
-        "OwnerUserId": str(uuid.uuid4()),
-        "ClientUserId": None,
-        "Kind": "Meeting",
-        "StartAt": "2026-11-30T10:00:00Z",
-        "TimeZone": "Europe/Moscow",
-        "OffsetMinutes": 1440,
-        "AppointmentId": None,
-    }
-    (notification,) = notifications_for(parse_reminder(json.dumps(payload))).notifications
+    data = payload(OffsetMinutes=1440)
+    (notification,) = notifications_for(parse_reminder(json.dumps(data))).notifications
     out = io.StringIO()
     StdoutSink(out).deliver(notification)
     (line,) = out.getvalue().splitlines()
-    assert line.startswith(f"CalendarReminder to owner {payload['OwnerUserId']} | ")
+    assert line.startswith(f"CalendarReminder to owner {data['OwnerUserId']} | ")
     assert "Meeting starts in a day, at 2026-11-30 13:00 (Europe/Moscow)" in line
-    assert f"reminder={payload['ReminderId']}" in line and f"event={payload['EventId']}" in line
+    assert f"reminder={data['ReminderId']}" in line and f"event={data['EventId']}" in line
 
 
 def test_the_dedup_file_defaults_to_one_per_group_under_home(tmp_path) -> None:

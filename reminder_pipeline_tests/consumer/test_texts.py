@@ -9,7 +9,6 @@ with ``locale="ru"`` against the real broker and reads what it prints.
 from __future__ import annotations
 
 import json
-import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -20,25 +19,14 @@ from reminder_pipeline.consumer import consume_main, notifications_for, parse_re
 from reminder_pipeline.consumer.texts import KNOWN_KINDS, Locale, horizon_ru, plural_ru, texts
 
 from .lane import Lane, a_payload
+from .payloads import payload
 
 START = "2026-11-30T06:03:00Z"  # 09:03 in Moscow
 
 
 def text_of(locale: str, **overrides: object) -> str:
-    payload = {
-        "ReminderId": str(uuid.uuid4()),
-        "EventId": str(uuid.uuid4()),
-        "TenantId": str(uuid.uuid4()),
-        "OwnerUserId": str(uuid.uuid4()),
-        "ClientUserId": None,
-        "Kind": "Showing",
-        "StartAt": START,
-        "TimeZone": "Europe/Moscow",
-        "OffsetMinutes": 60,
-        "AppointmentId": None,
-        **overrides,
-    }
-    (notification,) = notifications_for(parse_reminder(json.dumps(payload)), locale).notifications
+    data = payload(**{"Kind": "Showing", "StartAt": START, **overrides})
+    (notification,) = notifications_for(parse_reminder(json.dumps(data)), locale).notifications
     return notification.text
 
 

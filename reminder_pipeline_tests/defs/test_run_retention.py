@@ -105,30 +105,24 @@ def tiny_failing():
 
 
 @pytest.fixture
-def dagster_pg_url(pg_admin_url: str) -> Iterator[str]:
-    """Dagster's own database on the test server (psycopg2, as dagster-postgres needs)."""
-    name = f"rp_dagster_{uuid.uuid4().hex[:10]}"
-    url = orchestrator.ensure_database(pg_admin_url, name)
-    yield url
-    dsn = make_url(pg_admin_url).set(drivername="postgresql").render_as_string(hide_password=False)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-@pytest.fixture
-def instance(dagster_pg_url: str, tmp_path: Path) -> Iterator[DagsterInstance]:
+def instance(dagster_storage_url: str, tmp_path: Path) -> Iterator[DagsterInstance]:
     """An instance on PostgreSQL storage with a persistent DAGSTER_HOME (storage dir on disk)."""
-    overrides = {**instance_overrides(), "storage": {"postgres": {"postgres_url": dagster_pg_url}}}
+    overrides = {
+        **instance_overrides(),
+        "storage": {"postgres": {"postgres_url": dagster_storage_url}},
+    }
     home = tmp_path / "dagster_home"
     home.mkdir()
     with instance_for_test(temp_dir=str(home), overrides=overrides) as inst:
         yield inst
 
 
-def backdate(dagster_pg_url: str, run_ids: list[str], by: timedelta) -> None:
+def backdate(dagster_storage_url: str, run_ids: list[str], by: timedelta) -> None:
     """Move runs' creation time back (SQL on Dagster's runs table: tests only, no public API)."""
     dsn = (
-        make_url(dagster_pg_url).set(drivername="postgresql").render_as_string(hide_password=False)
+        make_url(dagster_storage_url)
+        .set(drivername="postgresql")
+        .render_as_string(hide_password=False)
     )
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
@@ -198,13 +192,13 @@ def assert_kept(instance: DagsterInstance, run_id: str) -> None:
 
 
 def test_old_finished_runs_go_with_their_event_logs_outputs_and_compute_logs(
-    instance, dagster_pg_url
+    instance, dagster_storage_url
 ):
     success = executed(instance)
     failure = executed(instance, tiny_failing)
     canceled = canceled_run(instance)
     in_flight = {status: in_flight_run(instance, status) for status in IN_FLIGHT}
-    backdate(dagster_pg_url, [success, failure, canceled, *in_flight.values()], OLD)
+    backdate(dagster_storage_url, [success, failure, canceled, *in_flight.values()], OLD)
     recent = executed(instance)
 
     assert instance.get_run_by_id(success).status is DagsterRunStatus.SUCCESS
@@ -239,10 +233,10 @@ def test_old_finished_runs_go_with_their_event_logs_outputs_and_compute_logs(
     assert_kept(instance, recent)
 
 
-def test_the_retention_run_never_deletes_itself(instance, dagster_pg_url):
+def test_the_retention_run_never_deletes_itself(instance, dagster_storage_url):
     itself = executed(instance)
     other = executed(instance)
-    backdate(dagster_pg_url, [itself, other], OLD)
+    backdate(dagster_storage_url, [itself, other], OLD)
 
     report = run_retention.purge_runs(instance, KEEP, own_run_id=itself)
 
@@ -251,12 +245,12 @@ def test_the_retention_run_never_deletes_itself(instance, dagster_pg_url):
     assert (report.runs_deleted, report.runs_kept_in_use, report.left_for_next_time) == (1, 1, 1)
 
 
-def test_a_run_group_stays_while_its_re_execution_is_in_flight(instance, dagster_pg_url):
+def test_a_run_group_stays_while_its_re_execution_is_in_flight(instance, dagster_storage_url):
     parent = executed(instance)
     sibling = instance.create_run_for_job(
         tiny, status=DagsterRunStatus.SUCCESS, parent_run_id=parent, root_run_id=parent
     ).run_id
-    backdate(dagster_pg_url, [parent, sibling], OLD)
+    backdate(dagster_storage_url, [parent, sibling], OLD)
     # A re-execution from failure loads the parent's step outputs from the parent's directory.
     reexecution = in_flight_run(
         instance, DagsterRunStatus.STARTED, parent_run_id=parent, root_run_id=parent
@@ -278,10 +272,10 @@ def test_a_run_group_stays_while_its_re_execution_is_in_flight(instance, dagster
 
 
 def test_batches_go_oldest_first_and_a_pass_stopped_by_its_budget_is_resumed(
-    instance, dagster_pg_url
+    instance, dagster_storage_url
 ):
     runs = [executed(instance) for _ in range(7)]
-    backdate(dagster_pg_url, runs, OLD)
+    backdate(dagster_storage_url, runs, OLD)
     selection = run_retention.old_finished_runs(run_retention.cutoff_for(KEEP))
 
     def deletions_so_far() -> float:
@@ -307,18 +301,18 @@ def test_batches_go_oldest_first_and_a_pass_stopped_by_its_budget_is_resumed(
     assert not any(run_dir(instance, r).exists() for r in runs)
 
 
-def test_small_batches_cover_every_old_run(instance, dagster_pg_url):
+def test_small_batches_cover_every_old_run(instance, dagster_storage_url):
     runs = [executed(instance) for _ in range(5)]
-    backdate(dagster_pg_url, runs, OLD)
+    backdate(dagster_storage_url, runs, OLD)
 
     report = run_retention.purge_runs(instance, KEEP, batch_size=2)
 
     assert (report.runs_deleted, report.batches, report.directories_removed) == (5, 3, 5)
 
 
-def test_the_job_records_its_counts_and_survives_its_own_pass(instance, dagster_pg_url):
+def test_the_job_records_its_counts_and_survives_its_own_pass(instance, dagster_storage_url):
     old = [executed(instance) for _ in range(2)]
-    backdate(dagster_pg_url, old, OLD)
+    backdate(dagster_storage_url, old, OLD)
     recent = executed(instance)
 
     result = dagster_run_retention.execute_in_process(
@@ -413,9 +407,9 @@ def test_the_shipped_instance_config_bounds_schedule_and_sensor_ticks():
                 assert 0 < days[status] <= 31, (kind, status, days[status])
 
 
-def test_progress_is_reported_while_a_long_pass_runs(instance, dagster_pg_url):
+def test_progress_is_reported_while_a_long_pass_runs(instance, dagster_storage_url):
     runs = [executed(instance) for _ in range(3)]
-    backdate(dagster_pg_url, runs, OLD)
+    backdate(dagster_storage_url, runs, OLD)
     # Every clock reading is 100 s after the one before: more than a minute passes each time.
     ticks = itertools.count(step=100)
     reported: list[dict] = []

@@ -10,19 +10,15 @@ from __future__ import annotations
 import json
 import os
 import time
-import uuid
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
 import psutil
-import psycopg
 import pytest
 import sqlalchemy as sa
 from dagster import AssetCheckKey, DagsterInstance, DagsterRunStatus, RunsFilter
 from dagster._core.storage.tags import SCHEDULE_NAME_TAG, SCHEDULED_EXECUTION_TIME_TAG
 from dagster_graphql import DagsterGraphQLClient, DagsterGraphQLClientError
-from sqlalchemy.engine import make_url
 
 from reminder_pipeline import orchestrator
 from reminder_pipeline.defs.assets import DISPATCH_ASSET_KEY
@@ -43,17 +39,6 @@ FINISHED = [DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus
 # start-up), the second 60 s later; each run takes seconds.
 FIRST_RUN_TIMEOUT = 150.0
 NEXT_RUN_TIMEOUT = 150.0  # one skipped tick (a catch-up run in flight) still fits
-
-
-@pytest.fixture
-def dagster_storage_url(pg_admin_url: str) -> Iterator[str]:
-    """Dagster's own database on the test server, dropped afterwards."""
-    name = f"rp_dagster_{uuid.uuid4().hex[:10]}"
-    url = orchestrator.ensure_database(pg_admin_url, name)
-    yield url
-    dsn = make_url(pg_admin_url).set(drivername="postgresql").render_as_string(hide_password=False)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def _scheduled_runs(instance: DagsterInstance, statuses=None) -> list:

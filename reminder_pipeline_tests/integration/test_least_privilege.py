@@ -14,7 +14,6 @@ import importlib.util
 import json
 import os
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,12 +32,11 @@ from reminder_pipeline.defs.jobs import reminder_dispatch
 from reminder_pipeline.store import migrate
 
 from ..defs import resources_for
-from ..support import POISON_KIND, make_due_event, outbox_rows, reminders
+from ..support import POISON_KIND, make_due_event, outbox_rows, reminders, run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "sql" / "dispatcher_role.sql"
 COMPOSE = ROOT / "docker" / "compose.yaml"
-SERVER_VARIABLES = ("DATABASE_URL", "KAFKA_BOOTSTRAP_SERVERS", "DAGSTER_PG_URL")
 
 
 def psql() -> Path:
@@ -143,19 +141,6 @@ def dispatcher_engine(deployment) -> Iterator[sa.Engine]:
     limited = make_engine(deployment.app_url)
     yield limited
     limited.dispose()
-
-
-def run_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if k not in SERVER_VARIABLES}
-    return subprocess.run(
-        [sys.executable, "-m", "reminder_pipeline.cli", *args],
-        env={**base, **env},
-        stdin=subprocess.DEVNULL,
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def _three_reminders(engine) -> tuple[uuid.UUID, uuid.UUID, uuid.UUID]:

@@ -8,7 +8,6 @@ Dockerfile does), then the project with ``--no-deps``, so nothing else can sneak
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -17,9 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from ..support import error_lines, run_cli
 from . import PRODUCTION_LOCK, ROOT
-
-SERVER_VARIABLES = ("DATABASE_URL", "KAFKA_BOOTSTRAP_SERVERS", "DAGSTER_PG_URL")
 
 
 @pytest.fixture(scope="module")
@@ -51,22 +49,8 @@ def plain_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 def run(venv: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if k not in SERVER_VARIABLES}
-    return subprocess.run(
-        [str(venv / "bin" / "reminder-pipeline"), *args],
-        env={**base, **env},
-        stdin=subprocess.DEVNULL,
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
-def error_lines(result: subprocess.CompletedProcess[str]) -> list[str]:
-    return [
-        line for line in result.stderr.splitlines() if line.startswith("reminder-pipeline: error")
-    ]
+    """The installed ``reminder-pipeline`` console script of ``venv``."""
+    return run_cli(*args, env=env, command=(str(venv / "bin" / "reminder-pipeline"),))
 
 
 def test_the_plain_install_has_no_embedded_server_and_imports_every_module(plain_venv):
