@@ -23,7 +23,6 @@ from reminder_pipeline.republish import HEADER_REPUBLISHED_BY_RUN
 from reminder_pipeline.services import free_port
 from reminder_pipeline_tests.support import publish_two_days, utcnow, wait_for_republished
 
-from .test_daemon import dagster_storage_url  # noqa: F401 - the fixture, shared
 from .ui import CHROMIUM_FLAGS, chromium_path
 
 pytestmark = [pytest.mark.slow]
@@ -75,7 +74,7 @@ def test_a_two_day_backfill_launched_as_from_the_ui_republishes_both_days(
     publisher,
     kafka_settings,
     kafka_reader,
-    dagster_storage_url,  # noqa: F811
+    dagster_storage_url,
     tmp_path: Path,
     artifacts_dir: Path,
     monkeypatch,
