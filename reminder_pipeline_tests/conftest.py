@@ -27,6 +27,18 @@ from .support import KafkaReader
 
 TEMPLATE_DB = "rp_test_template"
 
+#: The session fixtures that start (or reach) a real server; a test using one is in the full tier.
+SERVER_FIXTURES = {"pg_admin_url", "kafka_settings"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test that uses a server fixture ``server`` (a module that starts servers itself
+    says so with ``pytestmark = pytest.mark.server``): the fast tier, ``scripts/test-fast``, is
+    ``-m "not server and not slow and not soak"``."""
+    for item in items:
+        if set(getattr(item, "fixturenames", ())) & SERVER_FIXTURES:
+            item.add_marker(pytest.mark.server)
+
 
 @pytest.fixture(scope="session")
 def pg_admin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:

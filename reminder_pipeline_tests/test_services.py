@@ -22,6 +22,9 @@ from reminder_pipeline.services import (
     port_in_use,
 )
 
+#: Each test starts the embedded servers itself.
+pytestmark = pytest.mark.server
+
 
 def _conninfo(pg: EmbeddedPostgres, dbname: str = "postgres") -> str:
     return f"host={pg.host} port={pg.port} user=postgres dbname={dbname} connect_timeout=5"

@@ -19,6 +19,9 @@ import pytest
 from ..support import error_lines, run_cli
 from . import PRODUCTION_LOCK, ROOT
 
+#: A fresh virtualenv and `pip install .` (about a minute).
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def plain_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
