@@ -101,7 +101,7 @@ def run_pipeline(opts: dict) -> dict:
 def run_dagster(opts: dict) -> dict:
     """``reminder_catch_up`` executed in this process (its in-process executor) on a throwaway
     instance with its storage in PostgreSQL, as dagster.yaml has it; the ops write the cycle's
-    records into the run's event log through their journal (``defs/event_log.py``), and the JSON
+    records into the run's event log through their journal (``logs.FoldingJournal``), and the JSON
     log gets every line, as a run worker's stderr would. Timed from ``execute_in_process`` to its
     return: the run's own overhead (event log, step outputs, the materialization) included, the
     run worker's start excluded."""

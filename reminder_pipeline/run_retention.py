@@ -174,7 +174,7 @@ def pool_connections(instance: DagsterInstance, statement_timeout_ms: int = 60_0
 
     dagster-postgres opens a new connection for every statement by default, and a run's deletion
     takes about eight: a pass deleted 17 runs/s that way and 77 runs/s on pooled connections
-    (benchmarks/dagster_storage.py, README). Other storages ignore it.
+    (benchmarks/dagster_storage.py, docs/operations.md). Other storages ignore it.
     """
     instance.optimize_for_webserver(
         statement_timeout=statement_timeout_ms, pool_recycle=3600, max_overflow=1

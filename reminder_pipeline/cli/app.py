@@ -3,7 +3,7 @@
 Every value is checked by the validators in :mod:`reminder_pipeline.config`, the ones the
 environment and the Dagster run config use, so a bad value is the same one line wherever it comes
 from, naming it as the operator gave it (``--batch-size`` or ``REMINDER_BATCH_SIZE``). Exit codes:
-see :mod:`.output` and the README. Only ``db upgrade`` (and ``up``, the embedded quick start)
+see :mod:`.output` and docs/cli.md. Only ``db upgrade`` (and ``up``, the embedded quick start)
 migrate: the dispatcher's commands run as the least-privilege role and refuse an old schema.
 """
 

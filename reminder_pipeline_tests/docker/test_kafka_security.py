@@ -319,7 +319,7 @@ def test_the_codes_sasl_settings_are_documented() -> None:
         "KAFKA_SASL_USERNAME",
         "KAFKA_SASL_PASSWORD",
     )
-    for document in (ROOT / "README.md", ROOT / "docs" / "contract.md"):
+    for document in (ROOT / "docs" / "deployment.md", ROOT / "docs" / "contract.md"):
         text = document.read_text()
         assert all(name in text for name in names), document
         assert "SCRAM-SHA-512" in text, document

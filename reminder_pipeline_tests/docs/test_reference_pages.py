@@ -1,4 +1,4 @@
-"""The README's Configuration and "From a shell" sections match the code they describe."""
+"""docs/configuration.md and docs/cli.md ("From a shell") match the code they describe."""
 
 from __future__ import annotations
 
@@ -17,14 +17,16 @@ from reminder_pipeline.cli.output import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-README = (ROOT / "README.md").read_text()
+#: The page each section lives on.
+PAGES = {"From a shell": "docs/cli.md", "Configuration": "docs/configuration.md"}
 
 
 def section(title: str) -> str:
-    """The README text from the heading ``title`` to the next heading of the same level."""
-    level = re.search(rf"^(#+) {re.escape(title)}$", README, re.MULTILINE)
-    assert level, f"README has no section {title!r}"
-    rest = README[level.end() :]
+    """The page's text from the heading ``title`` to the next heading of the same level."""
+    text = (ROOT / PAGES[title]).read_text()
+    level = re.search(rf"^(#+) {re.escape(title)}$", text, re.MULTILINE)
+    assert level, f"{PAGES[title]} has no section {title!r}"
+    rest = text[level.end() :]
     following = re.search(rf"^{level.group(1)} ", rest, re.MULTILINE)
     return rest[: following.start()] if following else rest
 
@@ -46,11 +48,11 @@ def test_every_command_option_and_variable_is_in_from_a_shell():
     every = commands()
     assert len(every) >= 15
     for path, command in every.items():
-        assert path.split()[0] in shell, f"`{path}` is not in README's From a shell"
+        assert path.split()[0] in shell, f"`{path}` is not in docs/cli.md"
         for param in command.params:
             if isinstance(param, click.Option):
                 flag = max(param.opts, key=len)
-                assert f"`{flag}`" in shell, f"{path} {flag} is not in README's From a shell"
+                assert f"`{flag}`" in shell, f"{path} {flag} is not in docs/cli.md"
                 if param.envvar:
                     assert f"`{param.envvar}`" in shell, f"{path} {flag}: {param.envvar} missing"
     for param in cli.params:
@@ -81,4 +83,4 @@ def test_every_setting_the_code_reads_is_in_configuration():
     names = set(re.findall(r'"((?:REMINDER|KAFKA|DAGSTER)_[A-Z_]+|DATABASE_URL)"', source))
     assert {"DATABASE_URL", "REMINDER_BATCH_SIZE", "KAFKA_SASL_PASSWORD"} <= names
     missing = sorted(name for name in names if f"`{name}`" not in configuration)
-    assert not missing, f"not in README's Configuration: {missing}"
+    assert not missing, f"not in docs/configuration.md: {missing}"
