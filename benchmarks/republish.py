@@ -23,13 +23,12 @@ from datetime import UTC, datetime, timedelta
 
 import sqlalchemy as sa
 
-from reminder_pipeline.db import make_engine
+from benchmarks._infra import fmt_rate, progress, servers
 from reminder_pipeline.messaging.kafka import KafkaPublisher, ensure_topic
 from reminder_pipeline.messaging.relay import relay_lock, relay_outbox
-from reminder_pipeline.republish import Requester, day_window, republish_day
+from reminder_pipeline.operator_jobs.republish import Requester, day_window, republish_day
 from reminder_pipeline.store import migrate
-
-from ._infra import fmt_rate, progress, servers
+from reminder_pipeline.store.engine import make_engine
 
 SEED = """
 INSERT INTO outbox (topic, message_key, payload, headers, reminder_id, due_at, published_at)

@@ -61,8 +61,8 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
     from ..domain.model import CycleCounts
+    from ..local.endpoints import Endpoints
     from ..messaging.kafka import KafkaPublisher
-    from ..runtime import Endpoints
 
 log = logging.getLogger("reminder_pipeline.cli")
 
@@ -149,8 +149,8 @@ def _settings() -> Settings:
 
 def _open(settings: Settings, *, broker: bool = False) -> tuple[Endpoints, Engine]:
     """The servers the command needs (a URL, else the embedded ones), an engine that answers."""
-    from ..db import check_connection, make_engine
-    from ..runtime import ensure_servers
+    from ..local.endpoints import ensure_servers
+    from ..store.engine import check_connection, make_engine
 
     endpoints = ensure_servers(settings, broker=broker)
     engine = make_engine(endpoints.database_url)
@@ -194,7 +194,7 @@ def _publisher(settings: Settings, bootstrap_servers: str | None) -> KafkaPublis
 
 def _operator() -> str:
     """The operator's OS user (the audit trail of destructive commands)."""
-    from ..poison import os_user
+    from ..operator_jobs.poison import os_user
 
     return os_user()
 
@@ -442,7 +442,7 @@ def poison() -> None:
 @json_option
 def poison_list(limit: int, as_json: bool) -> int:
     """Pending rows with failed attempts, oldest due first, with their last error."""
-    from .. import poison as poison_rows
+    from ..operator_jobs import poison as poison_rows
 
     with _database() as engine:
         rows = poison_rows.list_rows(engine, limit)
@@ -459,7 +459,7 @@ def poison_list(limit: int, as_json: bool) -> int:
 
 def _poison_change(action: str, reminder_id: uuid.UUID, force: bool) -> int:
     """Retry or skip one row in its own transaction; refuse a row that has not failed."""
-    from .. import poison as poison_rows
+    from ..operator_jobs import poison as poison_rows
 
     with _database() as engine:
         done = poison_rows.change(engine, action, reminder_id, actor=_operator(), force=force)
@@ -521,7 +521,7 @@ def outbox() -> None:
 @json_option
 def outbox_purge(retention_hours: float, batch_size: int, as_json: bool) -> int:
     """Delete published outbox rows past the retention, in small batches; never unpublished ones."""
-    from ..retention import purge_outbox
+    from ..operator_jobs.outbox_retention import purge_outbox
 
     with _database() as engine:
         deleted = purge_outbox(engine, timedelta(hours=retention_hours), batch_size=batch_size)
@@ -628,7 +628,7 @@ def services() -> None:
 @json_option
 def services_start(as_json: bool) -> int:
     """Start the embedded servers unless running; print where they are (passwords masked)."""
-    from ..runtime import ensure_servers, require_embedded
+    from ..local.endpoints import ensure_servers, require_embedded
 
     require_embedded()
     endpoints = ensure_servers(_settings())
@@ -646,7 +646,7 @@ def services_start(as_json: bool) -> int:
 @services.command("stop")
 def services_stop() -> int:
     """Stop the embedded servers (harmless when they are not running)."""
-    from ..runtime import require_embedded, stop_servers
+    from ..local.endpoints import require_embedded, stop_servers
 
     require_embedded()
     stop_servers(_settings())
@@ -658,7 +658,7 @@ def services_stop() -> int:
 @json_option
 def services_status(as_json: bool) -> int:
     """Whether the embedded servers run, and where (passwords masked)."""
-    from ..runtime import embedded_broker, embedded_postgres, require_embedded
+    from ..local.endpoints import embedded_broker, embedded_postgres, require_embedded
 
     require_embedded()
     settings = _settings()
@@ -731,7 +731,7 @@ def consume(
     from pathlib import Path
 
     from ..consumer import consume_main
-    from ..runtime import embedded_broker, require_servers
+    from ..local.endpoints import embedded_broker, require_servers
 
     settings = _settings()
     require_servers(settings, database=False)
@@ -800,7 +800,7 @@ def metrics(host: str, port: int) -> int:
 @json_option
 def demo(overdue: int, upcoming: int, as_json: bool) -> int:
     """Seed demo events (a development database; needs the migrated schema)."""
-    from .. import demo as demo_data
+    from ..local import demo as demo_data
 
     with _database() as engine:
         data = demo_data.seed(engine, overdue=overdue, upcoming=upcoming)
@@ -842,8 +842,8 @@ def up(once: bool, no_demo: bool, keep_servers: bool) -> int:
     The quick start (the `embedded` extra): the one command besides `db upgrade` that migrates.
     """
     from .. import cycle
-    from .. import demo as demo_data
-    from ..runtime import require_embedded
+    from ..local import demo as demo_data
+    from ..local.endpoints import require_embedded
     from ..store import migrate
 
     require_embedded()
@@ -873,10 +873,10 @@ def _run_dagster(
     settings: Settings, endpoints: Endpoints, engine: Engine, *, demo: bool, keep_servers: bool
 ) -> int:
     """Dagster webserver + daemon, the exporter and the demo feeder until Ctrl-C; then stop all."""
-    from .. import demo as demo_data
+    from ..local import demo as demo_data
+    from ..local.dagster_processes import DagsterStack
+    from ..local.endpoints import stop_servers
     from ..observability.exporter import start_exporter
-    from ..orchestrator import DagsterStack
-    from ..runtime import stop_servers
 
     env = {**os.environ, **endpoints.env(), "REMINDER_PIPELINE_HOME": str(settings.home)}
     stack = DagsterStack(home=settings.home / "dagster_home", env=env, port=settings.webserver_port)
@@ -917,9 +917,9 @@ def _exit_code(error: BaseException) -> int | None:
     """The documented exit code of an expected failure, else None."""
     from sqlalchemy import exc as sa_exc
 
-    from ..db import DatabaseUnavailable
-    from ..orchestrator import OrchestratorError
-    from ..services import ServiceError
+    from ..local.dagster_processes import OrchestratorError
+    from ..local.servers import ServiceError
+    from ..store.engine import DatabaseUnavailable
 
     if isinstance(error, ConfigError):
         return EXIT_USAGE

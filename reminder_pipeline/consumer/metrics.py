@@ -18,7 +18,7 @@ import logging
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from ..logs import event
-from ..metrics_http import MetricsServer, serve_registry
+from ..metrics_http import MetricsPortUnavailable, MetricsServer, serve_registry
 from .notifications import MessageProblem, NotificationKind, RecipientRole
 
 log = logging.getLogger(__name__)
@@ -133,10 +133,6 @@ class ConsumerMetrics:
             self.dead_letters.labels(reason.value)
         for stage in RETRY_STAGES:
             self.retries.labels(stage)
-
-
-class MetricsPortUnavailable(OSError):
-    """The metrics port cannot be listened on; str() is one line naming it."""
 
 
 def serve_metrics(metrics: ConsumerMetrics, host: str, port: int) -> MetricsServer:

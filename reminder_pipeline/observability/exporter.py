@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
@@ -35,9 +36,7 @@ from sqlalchemy.engine import Engine
 
 from ..config import Settings
 from ..logs import event
-from ..metrics_http import MetricsServer, serve_registry
-from ..runtime import Endpoints
-from ..services import ServiceError
+from ..metrics_http import MetricsPortUnavailable, MetricsServer, serve_registry
 from ..store import metrics_repository, repository
 from . import ledger
 
@@ -295,6 +294,12 @@ class MetricsExporter:
         event(log, logging.INFO, "metrics exporter stopped", port=self.port)
 
 
+class Endpoints(Protocol):
+    """Where the app database is (the local stack's ``Endpoints`` or any object with the URL)."""
+
+    database_url: str
+
+
 def start_exporter(
     settings: Settings,
     endpoints: Endpoints,
@@ -309,7 +314,7 @@ def start_exporter(
     ``settings.metrics_port`` (``REMINDER_METRICS_PORT``, 9464). A port in use is a one-line
     :class:`ServiceError`.
     """
-    from ..db import make_engine
+    from ..store.engine import make_engine
 
     host = host or settings.env.get("REMINDER_METRICS_HOST") or DEFAULT_HOST
     port = settings.metrics_port if port is None else port
@@ -324,7 +329,7 @@ def start_exporter(
     except OSError as exc:
         if owns_engine:
             engine.dispose()
-        raise ServiceError(
+        raise MetricsPortUnavailable(
             f"metrics exporter cannot listen on {host}:{port} (REMINDER_METRICS_PORT): {exc}"
         ) from None
     event(log, logging.INFO, "metrics exporter listening", host=host, port=port)

@@ -17,9 +17,9 @@ import uuid
 
 from reminder_pipeline import cycle
 from reminder_pipeline.config import KafkaSettings
-from reminder_pipeline.db import make_engine
 from reminder_pipeline.messaging.kafka import KafkaPublisher
 from reminder_pipeline.messaging.relay import relay_outbox
+from reminder_pipeline.store.engine import make_engine
 
 POINTS = ("after_select", "after_decide", "before_commit", "after_commit", "after_ack")
 

@@ -13,7 +13,7 @@ from dagster import DagsterEvent, DagsterInstance
 
 from reminder_pipeline.config import KafkaSettings
 from reminder_pipeline.defs.resources import KafkaResource, PostgresResource
-from reminder_pipeline.orchestrator import INSTANCE_YAML
+from reminder_pipeline.local.dagster_processes import INSTANCE_YAML
 
 
 def resources_for(database_url: str, kafka: KafkaSettings | str, **kafka_overrides: Any) -> dict:

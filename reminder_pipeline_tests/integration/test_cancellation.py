@@ -50,7 +50,7 @@ CHILD = textwrap.dedent(
     """
     import sys
     from reminder_pipeline import cycle
-    from reminder_pipeline.db import make_engine
+    from reminder_pipeline.store.engine import make_engine
     engine = make_engine(sys.argv[1])
     with engine.begin() as conn:
         selection = cycle.select_due_batch(conn, cycle.now_utc(), 200)

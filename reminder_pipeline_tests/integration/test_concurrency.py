@@ -15,7 +15,7 @@ from datetime import timedelta
 import sqlalchemy as sa
 
 from reminder_pipeline import cycle
-from reminder_pipeline.calendar import cancel_event
+from reminder_pipeline.local.calendar import cancel_event
 from reminder_pipeline.store import repository
 from reminder_pipeline.store.tables import calendar_events
 
@@ -160,7 +160,7 @@ def test_dispatcher_first_then_cancel_sends_once_and_cancel_waits(engine):
 
 
 def test_reschedule_re_materialises_pending_rows(engine):
-    from reminder_pipeline.calendar import reschedule_event
+    from reminder_pipeline.local.calendar import reschedule_event
 
     start = utcnow() + timedelta(days=3)
     event_id = make_due_event(engine, offsets=(60,))

@@ -14,8 +14,8 @@ import pytest
 import sqlalchemy as sa
 
 from reminder_pipeline import cycle
-from reminder_pipeline.calendar import cancel_event, complete_event
 from reminder_pipeline.domain import contract
+from reminder_pipeline.local.calendar import cancel_event, complete_event
 from reminder_pipeline.store.tables import calendar_events
 
 from ..support import (

@@ -10,9 +10,9 @@ import pytest
 import sqlalchemy as sa
 
 from reminder_pipeline import cycle
-from reminder_pipeline.db import make_engine
-from reminder_pipeline.services import EmbeddedPostgres, free_port
+from reminder_pipeline.local.servers import EmbeddedPostgres, free_port
 from reminder_pipeline.store import migrate
+from reminder_pipeline.store.engine import make_engine
 
 from ..support import make_due_event, outbox_rows, reminders
 

@@ -20,9 +20,10 @@ import pytest
 import sqlalchemy as sa
 
 from reminder_pipeline.config import KafkaSettings
+from reminder_pipeline.local.servers import free_port
 from reminder_pipeline.messaging.kafka import KafkaPublisher
 from reminder_pipeline.messaging.relay import relay_lock
-from reminder_pipeline.republish import (
+from reminder_pipeline.operator_jobs.republish import (
     HEADER_REPUBLISHED_BY_RUN,
     RepublishFailed,
     RepublishRefused,
@@ -30,7 +31,6 @@ from reminder_pipeline.republish import (
     day_window,
     republish_day,
 )
-from reminder_pipeline.services import free_port
 from reminder_pipeline.store import queries
 from reminder_pipeline_tests.support import (
     PublishedDays,

@@ -20,10 +20,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client.parser import text_string_to_metric_families
 
 from reminder_pipeline.config import Settings
+from reminder_pipeline.local.endpoints import Endpoints
+from reminder_pipeline.local.servers import free_port
 from reminder_pipeline.logs import JsonFormatter
 from reminder_pipeline.observability import tracing
-from reminder_pipeline.runtime import Endpoints
-from reminder_pipeline.services import free_port
 
 
 @dataclass

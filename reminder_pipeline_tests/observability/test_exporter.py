@@ -19,9 +19,10 @@ import pytest
 import sqlalchemy as sa
 
 from reminder_pipeline import cycle
+from reminder_pipeline.local.servers import free_port
+from reminder_pipeline.metrics_http import MetricsPortUnavailable
 from reminder_pipeline.observability import exporter as exp
 from reminder_pipeline.observability import ledger
-from reminder_pipeline.services import ServiceError, free_port
 
 from ..support import POISON_KIND, make_due_event, reminders
 from . import exporter_settings, scrape
@@ -206,7 +207,7 @@ def test_a_port_in_use_is_a_one_line_error(database_url):
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", settings.metrics_port))
         holder.listen()
-        with pytest.raises(ServiceError, match=f"127.0.0.1:{settings.metrics_port}"):
+        with pytest.raises(MetricsPortUnavailable, match=f"127.0.0.1:{settings.metrics_port}"):
             exp.start_exporter(settings, endpoints)
 
 
@@ -235,7 +236,7 @@ def test_serve_forever_serves_until_sigterm_then_exits_cleanly(engine, publisher
         "import sys\n"
         "from reminder_pipeline.config import Settings\n"
         "from reminder_pipeline.observability.exporter import serve_forever\n"
-        "from reminder_pipeline.runtime import Endpoints\n"
+        "from reminder_pipeline.local.endpoints import Endpoints\n"
         "settings = Settings.from_env()\n"
         "endpoints = Endpoints(settings.database_url, '', '')\n"
         "sys.exit(serve_forever(settings, endpoints))\n"

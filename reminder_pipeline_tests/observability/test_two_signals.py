@@ -16,10 +16,10 @@ import sqlalchemy as sa
 
 from reminder_pipeline import cycle
 from reminder_pipeline.config import KafkaSettings
+from reminder_pipeline.local.servers import free_port
 from reminder_pipeline.messaging.kafka import KafkaPublisher
 from reminder_pipeline.observability import exporter as exp
 from reminder_pipeline.observability import health
-from reminder_pipeline.services import free_port
 
 from ..support import make_due_event, outbox_rows, reminders
 from . import exporter_settings, scrape

@@ -325,7 +325,7 @@ class EmbeddedPostgres:
         """CREATE DATABASE ``name`` if missing; return its url()."""
         import psycopg
 
-        from .db import create_database
+        from ..store.engine import create_database
 
         try:
             create_database(self.url("postgres"), name)

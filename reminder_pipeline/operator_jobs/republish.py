@@ -33,11 +33,11 @@ from typing import NoReturn
 
 from sqlalchemy.engine import Engine
 
-from .domain.model import ClaimedMessage
-from .logs import Journal, event
-from .messaging.relay import Publisher, relay_lock
-from .retention import DEFAULT_RETENTION
-from .store import repository
+from ..domain.model import ClaimedMessage
+from ..logs import Journal, event
+from ..messaging.relay import Publisher, relay_lock
+from ..store import repository
+from .outbox_retention import DEFAULT_RETENTION
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-import reminder_pipeline.services as services
-from reminder_pipeline.services import (
+import reminder_pipeline.local.servers as services
+from reminder_pipeline.local.servers import (
     EmbeddedBroker,
     EmbeddedPostgres,
     ServiceError,
@@ -272,7 +272,7 @@ def test_servers_outlive_the_starting_process(tmp_path_factory: pytest.TempPathF
     assert pg._socket_dir() != pg.data_dir
     script = textwrap.dedent(
         f"""
-        from reminder_pipeline.services import EmbeddedBroker, EmbeddedPostgres
+        from reminder_pipeline.local.servers import EmbeddedBroker, EmbeddedPostgres
         print(EmbeddedPostgres({str(pg.data_dir)!r}, port={pg.port}).start())
         print(EmbeddedBroker({str(broker.state_dir)!r}, port={broker.port}).start())
         """

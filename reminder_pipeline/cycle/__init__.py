@@ -33,9 +33,9 @@ from typing import Any
 
 from sqlalchemy.engine import Connection, Engine
 
-from . import config as settings
-from .domain import contract
-from .domain.model import (
+from .. import config as settings
+from ..domain import contract
+from ..domain.model import (
     Action,
     ClaimedMessage,
     CycleCounts,
@@ -44,13 +44,13 @@ from .domain.model import (
     PoisonRow,
     ReminderStatus,
 )
-from .domain.plan import plan_batch
-from .domain.transitions import action_for, decide_all
-from .logs import Journal
+from ..domain.plan import plan_batch
+from ..domain.transitions import action_for, decide_all
+from ..logs import Journal
+from ..messaging.relay import OutboxRelay, Publisher, RelayResult, relay_outbox
+from ..observability import ledger, tracing
+from ..store import repository
 from .memory import young_generation
-from .messaging.relay import OutboxRelay, Publisher, RelayResult, relay_outbox
-from .observability import ledger, tracing
-from .store import repository
 
 #: How long the rows a Dagster run selected stay reserved for its writing step. The write
 #: follows the selection within seconds; a run that dies in between releases its rows by

@@ -27,15 +27,15 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO
 
-from .config import mask_secrets
-from .db import create_database, dagster_storage_url
+from ..config import mask_secrets
+from ..store.engine import create_database, dagster_storage_url
 
 log = logging.getLogger(__name__)
 
 #: The instance config shipped in the package; identical to the repository's root dagster.yaml.
-INSTANCE_YAML = Path(__file__).with_name("dagster_instance.yaml")
+INSTANCE_YAML = Path(__file__).parents[1] / "dagster_instance.yaml"
 #: The workspace shipped in the package; identical to the repository's root workspace.yaml.
-WORKSPACE_YAML = Path(__file__).with_name("dagster_workspace.yaml")
+WORKSPACE_YAML = Path(__file__).parents[1] / "dagster_workspace.yaml"
 LOCATION_NAME = "reminder_pipeline"
 REQUIRED_ENV = ("DATABASE_URL", "KAFKA_BOOTSTRAP_SERVERS", "DAGSTER_PG_URL")
 #: Where the webserver's and daemon's output goes, under DAGSTER_HOME. Never "logs": Dagster's

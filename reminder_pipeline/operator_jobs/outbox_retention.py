@@ -8,9 +8,9 @@ from datetime import timedelta
 
 from sqlalchemy.engine import Engine
 
-from .config import DEFAULT_RETENTION_HOURS
-from .logs import event
-from .store import repository
+from ..config import DEFAULT_RETENTION_HOURS
+from ..logs import event
+from ..store import repository
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
-from .logs import Journal
-from .store import repository
+from ..logs import Journal
+from ..store import repository
 
 ACTIONS = ("retry", "skip")
 
