@@ -31,7 +31,7 @@ from reminder_pipeline.local.servers import free_port
 from reminder_pipeline.observability import health
 from reminder_pipeline_tests.support import make_due_event
 
-from . import resources_for
+from .helpers import resources_for
 
 NAMES = [
     "dispatch_liveness",

@@ -13,7 +13,7 @@ from reminder_pipeline.defs.jobs import reminder_catch_up, reminder_dispatch
 from reminder_pipeline.domain import contract
 from reminder_pipeline_tests.support import make_due_event, outbox_rows, reminders, utcnow
 
-from . import instance_overrides, log_messages, metadata_values, resources_for
+from .helpers import instance_overrides, log_messages, metadata_values, resources_for
 
 
 @pytest.fixture

@@ -33,7 +33,13 @@ from reminder_pipeline_tests.support import (
     wait_for_republished,
 )
 
-from . import instance_overrides, log_messages, materializations, metadata_values, resources_for
+from .helpers import (
+    instance_overrides,
+    log_messages,
+    materializations,
+    metadata_values,
+    resources_for,
+)
 
 
 @pytest.fixture

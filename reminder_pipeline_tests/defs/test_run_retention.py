@@ -61,7 +61,7 @@ from reminder_pipeline.defs.run_retention import (
 from reminder_pipeline.defs.sensors import reminder_health_sensor
 from reminder_pipeline.local import dagster_processes as orchestrator
 
-from . import instance_overrides, log_messages
+from .helpers import instance_overrides, log_messages
 
 KEEP = timedelta(days=14)
 OLD = timedelta(days=15)

@@ -31,7 +31,7 @@ from reminder_pipeline.defs.jobs import reminder_dispatch
 from reminder_pipeline.store import migrate
 from reminder_pipeline.store.engine import make_engine
 
-from ..defs import resources_for
+from ..defs.helpers import resources_for
 from ..support import POISON_KIND, make_due_event, outbox_rows, reminders, run_cli
 
 ROOT = Path(__file__).resolve().parents[2]

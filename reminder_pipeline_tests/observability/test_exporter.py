@@ -25,7 +25,7 @@ from reminder_pipeline.observability import exporter as exp
 from reminder_pipeline.observability import ledger
 
 from ..support import POISON_KIND, make_due_event, reminders
-from . import exporter_settings, scrape
+from .helpers import exporter_settings, scrape
 
 
 @pytest.fixture

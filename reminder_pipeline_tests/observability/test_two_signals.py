@@ -22,7 +22,7 @@ from reminder_pipeline.observability import exporter as exp
 from reminder_pipeline.observability import health
 
 from ..support import make_due_event, outbox_rows, reminders
-from . import exporter_settings, scrape
+from .helpers import exporter_settings, scrape
 
 
 def test_a_broker_outage_keeps_liveness_and_fires_the_outbox_backlog(engine, database_url):

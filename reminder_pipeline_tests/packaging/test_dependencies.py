@@ -17,7 +17,7 @@ from pathlib import Path
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
-from . import ROOT, declared, project
+from .helpers import ROOT, declared, project
 
 PACKAGE = ROOT / "reminder_pipeline"
 FIRST_PARTY = {"reminder_pipeline", "reminder_pipeline_tests", "benchmarks"}
