@@ -12,7 +12,6 @@ nothing for rows that were sent, skipped or cancelled since (docs/design.md).
 from dagster import AssetMaterialization, Failure, MetadataValue, Out, Output, op
 
 from .. import cycle
-from ..config import check_as_of
 from ..logs import FoldingJournal
 from .assets import DISPATCH_ASSET_KEY
 from .config import CycleConfig
@@ -27,11 +26,12 @@ from .resources import KafkaResource, PostgresResource
 def select_due_batch(context, config: CycleConfig, postgres: PostgresResource) -> dict:
     """Step 1: the due rows this run takes; concurrent runs take disjoint batches."""
     with FoldingJournal(context.log) as journal:
-        # AsOf is checked against the clock again here: a queued run may start later.
+        # AsOf is checked here against the database's clock: a queued run may start later.
         started = cycle.start(
             context.run_id,
+            engine=postgres.engine,
             batch_size=config.batch_size,
-            as_of=check_as_of(config.as_of),
+            as_of=config.as_of,
             max_batches=config.max_batches,
             budget_seconds=config.budget_seconds,
             journal=journal,

@@ -190,7 +190,8 @@ COUNT_STILL_PENDING = text(
 # (one orjson dump per batch; five text[] parameters cost a regex escape per payload quote). The
 # outbox insert is fed from the UPDATE's RETURNING, so a row that was no longer Pending produces
 # no message, and the unique index on outbox.reminder_id makes a second message for a reminder
-# impossible (INV-REM-2).
+# impossible (INV-REM-2). SentAt is the database's clock (now(): this transaction's start), never
+# before the cycle's AsOf; :now (NULL in production) only lets a test pin it.
 APPLY_TRANSITIONS = text(
     """
     WITH decided AS (
@@ -200,7 +201,9 @@ APPLY_TRANSITIONS = text(
     moved AS (
         UPDATE event_reminders r
            SET status = d.status,
-               sent_at = CASE WHEN d.status = 'Sent' THEN CAST(:sent_at AS timestamptz) END,
+               sent_at = CASE WHEN d.status = 'Sent'
+                              THEN GREATEST(COALESCE(CAST(:now AS timestamptz), now()),
+                                            CAST(:sent_at AS timestamptz)) END,
                updated_at = now(),
                last_error = NULL,
                next_attempt_at = NULL,
@@ -228,12 +231,13 @@ APPLY_TRANSITIONS = text(
 
 # A poison row stays Pending (docs/design.md) but backs off exponentially, so a head of poison rows
 # can never starve the healthy rows behind it: 30 s, 60 s, 120 s, ... capped at :cap_seconds.
+# Counted from the database's clock (:now NULL), like the AsOf the back-off is compared with.
 RECORD_POISON = text(
     """
     UPDATE event_reminders r
        SET attempts = r.attempts + 1,
            last_error = p.error,
-           next_attempt_at = CAST(:now AS timestamptz)
+           next_attempt_at = COALESCE(CAST(:now AS timestamptz), now())
                + make_interval(secs => LEAST(:cap_seconds,
                                              :base_seconds * power(2, LEAST(r.attempts, 20)))),
            reserved_by = NULL,
@@ -243,6 +247,10 @@ RECORD_POISON = text(
      WHERE r.id = p.id AND r.status = 'Pending'
     """
 )
+
+# The database server's clock: the one clock a cycle reads (AsOf, the future check).
+# clock_timestamp(), not now(): the moment of the call, whatever transaction it runs in.
+DATABASE_CLOCK = text("SELECT clock_timestamp()")
 
 # Backlog: due Pending rows not yet processed, and the age of the oldest one.
 BACKLOG = text(
