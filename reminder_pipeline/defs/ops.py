@@ -15,6 +15,7 @@ from .. import cycle
 from ..logs import FoldingJournal
 from .assets import DISPATCH_ASSET_KEY
 from .config import CycleConfig
+from .limits import refuse_overridden_limits
 from .resources import KafkaResource, PostgresResource
 
 
@@ -25,6 +26,7 @@ from .resources import KafkaResource, PostgresResource
 )
 def select_due_batch(context, config: CycleConfig, postgres: PostgresResource) -> dict:
     """Step 1: the due rows this run takes; concurrent runs take disjoint batches."""
+    refuse_overridden_limits(context)
     with FoldingJournal(context.log) as journal:
         # AsOf is checked here against the database's clock: a queued run may start later.
         started = cycle.start(
@@ -68,6 +70,7 @@ def transition_and_outbox(
     context, decisions: dict, postgres: PostgresResource, kafka: KafkaResource
 ) -> dict:
     """Step 3: write the batch; with ``max_batches`` > 1 keep draining, publishing as it goes."""
+    refuse_overridden_limits(context)
     with FoldingJournal(context.log) as journal:
         written = cycle.write(
             postgres.engine,
@@ -88,6 +91,7 @@ def transition_and_outbox(
 )
 def relay_outbox(context, written: dict, postgres: PostgresResource, kafka: KafkaResource):
     """Step 4: relay, then one materialization of the dispatcher; Failure if Kafka failed."""
+    refuse_overridden_limits(context)
     with FoldingJournal(context.log) as journal:
         report = cycle.finish(
             postgres.engine,

@@ -41,6 +41,7 @@ from ..domain import contract
 from ..logs import FoldingJournal
 from .config import CheckedConfig, checked
 from .jobs import CONCURRENCY_TAG, KIND_TAG
+from .limits import refuse_overridden_limits
 from .resources import KafkaResource, PostgresResource
 
 #: Run tags Dagster sets (documented tag names; no public constant for them).
@@ -118,6 +119,7 @@ def republish_day(
     context: OpExecutionContext, postgres: PostgresResource, kafka: KafkaResource
 ) -> None:
     """One partition (a UTC DueAt day): refused, failed plainly, or materialized with its counts."""
+    refuse_overridden_limits(context)
     try:
         config = checked(REPUBLISH_JOB_NAME, RepublishConfig, context.op_config)
     except DagsterInvalidConfigError as refused:
