@@ -485,6 +485,25 @@ def republish_day_bounds(conn: Connection, day_start: datetime, day_end: datetim
     return DayBounds(row.first_id, row.last_id, int(row.published), int(row.unpublished))
 
 
+def sent_of_day(conn: Connection, day_start: datetime, day_end: datetime) -> int:
+    """How many reminders due in ``[day_start, day_end)`` are Sent (one outbox row each)."""
+    return int(
+        conn.execute(
+            queries.COUNT_SENT_OF_DAY, {"day_start": day_start, "day_end": day_end}
+        ).scalar_one()
+    )
+
+
+@dataclass(frozen=True)
+class PublishedRow:
+    """A published outbox row of a day, and why it no longer holds (``stale``; None if it does)."""
+
+    message: ClaimedMessage
+    reminder_id: str | None
+    event_id: str | None
+    stale: str | None
+
+
 def published_of_day(
     conn: Connection,
     day_start: datetime,
@@ -493,7 +512,7 @@ def published_of_day(
     after_id: int,
     last_id: int,
     limit: int,
-) -> list[ClaimedMessage]:
+) -> list[PublishedRow]:
     """Up to ``limit`` published rows due in ``[day_start, day_end)``, ids after ``after_id``."""
     rows = conn.execute(
         queries.SELECT_PUBLISHED_OF_DAY,
@@ -506,5 +525,11 @@ def published_of_day(
         },
     ).all()
     return [
-        ClaimedMessage(r.id, r.topic, r.message_key, r.payload, dict(r.headers or {})) for r in rows
+        PublishedRow(
+            ClaimedMessage(r.id, r.topic, r.message_key, r.payload, dict(r.headers or {})),
+            r.reminder_id,
+            r.event_id,
+            r.stale,
+        )
+        for r in rows
     ]
