@@ -62,7 +62,7 @@ MIN_RELAY_SECONDS = 5.0
 
 #: A host whose clock differs from the database's by more than this is logged and counted (its
 #: clock is never used for what is due or for what a cycle writes: the database's is).
-CLOCK_SKEW_WARN_SECONDS = 5.0
+CLOCK_SKEW_WARN_SECONDS = ledger.CLOCK_SKEW_WARN_SECONDS
 
 #: What a batch progress callback receives: the cycle's counts so far.
 Progress = Callable[[CycleCounts], None]
@@ -700,7 +700,14 @@ def finish(
         backlog_remaining=left.count,
         outbox_unpublished=lag.unpublished,
     )
-    ledger.record_cycle(engine, run_id, counts, started_at=started, as_of=cycle.as_of)
+    ledger.record_cycle(
+        engine,
+        run_id,
+        counts,
+        started_at=started,
+        as_of=cycle.as_of,
+        clock_skew_seconds=cycle.clock_skew_seconds if own else None,
+    )
     return CycleReport(
         run_id,
         cycle.as_of,

@@ -3,7 +3,9 @@
 A real ``reminder-pipeline dispatch`` runs against the real database with its wall clock shifted
 inside the Python process only (a ``sitecustomize`` on PYTHONPATH patching ``time.time`` and
 ``datetime.now``; Debian's ``faketime`` also shifts librdkafka's timed waits). What is due, and
-the SentAt it records, come from the database server's clock; the skew is logged and counted.
+the SentAt it records, come from the database server's clock; an operator's AsOf is checked
+against it; the skew is logged, recorded in the metrics ledger, served as a gauge and fails the
+``clock_skew`` warning check.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from datetime import timedelta
 
 import pytest
 import sqlalchemy as sa
+
+from reminder_pipeline.observability import exporter, health
 
 from ..support import make_due_event, make_event, reminders, run_cli, utcnow
 
@@ -110,3 +114,18 @@ def test_an_operators_as_of_is_checked_against_the_database_clock(engine, fast_c
     result = run_cli("dispatch", "--no-relay", "--as-of", ahead, env=fast_clock_env)
     assert result.returncode != 0
     assert "is in the future" in result.stderr
+
+
+def test_the_skew_is_counted_a_gauge_and_a_warning_check(engine, fast_clock_env):
+    healthy = health.clock_skew(engine, utcnow())
+    assert healthy.passed
+    result = run_cli("dispatch", "--no-relay", env=fast_clock_env)
+    assert result.returncode == 0, result.stderr
+
+    check = health.clock_skew(engine, utcnow())
+    assert not check.passed and check.severity == "WARN"
+    assert check.metadata["skewed_cycles"] == 1
+    assert check.metadata["max_abs_clock_skew_seconds"] == pytest.approx(FAST_SECONDS, abs=30)
+    gauges = {m.name: m.samples[0].value for m in exporter.families(exporter.read_snapshot(engine))}
+    assert gauges[exporter.CLOCK_SKEWED_CYCLES] == 1
+    assert gauges[exporter.CLOCK_SKEW] == pytest.approx(FAST_SECONDS, abs=30)
