@@ -188,8 +188,10 @@ def republish_day(
     started = time.monotonic()
     start, end = day_window(day)
     with engine.connect() as conn:
-        bounds = repository.republish_day_bounds(conn, start, end)
+        # Sent reminders first, outbox rows after: a cycle committing in between adds a Sent row
+        # and its outbox row together, so only a purge can make the rows fewer.
         sent = repository.sent_of_day(conn, start, end)
+        bounds = repository.republish_day_bounds(conn, start, end)
     rows = bounds.published + bounds.unpublished
     if rows < sent:
         refused = RepublishRefused(
