@@ -33,11 +33,13 @@ def _failure(result) -> str:
     return failure.step_failure_data.error.message
 
 
-@pytest.mark.parametrize("job", [reminder_dispatch, reminder_catch_up], ids=lambda j: j.name)
 @pytest.mark.parametrize(
-    "override",
-    [{CONCURRENCY_TAG: "mine"}, {MAX_RUNTIME_TAG: "86400"}],
-    ids=["concurrency", "max_runtime"],
+    ("job", "override"),
+    [
+        (reminder_dispatch, {CONCURRENCY_TAG: "mine"}),
+        (reminder_catch_up, {MAX_RUNTIME_TAG: "86400"}),
+    ],
+    ids=["dispatch-concurrency", "catch_up-max_runtime"],
 )
 def test_a_cycle_run_with_an_overridden_limit_tag_does_not_dispatch(
     job, override, engine, database_url, kafka_settings, instance
