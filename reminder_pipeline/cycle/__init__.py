@@ -60,16 +60,35 @@ RESERVATION_SECONDS = 30.0
 #: past the budget beat a "publish failed" for messages the broker was about to acknowledge.
 MIN_RELAY_SECONDS = 5.0
 
+#: A host whose clock differs from the database's by more than this is logged and counted (its
+#: clock is never used for what is due or for what a cycle writes: the database's is).
+CLOCK_SKEW_WARN_SECONDS = ledger.CLOCK_SKEW_WARN_SECONDS
+
 #: What a batch progress callback receives: the cycle's counts so far.
 Progress = Callable[[CycleCounts], None]
 
 
 def now_utc() -> datetime:
-    """The system clock, in UTC (the design's AsOf)."""
+    """This host's clock, in UTC (durations and tests; a cycle's times are the database's)."""
     return datetime.now(UTC)
 
 
-def check_as_of(as_of: datetime | None, now: datetime | None = None) -> datetime:
+def database_now(engine: Engine) -> datetime:
+    """The database server's clock now."""
+    with engine.connect() as conn:
+        return repository.database_clock(conn)
+
+
+def read_clock(engine: Engine) -> tuple[datetime, float]:
+    """The database's clock, and how far this host's is ahead of it (seconds, + = fast)."""
+    before = time.time()
+    now = database_now(engine)
+    after = time.time()
+    # The query's round trip is split evenly: the server read its clock somewhere in between.
+    return now, (before + after) / 2 - now.timestamp()
+
+
+def check_as_of(as_of: object, now: datetime | None = None) -> datetime:
     """Default ``as_of`` to now; refuse a naive or future one (``config.check_as_of``'s lines)."""
     now = now or now_utc()
     return settings.check_as_of(as_of, now=now) or now
@@ -88,6 +107,8 @@ class Cycle:
     max_batches: int = 1
     budget_seconds: float = 30.0
     started_at: float = field(default_factory=time.time)
+    #: How far the starting host's clock was ahead of the database's (seconds; + = fast).
+    clock_skew_seconds: float = 0.0
 
     def plain(self) -> dict[str, Any]:
         """As builtins."""
@@ -137,6 +158,8 @@ class CycleReport:
     backlog_remaining: int
     oldest_due_age_seconds: float | None
     outbox_unpublished: int = 0
+    #: How far the host that started the cycle was ahead of the database's clock (seconds).
+    clock_skew_seconds: float = 0.0
     #: A step re-executed from the UI that only relayed: the sends were the parent run's.
     reexecuted_relay_only: bool = False
 
@@ -158,6 +181,8 @@ class CycleReport:
             "outbox_unpublished": self.outbox_unpublished,
             "batch_size": self.batch_size,
             "batches": c.batches,
+            "clock_skew_seconds": round(self.clock_skew_seconds, 3),
+            "clock_skewed": abs(self.clock_skew_seconds) > CLOCK_SKEW_WARN_SECONDS,
             "reexecuted_relay_only": self.reexecuted_relay_only,
         }
 
@@ -173,6 +198,7 @@ class CycleReport:
             backlog_remaining=self.backlog_remaining,
             oldest_due_age_seconds=self.oldest_due_age_seconds,
             outbox_unpublished=self.outbox_unpublished,
+            clock_skew_seconds=round(self.clock_skew_seconds, 3),
         )
         return data
 
@@ -259,7 +285,8 @@ def transition_and_outbox(
     The design's rule: the candidates are locked again here (FOR UPDATE SKIP LOCKED) and re-read
     with their event; only what is still Pending and due, and not reserved by another run, is
     decided, on *that* state (:func:`~reminder_pipeline.domain.plan.plan_batch`), and written by
-    one set-based statement: Sent rows get ``sent_at`` (the clock now, never before ``as_of``)
+    one set-based statement: Sent rows get ``sent_at`` (the database's clock, never before
+    ``as_of``; ``now`` pins it for tests)
     and exactly one outbox row each, Skipped rows publish nothing. A poison row (its message
     cannot be built, breaks the contract, or the database refuses its data) is left Pending with
     a back-off. Infrastructure errors propagate: the caller's transaction rolls back whole.
@@ -268,7 +295,6 @@ def transition_and_outbox(
     them). ``held``: the candidates as :func:`select_due_batch` read and locked them *in this
     same transaction*; nothing can have changed them since, so they are not read again.
     """
-    now = now or now_utc()
     ids = [str(i) for i in candidate_ids]  # a selection stored by an older version held UUIDs
     if held is not None and [r.reminder_id for r in held] == ids:
         locked = list(held)
@@ -282,7 +308,7 @@ def transition_and_outbox(
 
     plan = plan_batch(locked, correlation_id=correlation_id, trace=tracing.trace_headers())
     applied = repository.apply_transitions(
-        conn, plan.transitions(), topic=contract.TOPIC, sent_at=max(now, as_of)
+        conn, plan.transitions(), topic=contract.TOPIC, not_before=as_of, now=now
     )
     outcome.poison = plan.poison + applied.refused
     repository.record_poison(conn, outcome.poison, now)
@@ -463,17 +489,34 @@ def drain(
 def start(
     run_id: str,
     *,
-    as_of: datetime | None = None,
+    engine: Engine,
+    as_of: datetime | str | None = None,
     batch_size: int,
     max_batches: int = 1,
     budget_seconds: float = 30.0,
     journal: Journal | None = None,
 ) -> Cycle:
-    """A new cycle: AsOf checked against the clock (never in the future), ``cycle started``."""
+    """A new cycle on the database's clock, read once: AsOf defaults to it and is never after it.
+
+    ``as_of`` may be an operator's ISO-8601 text. The host's clock only times the cycle (its
+    budget, its duration); a host more than :data:`CLOCK_SKEW_WARN_SECONDS` off the database's
+    is logged (``host clock differs from the database's``) and counted in the cycle's figures.
+    """
+    journal = journal or Journal()
     started = time.time()
-    now = datetime.fromtimestamp(started, UTC)  # AsOf defaults to the cycle's own start
-    cycle = Cycle(run_id, check_as_of(as_of, now), batch_size, max_batches, budget_seconds, started)
-    (journal or Journal()).event(
+    now, skew = read_clock(engine)
+    cycle = Cycle(
+        run_id, check_as_of(as_of, now), batch_size, max_batches, budget_seconds, started, skew
+    )
+    if abs(skew) > CLOCK_SKEW_WARN_SECONDS:
+        journal.event(
+            logging.WARNING,
+            "host clock differs from the database's; the database's is used",
+            run_id=run_id,
+            clock_skew_seconds=round(skew, 3),
+            threshold_seconds=CLOCK_SKEW_WARN_SECONDS,
+        )
+    journal.event(
         logging.INFO,
         "cycle started",
         run_id=run_id,
@@ -637,7 +680,7 @@ def finish(
             error=publisher_error,
         )
     with engine.connect() as conn:
-        left = repository.backlog(conn, now_utc())
+        left = repository.backlog(conn, repository.database_clock(conn))
         lag = repository.outbox_lag(conn)
     counts.published = relay.published
     counts.publish_failed = relay.failed
@@ -657,7 +700,14 @@ def finish(
         backlog_remaining=left.count,
         outbox_unpublished=lag.unpublished,
     )
-    ledger.record_cycle(engine, run_id, counts, started_at=started, as_of=cycle.as_of)
+    ledger.record_cycle(
+        engine,
+        run_id,
+        counts,
+        started_at=started,
+        as_of=cycle.as_of,
+        clock_skew_seconds=cycle.clock_skew_seconds if own else None,
+    )
     return CycleReport(
         run_id,
         cycle.as_of,
@@ -667,6 +717,7 @@ def finish(
         left.count,
         left.oldest_due_age_seconds,
         lag.unpublished,
+        clock_skew_seconds=cycle.clock_skew_seconds,
         reexecuted_relay_only=not own,
     )
 
@@ -690,7 +741,7 @@ def fail(
 def backlog_left(engine: Engine) -> int:
     """Due Pending rows not yet processed (for progress lines)."""
     with engine.connect() as conn:
-        return repository.backlog(conn, now_utc()).count
+        return repository.backlog(conn, repository.database_clock(conn)).count
 
 
 # --- a whole cycle in one process ---------------------------------------------------------------
@@ -716,6 +767,7 @@ def run_cycle(
     journal = journal or Journal()
     cycle = start(
         run_id or str(uuid.uuid4()),
+        engine=engine,
         as_of=as_of,
         batch_size=batch_size,
         max_batches=max_batches,

@@ -70,7 +70,7 @@ def validated(job_name: str, config_cls: type[Config], op_def: OpDefinition) -> 
 
 
 def _as_of(value: str) -> Optional[str]:
-    # Checked again when the run starts: a queued run may start later.
+    # Checked again when the run starts, against the database's clock: a queued run may start later.
     return None if settings.check_as_of(value) is None else value.strip()
 
 

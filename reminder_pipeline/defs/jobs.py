@@ -13,12 +13,13 @@ from dagster import AssetSelection, define_asset_job, graph, in_process_executor
 
 from .assets import DISPATCH_ASSET_KEY
 from .config import CatchUpRunConfig, DispatchRunConfig, PoisonConfig, RetentionConfig, validated
+from .limits import CONCURRENCY_TAG
 from .maintenance import poison_rows, purge_outbox
 from .ops import relay_outbox, resolve_event_status, select_due_batch, transition_and_outbox
 
 #: dagster.yaml's ``concurrency.runs.tag_concurrency_limits`` lets this many such runs go at once
-#: (1: no overlapping cycles); the schedule follows the same limit.
-CONCURRENCY_TAG = "reminder_pipeline/concurrency"
+#: (1: no overlapping cycles); the schedule follows the same limit. A run launched with another
+#: value (or another dagster/max_runtime) refuses to act (limits.py).
 CONCURRENCY_VALUE = "dispatch"
 CONCURRENCY_TAGS = {CONCURRENCY_TAG: CONCURRENCY_VALUE}
 KIND_TAG = "reminder_pipeline/kind"

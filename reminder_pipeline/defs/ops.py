@@ -12,10 +12,10 @@ nothing for rows that were sent, skipped or cancelled since (docs/design.md).
 from dagster import AssetMaterialization, Failure, MetadataValue, Out, Output, op
 
 from .. import cycle
-from ..config import check_as_of
 from ..logs import FoldingJournal
 from .assets import DISPATCH_ASSET_KEY
 from .config import CycleConfig
+from .limits import refuse_overridden_limits
 from .resources import KafkaResource, PostgresResource
 
 
@@ -26,12 +26,14 @@ from .resources import KafkaResource, PostgresResource
 )
 def select_due_batch(context, config: CycleConfig, postgres: PostgresResource) -> dict:
     """Step 1: the due rows this run takes; concurrent runs take disjoint batches."""
+    refuse_overridden_limits(context)
     with FoldingJournal(context.log) as journal:
-        # AsOf is checked against the clock again here: a queued run may start later.
+        # AsOf is checked here against the database's clock: a queued run may start later.
         started = cycle.start(
             context.run_id,
+            engine=postgres.engine,
             batch_size=config.batch_size,
-            as_of=check_as_of(config.as_of),
+            as_of=config.as_of,
             max_batches=config.max_batches,
             budget_seconds=config.budget_seconds,
             journal=journal,
@@ -68,6 +70,7 @@ def transition_and_outbox(
     context, decisions: dict, postgres: PostgresResource, kafka: KafkaResource
 ) -> dict:
     """Step 3: write the batch; with ``max_batches`` > 1 keep draining, publishing as it goes."""
+    refuse_overridden_limits(context)
     with FoldingJournal(context.log) as journal:
         written = cycle.write(
             postgres.engine,
@@ -88,6 +91,7 @@ def transition_and_outbox(
 )
 def relay_outbox(context, written: dict, postgres: PostgresResource, kafka: KafkaResource):
     """Step 4: relay, then one materialization of the dispatcher; Failure if Kafka failed."""
+    refuse_overridden_limits(context)
     with FoldingJournal(context.log) as journal:
         report = cycle.finish(
             postgres.engine,

@@ -42,6 +42,7 @@ from ..logs import FoldingJournal
 from ..operator_jobs import republish
 from .config import CheckedConfig, checked
 from .jobs import CONCURRENCY_TAG, KIND_TAG
+from .limits import refuse_overridden_limits
 from .resources import KafkaResource, PostgresResource
 
 #: Run tags Dagster sets (documented tag names; no public constant for them).
@@ -119,6 +120,7 @@ def republish_day(
     context: OpExecutionContext, postgres: PostgresResource, kafka: KafkaResource
 ) -> None:
     """One partition (a UTC DueAt day): refused, failed plainly, or materialized with its counts."""
+    refuse_overridden_limits(context)
     try:
         config = checked(REPUBLISH_JOB_NAME, RepublishConfig, context.op_config)
     except DagsterInvalidConfigError as refused:
@@ -148,6 +150,8 @@ def republish_day(
                 lock_wait_seconds=config.lock_wait_seconds,
                 journal=journal,
             )
+        except republish.RepublishRefused as refused:  # e.g. the day's rows were purged in part
+            raise Failure(description=str(refused), allow_retries=False) from None
         except republish.RepublishFailed as failed:
             raise Failure(
                 description=str(failed), metadata={"republished_count": failed.republished}
@@ -160,6 +164,14 @@ def republish_day(
             metadata={
                 "republished_count": MetadataValue.int(report.republished),
                 "unpublished_count": MetadataValue.int(report.unpublished),
+                # Left out because they no longer hold (the event cancelled, moved, completed).
+                "not_republished_count": MetadataValue.int(sum(report.not_republished.values())),
+                **{
+                    f"not_republished_{reason}": MetadataValue.int(
+                        report.not_republished.get(reason, 0)
+                    )
+                    for reason in republish.STALE_REASONS
+                },
                 "chunks": MetadataValue.int(report.chunks),
                 "duration_ms": MetadataValue.int(report.duration_ms),
                 "first_outbox_id": MetadataValue.int(report.first_outbox_id or 0),

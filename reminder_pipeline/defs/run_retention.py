@@ -95,8 +95,10 @@ def delete_old_runs(context: OpExecutionContext, config: RunRetentionConfig):
     description=(
         "Dagster run retention: deletes finished runs (success, failure, canceled) created more "
         "than keep_days ago (default 14), oldest first in batches, with their event logs, step "
-        "outputs and compute logs; never a run in flight, a run group being re-executed, or "
-        "itself. Stops within budget_seconds and counts what is left; the next run resumes. "
+        "outputs and compute logs; never a run in flight, a run group being re-executed or "
+        "with a run younger than keep_days, a run of an unfinished back-fill, or itself. A run "
+        "whose files cannot be deleted is kept and counted (runs_undeletable), the pass goes on. "
+        "Stops within budget_seconds and counts what is left; the next run resumes. "
         "Daily from dagster_run_retention_schedule."
     ),
     config=validated(RUN_RETENTION_JOB_NAME, RunRetentionConfig, delete_old_runs),

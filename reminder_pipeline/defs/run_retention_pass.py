@@ -12,9 +12,17 @@ canceled) created before a cutoff, oldest first, through Dagster's public API on
 * ``instance.delete_run`` deletes the run, its tags and its event log.
 
 It never touches a run in flight (queued, starting, started, canceling: only finished statuses
-are selected), the caller's own run, nor a run whose re-execution is in flight (that run loads
-its inputs from the older runs' step outputs). It stops before its time budget, with the count
-of what is left; the next call starts again from the oldest, so it resumes where it stopped.
+are selected), the caller's own run, a run whose re-execution is in flight (that run loads its
+inputs from the older runs' step outputs), any run of a run group with a run younger than the
+retention (it may be re-executed again from them), nor a run of a back-fill that has not
+finished (its days would show as missing again). What is in use is read again just before each
+delete, not once per batch: a re-execution or back-fill may start meanwhile.
+
+A run whose files cannot be deleted (a symbolic link, a file where its directory should be, an
+immutable file) is kept whole, counted (``runs_undeletable``) and logged with its id at WARNING,
+and the pass goes on: one bad run never stalls every later pass. It stops before its time budget,
+with the count of what is left; the next call starts again from the oldest, so it resumes where
+it stopped.
 """
 
 from __future__ import annotations
@@ -48,6 +56,13 @@ IN_FLIGHT_STATUSES = (
     DagsterRunStatus.CANCELING,
 )
 _PROGRESS_EVERY_SECONDS = 60.0
+#: Tags Dagster sets on runs (documented names; no public constant for them).
+BACKFILL_TAG = "dagster/backfill"
+ROOT_RUN_ID_TAG = "dagster/root_run_id"
+#: A back-fill in one of these statuses is over (Dagster's BulkActionStatus values).
+FINISHED_BACKFILL_STATUSES = frozenset(
+    {"COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CANCELED"}
+)
 
 
 @dataclass(frozen=True)
@@ -65,6 +80,12 @@ class RetentionReport:
     duration_seconds: float
     budget_exhausted: bool
     cutoff: datetime
+    #: Old and finished, but a run of a back-fill that has not finished.
+    runs_kept_backfill: int = 0
+    #: Old and finished, but in a run group with a run younger than the retention.
+    runs_kept_group_recent: int = 0
+    #: Kept because their files could not be deleted (each logged with its run id).
+    runs_undeletable: int = 0
 
     def fields(self) -> dict[str, object]:
         """The counts as flat log/metadata fields (the cutoff as ISO text)."""
@@ -108,7 +129,8 @@ def purge_runs(
     deadline = started + budget_seconds
     cutoff = cutoff_for(keep, now)
     selection = old_finished_runs(cutoff)
-    deleted = dirs = size = kept = batches = 0
+    deleted = dirs = size = batches = undeletable = 0
+    kept = dict.fromkeys(KEEP_REASONS, 0)
     # Ascending ids, so each batch is the oldest left. Deleted runs never come back; only runs
     # kept in use would, so the cursor moves past the last of them (a run that still exists).
     cursor: str | None = None
@@ -124,17 +146,31 @@ def purge_runs(
         if not records:
             break
         batches += 1
-        in_use = runs_in_use(instance, own_run_id)
         for record in records:
             run = record.dagster_run
-            if is_in_use(run, in_use):
-                kept += 1
-                cursor = run.run_id
-                continue
             if clock() >= deadline:
                 exhausted = True
                 break
-            removed, removed_bytes = remove_run_files(instance, run.run_id)
+            reason = keep_reason(instance, run, cutoff, own_run_id)  # just before the delete
+            if reason is not None:
+                kept[reason] += 1
+                cursor = run.run_id
+                continue
+            try:
+                removed, removed_bytes = remove_run_files(instance, run.run_id)
+            except OSError as error:
+                undeletable += 1
+                cursor = run.run_id
+                event(
+                    log,
+                    logging.WARNING,
+                    "dagster run files not deletable; run kept",
+                    run_id=own_run_id,
+                    kept_run_id=run.run_id,
+                    error_kind=type(error).__name__,
+                    error=str(error),
+                )
+                continue
             instance.delete_run(run.run_id)
             deleted += 1
             dirs += removed
@@ -151,12 +187,15 @@ def purge_runs(
         runs_deleted=deleted,
         directories_removed=dirs,
         bytes_removed=size,
-        runs_kept_in_use=kept,
+        runs_kept_in_use=kept["in_use"],
         left_for_next_time=instance.get_runs_count(selection),
         batches=batches,
         duration_seconds=clock() - started,
         budget_exhausted=exhausted,
         cutoff=cutoff,
+        runs_kept_backfill=kept["backfill"],
+        runs_kept_group_recent=kept["group_recent"],
+        runs_undeletable=undeletable,
     )
     event(
         log,
@@ -196,6 +235,41 @@ def runs_in_use(instance: DagsterInstance, own_run_id: str | None = None) -> fro
         if run.parent_run_id:
             ids.add(run.parent_run_id)
     return frozenset(ids)
+
+
+#: Why an old finished run is kept (RetentionReport's runs_kept_* counts).
+KEEP_REASONS = ("in_use", "backfill", "group_recent")
+
+
+def keep_reason(
+    instance: DagsterInstance, run: DagsterRun, cutoff: datetime, own_run_id: str | None = None
+) -> str | None:
+    """Why ``run`` must stay now (one of KEEP_REASONS), or None; read afresh on every call."""
+    if is_in_use(run, runs_in_use(instance, own_run_id)):
+        return "in_use"
+    backfill_id = run.tags.get(BACKFILL_TAG)
+    if backfill_id and backfill_unfinished(instance, backfill_id):
+        return "backfill"
+    if group_has_recent_run(instance, run, cutoff):
+        return "group_recent"
+    return None
+
+
+def backfill_unfinished(instance: DagsterInstance, backfill_id: str) -> bool:
+    """True while the back-fill is requested, canceling or failing (its runs are its progress)."""
+    backfill = instance.get_backfill(backfill_id)
+    return backfill is not None and backfill.status.value not in FINISHED_BACKFILL_STATUSES
+
+
+def group_has_recent_run(instance: DagsterInstance, run: DagsterRun, cutoff: datetime) -> bool:
+    """True when a run of ``run``'s group (same root run) was created after ``cutoff``.
+
+    The root is the group's oldest run, so only the runs tagged with its id need a look: one
+    indexed tag look-up per run deleted.
+    """
+    root = run.root_run_id or run.run_id
+    recent = RunsFilter(tags={ROOT_RUN_ID_TAG: root}, created_after=cutoff)
+    return bool(instance.get_run_records(filters=recent, limit=1))
 
 
 def is_in_use(run: DagsterRun, in_use: Iterable[str]) -> bool:

@@ -58,6 +58,8 @@ LAST_SUCCESS = PREFIX + "last_success_timestamp_seconds"
 POISON_ROWS = PREFIX + "poison_rows"
 POISON_OLDEST_AGE = PREFIX + "poison_oldest_age_seconds"
 TIME_ZONE_FALLBACKS = PREFIX + "time_zone_fallbacks_total"
+CLOCK_SKEW = PREFIX + "clock_skew_seconds"
+CLOCK_SKEWED_CYCLES = PREFIX + "clock_skewed_cycles"
 UP = PREFIX + "up"
 SCRAPE_DURATION = PREFIX + "scrape_duration_seconds"
 
@@ -80,6 +82,8 @@ METRIC_NAMES: tuple[str, ...] = (
     POISON_ROWS,
     POISON_OLDEST_AGE,
     TIME_ZONE_FALLBACKS,
+    CLOCK_SKEW,
+    CLOCK_SKEWED_CYCLES,
 )
 
 SCRAPE_STATEMENT_TIMEOUT_MS = 5_000
@@ -94,6 +98,7 @@ class Snapshot:
     backlog: repository.Backlog
     outbox: repository.OutboxLag
     poison: metrics_repository.PoisonRows
+    clock_skew: metrics_repository.ClockSkew
 
 
 def read_snapshot(engine: Engine, now: datetime | None = None) -> Snapshot:
@@ -114,6 +119,9 @@ def read_snapshot(engine: Engine, now: datetime | None = None) -> Snapshot:
             repository.backlog(conn, now),
             repository.outbox_lag(conn),
             metrics_repository.poison_rows(conn, now),
+            metrics_repository.clock_skew_since(
+                conn, now - ledger.CLOCK_SKEW_WINDOW, ledger.CLOCK_SKEW_WARN_SECONDS
+            ),
         )
 
 
@@ -212,6 +220,22 @@ def families(snapshot: Snapshot) -> list[Metric]:
             TIME_ZONE_FALLBACKS,
             "Reminders sent with TimeZone UTC: their event's zone is not a canonical IANA name.",
             value=t.time_zone_fallbacks,
+        ),
+    ]
+    # Gauges over a recent window of the ledger: a host whose clock is off is seen, not trusted.
+    minutes = ledger.CLOCK_SKEW_WINDOW.total_seconds() / 60
+    out += [
+        GaugeMetricFamily(
+            CLOCK_SKEW,
+            f"Largest difference between a dispatching host's clock and the database's over the "
+            f"last {minutes:.0f} min (seconds, 0 if none).",
+            value=snapshot.clock_skew.max_abs_seconds or 0.0,
+        ),
+        GaugeMetricFamily(
+            CLOCK_SKEWED_CYCLES,
+            f"Cycles in the last {minutes:.0f} min started by a host whose clock is more than "
+            f"{ledger.CLOCK_SKEW_WARN_SECONDS:.0f} s off the database's.",
+            value=snapshot.clock_skew.skewed_cycles,
         ),
     ]
     # Absent until a cycle has ever succeeded: the liveness rule treats absence as "not live".

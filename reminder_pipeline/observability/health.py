@@ -23,6 +23,7 @@ RUNBOOK_LIVENESS = RUNBOOK_DISPATCH + "#liveness-no-successful-cycle"
 RUNBOOK_OVERDUE = RUNBOOK_DISPATCH + "#overdue-pending-reminders"
 RUNBOOK_ERRORS = RUNBOOK_DISPATCH + "#errors-sustained"
 RUNBOOK_LATENESS = RUNBOOK_DISPATCH + "#lateness-slo-burn"
+RUNBOOK_CLOCK_SKEW = RUNBOOK_DISPATCH + "#clock-skew"
 
 #: No successful cycle for longer than this: the dispatcher is not running (design: > 5 min).
 LIVENESS_SECONDS = 300.0
@@ -235,7 +236,39 @@ def lateness_slo(engine: Engine, now: datetime) -> HealthCheck:
     )
 
 
-CHECKS = (liveness, overdue, errors, outbox_backlog, lateness_slo)
+def clock_skew(engine: Engine, now: datetime) -> HealthCheck:
+    """No cycle in the last 15 minutes was started by a host whose clock is more than 5 s off."""
+    threshold = ledger.CLOCK_SKEW_WARN_SECONDS
+    with engine.connect() as conn:
+        skew = metrics_repository.clock_skew_since(conn, now - ledger.CLOCK_SKEW_WINDOW, threshold)
+    passed = skew.skewed_cycles == 0
+    top = skew.max_abs_seconds or 0.0
+    description = (
+        f"{skew.skewed_cycles} of {skew.measured_cycles} cycles started by a host whose clock is "
+        f"more than {threshold:.0f} s off the database's (largest {top:.1f} s); the database's "
+        "clock was used."
+        if not passed
+        else f"Dispatching hosts' clocks within {threshold:.0f} s of the database's "
+        f"(largest {top:.1f} s over {skew.measured_cycles} cycles)."
+    )
+    return HealthCheck(
+        name="clock_skew",
+        passed=passed,
+        description=description,
+        metadata={
+            "max_abs_clock_skew_seconds": _round(skew.max_abs_seconds, 3),
+            "skewed_cycles": skew.skewed_cycles,
+            "measured_cycles": skew.measured_cycles,
+            "threshold_seconds": threshold,
+            "window_minutes": ledger.CLOCK_SKEW_WINDOW.total_seconds() / 60,
+            "runbook_url": RUNBOOK_CLOCK_SKEW,
+        },
+        severity="WARN",
+        runbook_url=RUNBOOK_CLOCK_SKEW,
+    )
+
+
+CHECKS = (liveness, overdue, errors, outbox_backlog, lateness_slo, clock_skew)
 
 _MIN = 60.0
 
@@ -266,10 +299,16 @@ ASSERTIONS: dict[str, tuple[str, str]] = {
         f"minutes within the {LATENESS_SLO_SECONDS:.0f} s SLO (a warning, not a page).",
         RUNBOOK_LATENESS,
     ),
+    "clock_skew": (
+        f"No dispatch cycle in the last {ledger.CLOCK_SKEW_WINDOW.total_seconds() / _MIN:.0f} "
+        f"minutes started by a host whose clock is more than {ledger.CLOCK_SKEW_WARN_SECONDS:.0f} "
+        "s off the database's (a warning: the database's clock is used, never the host's).",
+        RUNBOOK_CLOCK_SKEW,
+    ),
 }
 
 
 def evaluate(engine: Engine, now: datetime | None = None) -> list[HealthCheck]:
-    """Every check, in a fixed order: liveness, overdue, errors, outbox backlog, lateness SLO."""
+    """Every check, in a fixed order: liveness, overdue, errors, outbox, lateness, clock skew."""
     now = now or datetime.now(UTC)
     return [check(engine, now) for check in CHECKS]

@@ -45,6 +45,13 @@ LATENESS_BUCKETS: tuple[float, ...] = (1, 5, 10, 30, 60, 66, 75, 90, 120, 180, 3
 #: Upper bounds (seconds) of the cycle duration histogram: the design's target is < 30 s a cycle.
 DURATION_BUCKETS: tuple[float, ...] = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 30, 60, 120)
 
+#: A dispatching host whose clock differs from the database's by more than this (seconds) is
+#: logged, counted in the ledger and fails the ``clock_skew`` warning check; its clock is never
+#: used for what is due or for what a cycle writes (the database's is).
+CLOCK_SKEW_WARN_SECONDS = 5.0
+#: The window of the clock skew gauge and check.
+CLOCK_SKEW_WINDOW = timedelta(minutes=15)
+
 #: How long per-cycle rows stay in ``dispatch_cycles`` before being rolled up into the totals.
 DETAIL_RETENTION = timedelta(days=1)
 #: Time-outs of the ledger write: it is a side channel and must never hold up a cycle.
@@ -110,6 +117,7 @@ def build_record(
     finished_at: datetime | None = None,
     as_of: datetime | None = None,
     error: BaseException | str | None = None,
+    clock_skew_seconds: float | None = None,
 ) -> CycleRecord:
     """The ledger row for one cycle (pure; ``error`` set means the cycle failed)."""
     counts = counts or CycleCounts()
@@ -140,6 +148,7 @@ def build_record(
         lateness_buckets=bucket_counts(lateness, LATENESS_BUCKETS),
         error_kind=_kind(error),
         time_zone_fallbacks=counts.time_zone_fallbacks,
+        clock_skew_seconds=clock_skew_seconds,
     )
 
 
@@ -152,6 +161,7 @@ def record_cycle(
     finished_at: datetime | None = None,
     as_of: datetime | None = None,
     error: BaseException | str | None = None,
+    clock_skew_seconds: float | None = None,
 ) -> bool:
     """Write one cycle to the ledger in its own transaction; never raises. True when written.
 
@@ -163,7 +173,13 @@ def record_cycle(
     """
     try:
         record = build_record(
-            run_id, counts, started_at=started_at, finished_at=finished_at, as_of=as_of, error=error
+            run_id,
+            counts,
+            started_at=started_at,
+            finished_at=finished_at,
+            as_of=as_of,
+            error=error,
+            clock_skew_seconds=clock_skew_seconds,
         )
         with engine.begin() as conn:
             metrics_repository.set_local_timeouts(

@@ -12,6 +12,12 @@ Rules:
   refused (``outbox_retention`` deletes rows published before that, so the day could only be
   re-published in part), and so is a day in the future. A message is published at or after its
   DueAt, so no row of a later day can have been purged.
+* Only a day whose rows are all there: a day with fewer outbox rows than Sent reminders lost
+  rows to the purge (whatever ``retention`` says) and is refused, nothing sent, naming the count.
+* Only what still holds: a message goes out again only if its reminder is still Sent and its
+  event still Planned/InProgress with the StartAt the message carries; the others are counted by
+  reason (``cancelled``, ``moved``, ``completed``, ``reminder_not_sent``) and logged with their ids.
+  A consumer that lost its data must not notify people about cancelled or moved meetings.
 * Only published rows, read, never written: unpublished rows are the relay's, and the back-fill
   changes no row's published state.
 * Outbox id order, chunk after chunk: each key's messages go out in the order the relay sent them.
@@ -26,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from datetime import time as clock_time
 from typing import NoReturn
@@ -44,13 +50,16 @@ log = logging.getLogger(__name__)
 #: The header added to every re-published message: the id of the run that re-published it.
 HEADER_REPUBLISHED_BY_RUN = "republished-by-run"
 
+#: Why a published message is not re-published (store/queries.py, SELECT_PUBLISHED_OF_DAY).
+STALE_REASONS = ("cancelled", "moved", "completed", "reminder_not_sent")
+
 DEFAULT_CHUNK_SIZE = 500
 #: A catch-up drain holds the relay lock for its whole run (up to 240 s): wait that out.
 DEFAULT_LOCK_WAIT_SECONDS = 300.0
 
 
 class RepublishRefused(ValueError):
-    """The day cannot be re-published (past the outbox retention, or in the future); one line."""
+    """The day cannot be re-published (past the retention, purged in part, in the future)."""
 
 
 class RepublishFailed(RuntimeError):
@@ -86,6 +95,8 @@ class RepublishReport:
     first_outbox_id: int | None
     last_outbox_id: int | None
     duration_ms: int
+    #: Messages not re-published because they no longer hold, by reason.
+    not_republished: dict[str, int] = field(default_factory=dict)
 
 
 def day_window(day: date) -> tuple[datetime, datetime]:
@@ -177,7 +188,26 @@ def republish_day(
     started = time.monotonic()
     start, end = day_window(day)
     with engine.connect() as conn:
+        # Sent reminders first, outbox rows after: a cycle committing in between adds a Sent row
+        # and its outbox row together, so only a purge can make the rows fewer.
+        sent = repository.sent_of_day(conn, start, end)
         bounds = repository.republish_day_bounds(conn, start, end)
+    rows = bounds.published + bounds.unpublished
+    if rows < sent:
+        refused = RepublishRefused(
+            f"re-publish of {day} refused: {rows} outbox rows for {sent} Sent reminders due that "
+            f"day ({sent - rows} purged), so it cannot be re-published whole; nothing was sent"
+        )
+        journal.event(
+            logging.WARNING,
+            "republish refused",
+            **who,
+            day=day.isoformat(),
+            outbox_rows=rows,
+            sent_reminders=sent,
+            reason=str(refused),
+        )
+        raise refused
     journal.event(
         logging.INFO,
         "republish started",
@@ -190,6 +220,7 @@ def republish_day(
         last_outbox_id=bounds.last_id,
     )
     republished = chunks = 0
+    stale: dict[str, int] = {}
     last_sent: int | None = None
     after = (bounds.first_id or 0) - 1
     while bounds.last_id is not None:
@@ -199,8 +230,30 @@ def republish_day(
             )
         if not chunk:
             break
-        after = chunk[-1].id
-        messages = [_marked(m, requester.run_id) for m in chunk]
+        after = chunk[-1].message.id
+        dropped = [row for row in chunk if row.stale is not None]
+        for row in dropped:
+            stale[row.stale or ""] = stale.get(row.stale or "", 0) + 1
+        if dropped:
+            journal.batch(
+                logging.INFO,
+                "republish left out",
+                [
+                    {
+                        "msg": "republish left out",
+                        "reason": row.stale,
+                        "reminder_id": row.reminder_id,
+                        "event_id": row.event_id,
+                        "outbox_id": row.message.id,
+                    }
+                    for row in dropped
+                ],
+                **who,
+                day=day.isoformat(),
+            )
+        messages = [_marked(r.message, requester.run_id) for r in chunk if r.stale is None]
+        if not messages:
+            continue
         with relay_lock(engine, lock_wait_seconds, requester.run_id) as lock:
             if lock is None:
                 _fail(
@@ -227,7 +280,7 @@ def republish_day(
                 day,
                 journal,
             )
-        last_sent = chunk[-1].id
+        last_sent = messages[-1].id
         event(
             log,
             logging.DEBUG,
@@ -235,7 +288,7 @@ def republish_day(
             **who,
             day=day.isoformat(),
             republished=delivered,
-            first_outbox_id=chunk[0].id,
+            first_outbox_id=messages[0].id,
             last_outbox_id=last_sent,
         )
     report = RepublishReport(
@@ -246,6 +299,7 @@ def republish_day(
         bounds.first_id,
         last_sent,
         int((time.monotonic() - started) * 1000),
+        stale,
     )
     journal.event(
         logging.INFO,
@@ -253,6 +307,8 @@ def republish_day(
         **who,
         day=day.isoformat(),
         republished=republished,
+        not_republished=sum(stale.values()),
+        **{f"not_republished_{reason}": n for reason, n in sorted(stale.items())},
         unpublished_rows=bounds.unpublished,
         chunks=chunks,
         duration_ms=report.duration_ms,

@@ -26,12 +26,13 @@ INSERT_CYCLE = text(
         run_id, started_at, finished_at, as_of, succeeded,
         sent, skipped, skipped_locked, failed, published, publish_failed, batches,
         duration_seconds, duration_buckets, lateness_sum, lateness_count, lateness_buckets,
-        error_kind, time_zone_fallbacks
+        error_kind, time_zone_fallbacks, clock_skew_seconds
     ) VALUES (
         :run_id, :started_at, :finished_at, :as_of, :succeeded,
         :sent, :skipped, :skipped_locked, :failed, :published, :publish_failed, :batches,
         :duration_seconds, CAST(:duration_buckets AS bigint[]), :lateness_sum, :lateness_count,
-        CAST(:lateness_buckets AS bigint[]), :error_kind, :time_zone_fallbacks
+        CAST(:lateness_buckets AS bigint[]), :error_kind, :time_zone_fallbacks,
+        :clock_skew_seconds
     )
     RETURNING id
     """
@@ -133,6 +134,18 @@ CYCLES_SINCE = text(
            coalesce(sum(failed), 0)                                          AS failed,
            coalesce(sum(publish_failed), 0)                                  AS publish_failed,
            coalesce(sum(sent), 0)                                            AS sent
+      FROM dispatch_cycles
+     WHERE finished_at >= :since
+    """
+)
+
+# The dispatching hosts' clock skew over a recent window: the largest difference either way, and
+# how many cycles were started by a host off by more than :threshold seconds.
+CLOCK_SKEW_SINCE = text(
+    """
+    SELECT max(abs(clock_skew_seconds))                                   AS max_abs_skew,
+           count(*) FILTER (WHERE abs(clock_skew_seconds) > :threshold)   AS skewed,
+           count(clock_skew_seconds)                                      AS measured
       FROM dispatch_cycles
      WHERE finished_at >= :since
     """

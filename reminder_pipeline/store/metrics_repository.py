@@ -36,6 +36,8 @@ class CycleRecord:
     error_kind: str | None = None
     #: Reminders sent with the fallback zone (their event's TimeZone was not a canonical IANA name).
     time_zone_fallbacks: int = 0
+    #: How far the starting host's clock was ahead of the database's (None: not measured).
+    clock_skew_seconds: float | None = None
 
 
 def insert_cycle(conn: Connection, record: CycleRecord) -> int:
@@ -204,6 +206,22 @@ def cycles_since(conn: Connection, since: datetime) -> CycleWindow:
     """Cycle and error counts of the cycles finished at or after ``since``."""
     row = conn.execute(q.CYCLES_SINCE, {"since": since}).one()
     return CycleWindow(*(int(v) for v in row))
+
+
+@dataclass(frozen=True)
+class ClockSkew:
+    """Recent cycles' host clock skew: the largest (absolute), and how many were off."""
+
+    max_abs_seconds: float | None
+    skewed_cycles: int
+    measured_cycles: int
+
+
+def clock_skew_since(conn: Connection, since: datetime, threshold: float) -> ClockSkew:
+    """The clock skew of the cycles finished at or after ``since``."""
+    row = conn.execute(q.CLOCK_SKEW_SINCE, {"since": since, "threshold": threshold}).one()
+    top = row.max_abs_skew
+    return ClockSkew(None if top is None else float(top), int(row.skewed), int(row.measured))
 
 
 def lateness_buckets_since(conn: Connection, since: datetime, size: int) -> list[int]:

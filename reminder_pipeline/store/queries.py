@@ -190,7 +190,8 @@ COUNT_STILL_PENDING = text(
 # (one orjson dump per batch; five text[] parameters cost a regex escape per payload quote). The
 # outbox insert is fed from the UPDATE's RETURNING, so a row that was no longer Pending produces
 # no message, and the unique index on outbox.reminder_id makes a second message for a reminder
-# impossible (INV-REM-2).
+# impossible (INV-REM-2). SentAt is the database's clock (now(): this transaction's start), never
+# before the cycle's AsOf; :now (NULL in production) only lets a test pin it.
 APPLY_TRANSITIONS = text(
     """
     WITH decided AS (
@@ -200,7 +201,9 @@ APPLY_TRANSITIONS = text(
     moved AS (
         UPDATE event_reminders r
            SET status = d.status,
-               sent_at = CASE WHEN d.status = 'Sent' THEN CAST(:sent_at AS timestamptz) END,
+               sent_at = CASE WHEN d.status = 'Sent'
+                              THEN GREATEST(COALESCE(CAST(:now AS timestamptz), now()),
+                                            CAST(:sent_at AS timestamptz)) END,
                updated_at = now(),
                last_error = NULL,
                next_attempt_at = NULL,
@@ -228,12 +231,13 @@ APPLY_TRANSITIONS = text(
 
 # A poison row stays Pending (docs/design.md) but backs off exponentially, so a head of poison rows
 # can never starve the healthy rows behind it: 30 s, 60 s, 120 s, ... capped at :cap_seconds.
+# Counted from the database's clock (:now NULL), like the AsOf the back-off is compared with.
 RECORD_POISON = text(
     """
     UPDATE event_reminders r
        SET attempts = r.attempts + 1,
            last_error = p.error,
-           next_attempt_at = CAST(:now AS timestamptz)
+           next_attempt_at = COALESCE(CAST(:now AS timestamptz), now())
                + make_interval(secs => LEAST(:cap_seconds,
                                              :base_seconds * power(2, LEAST(r.attempts, 20)))),
            reserved_by = NULL,
@@ -243,6 +247,10 @@ RECORD_POISON = text(
      WHERE r.id = p.id AND r.status = 'Pending'
     """
 )
+
+# The database server's clock: the one clock a cycle reads (AsOf, the future check).
+# clock_timestamp(), not now(): the moment of the call, whatever transaction it runs in.
+DATABASE_CLOCK = text("SELECT clock_timestamp()")
 
 # Backlog: due Pending rows not yet processed, and the age of the oldest one.
 BACKLOG = text(
@@ -381,14 +389,41 @@ REPUBLISH_DAY_BOUNDS = text(
 # from :after_id and the walk stops at :last_id, so a day costs one pass over its id range
 # (benchmarks/README.md). Without the bound the planner may pick a bitmap scan of the
 # whole day plus a sort for every chunk, quadratic in the day's size.
+#
+# Each row comes with why it no longer holds (NULL when it does): a message goes out again only
+# if its reminder is still Sent and its event still Planned/InProgress with the StartAt the
+# message carries. A moved event keeps its Sent rows (only Pending ones are re-created), so a
+# StartAt that differs is how a move shows; a deleted event counts as cancelled. Joined by
+# primary key per row of the chunk (the outbox walk above stays the plan's driver).
 SELECT_PUBLISHED_OF_DAY = text(
     """
-    SELECT id, topic, message_key, CAST(payload AS text) AS payload, headers
-      FROM outbox
-     WHERE id > :after_id AND id <= :last_id
-       AND due_at >= :day_start AND due_at < :day_end
-       AND published_at IS NOT NULL
-     ORDER BY id
+    SELECT o.id, o.topic, o.message_key, CAST(o.payload AS text) AS payload, o.headers,
+           CAST(o.reminder_id AS text) AS reminder_id, o.payload ->> 'EventId' AS event_id,
+           CASE
+               WHEN e.id IS NULL OR e.status = 'Cancelled' THEN 'cancelled'
+               WHEN e.status = 'Completed' THEN 'completed'
+               WHEN e.start_at IS DISTINCT FROM CAST(o.payload ->> 'StartAt' AS timestamptz)
+                   THEN 'moved'
+               WHEN r.status IS DISTINCT FROM 'Sent' THEN 'reminder_not_sent'
+           END AS stale
+      FROM outbox o
+      LEFT JOIN event_reminders r ON r.id = o.reminder_id
+      LEFT JOIN calendar_events e ON e.id = CAST(o.payload ->> 'EventId' AS uuid)
+     WHERE o.id > :after_id AND o.id <= :last_id
+       AND o.due_at >= :day_start AND o.due_at < :day_end
+       AND o.published_at IS NOT NULL
+     ORDER BY o.id
      LIMIT :limit
+    """
+)
+
+# How many reminders due on the day are Sent: each has exactly one outbox row (INV-REM-2), so a
+# day with fewer outbox rows lost some to the purge, whatever the retention setting says. No index
+# serves it (the due index covers Pending rows only): one scan of event_reminders per day
+# re-published, an operator's back-fill, never the cycle.
+COUNT_SENT_OF_DAY = text(
+    """
+    SELECT count(*) FROM event_reminders
+     WHERE status = 'Sent' AND due_at >= :day_start AND due_at < :day_end
     """
 )

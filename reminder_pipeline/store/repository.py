@@ -146,15 +146,21 @@ def _data_error(error: sa.exc.DBAPIError) -> str | None:
 
 
 def apply_transitions(
-    conn: Connection, transitions: Sequence[Transition], *, topic: str, sent_at: datetime
+    conn: Connection,
+    transitions: Sequence[Transition],
+    *,
+    topic: str,
+    not_before: datetime,
+    now: datetime | None = None,
 ) -> Applied:
     """Move rows Pending -> Sent/Skipped with one outbox row per Sent row, set-based.
 
     One statement for the batch. When the database refuses it for a row's data (SQLSTATE class
     22/23), the rows are written one by one, each in a savepoint, and only the refused ones are
     left out (returned as poison). Any other error propagates: the caller's transaction rolls
-    back whole.
+    back whole. SentAt is the database's clock (``now`` only pins it), never before ``not_before``.
     """
+    sent_at = {"sent_at": not_before, "now": now}
     savepoint = conn.begin_nested()
     try:
         rows = _apply(conn, transitions, topic, sent_at)
@@ -188,7 +194,10 @@ def apply_transitions(
 
 
 def _apply(
-    conn: Connection, transitions: Sequence[Transition], topic: str, sent_at: datetime
+    conn: Connection,
+    transitions: Sequence[Transition],
+    topic: str,
+    sent_at: dict[str, datetime | None],
 ) -> list[AppliedTransition]:
     if not transitions:
         return []
@@ -204,13 +213,15 @@ def _apply(
     ]
     rows = conn.execute(
         queries.APPLY_TRANSITIONS,
-        {"batch": orjson.dumps(batch).decode(), "sent_at": sent_at, "topic": topic},
+        {"batch": orjson.dumps(batch).decode(), **sent_at, "topic": topic},
     ).all()
     return [AppliedTransition(r[0], _STATUS[r[1]], _finite(r[2]), r[3], r[4]) for r in rows]
 
 
-def record_poison(conn: Connection, poison: Sequence[PoisonRow], now: datetime) -> None:
-    """Count a failed attempt on each poison row and schedule its back-off; it stays Pending."""
+def record_poison(
+    conn: Connection, poison: Sequence[PoisonRow], now: datetime | None = None
+) -> None:
+    """Count a failed attempt on each row; back off from the database's clock (or ``now``)."""
     if not poison:
         return
     conn.execute(
@@ -231,6 +242,12 @@ class Backlog:
 
     count: int
     oldest_due_age_seconds: float | None
+
+
+def database_clock(conn: Connection) -> datetime:
+    """The database server's clock now (the one clock of a cycle)."""
+    value: datetime = conn.execute(queries.DATABASE_CLOCK).scalar_one()
+    return value
 
 
 def backlog(conn: Connection, as_of: datetime) -> Backlog:
@@ -468,6 +485,25 @@ def republish_day_bounds(conn: Connection, day_start: datetime, day_end: datetim
     return DayBounds(row.first_id, row.last_id, int(row.published), int(row.unpublished))
 
 
+def sent_of_day(conn: Connection, day_start: datetime, day_end: datetime) -> int:
+    """How many reminders due in ``[day_start, day_end)`` are Sent (one outbox row each)."""
+    return int(
+        conn.execute(
+            queries.COUNT_SENT_OF_DAY, {"day_start": day_start, "day_end": day_end}
+        ).scalar_one()
+    )
+
+
+@dataclass(frozen=True)
+class PublishedRow:
+    """A published outbox row of a day, and why it no longer holds (``stale``; None if it does)."""
+
+    message: ClaimedMessage
+    reminder_id: str | None
+    event_id: str | None
+    stale: str | None
+
+
 def published_of_day(
     conn: Connection,
     day_start: datetime,
@@ -476,7 +512,7 @@ def published_of_day(
     after_id: int,
     last_id: int,
     limit: int,
-) -> list[ClaimedMessage]:
+) -> list[PublishedRow]:
     """Up to ``limit`` published rows due in ``[day_start, day_end)``, ids after ``after_id``."""
     rows = conn.execute(
         queries.SELECT_PUBLISHED_OF_DAY,
@@ -489,5 +525,11 @@ def published_of_day(
         },
     ).all()
     return [
-        ClaimedMessage(r.id, r.topic, r.message_key, r.payload, dict(r.headers or {})) for r in rows
+        PublishedRow(
+            ClaimedMessage(r.id, r.topic, r.message_key, r.payload, dict(r.headers or {})),
+            r.reminder_id,
+            r.event_id,
+            r.stale,
+        )
+        for r in rows
     ]

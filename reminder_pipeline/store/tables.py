@@ -139,6 +139,8 @@ dispatch_cycles = sa.Table(
     sa.Column("error_kind", sa.Text, nullable=True),
     # Reminders sent with the fallback time zone (the event's was not a canonical IANA name).
     sa.Column("time_zone_fallbacks", sa.Integer, nullable=False, server_default="0"),
+    # How far the host that started the cycle was ahead of the database's clock (seconds).
+    sa.Column("clock_skew_seconds", sa.Double, nullable=True),
     # Time-window reads (health checks) and the roll-up of old rows walk this index.
     sa.Index("ix_dispatch_cycles_finished_at", "finished_at"),
 )

@@ -39,6 +39,7 @@ NAMES = [
     "dispatch_errors",
     "outbox_backlog",
     "lateness_slo",
+    "clock_skew",
 ]
 
 
@@ -93,6 +94,7 @@ def test_with_no_dispatch_ever_and_an_overdue_row_liveness_and_overdue_fail(
         "dispatch_errors": True,
         "outbox_backlog": True,
         "lateness_slo": True,
+        "clock_skew": True,
     }
     overdue = checks["no_overdue_reminders"]
     assert overdue.severity is AssetCheckSeverity.ERROR

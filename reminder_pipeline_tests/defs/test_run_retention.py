@@ -2,7 +2,10 @@
 ``DAGSTER_HOME`` with step outputs (``fs_io_manager`` pickles) and compute logs on disk.
 
 Checked: old finished runs go with their event log, run directory and compute logs; recent runs,
-runs in flight, a run group whose re-execution is in flight and the retention run itself stay;
+runs in flight, a run group whose re-execution is in flight or with a run younger than the
+retention, the runs of a back-fill not finished and the retention run itself stay (what is in
+use read again before each delete); a run whose files cannot be deleted (a symbolic link, a file
+where its directory should be) is kept, counted and logged, and the pass goes on;
 batches go oldest first and a pass stopped by its budget is resumed by the next; the job and its
 daily schedule are in the definitions, with config refused in one line; the shipped instance
 config bounds schedule and sensor ticks.
@@ -14,6 +17,7 @@ is no public API to create a run in the past); this is done here, in tests only.
 from __future__ import annotations
 
 import itertools
+import shutil
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -39,6 +43,7 @@ from dagster import (
     validate_run_config,
 )
 from dagster._core.definitions.run_request import InstigatorType
+from dagster._core.execution.backfill import BulkActionStatus, PartitionBackfill
 from dagster._core.remote_origin import (
     InProcessCodeLocationOrigin,
     RemoteJobOrigin,
@@ -60,6 +65,7 @@ from reminder_pipeline.defs.run_retention import (
 )
 from reminder_pipeline.defs.sensors import reminder_health_sensor
 from reminder_pipeline.local import dagster_processes as orchestrator
+from reminder_pipeline.logs import fields_of
 
 from .helpers import instance_overrides, log_messages
 
@@ -130,6 +136,11 @@ def backdate(dagster_storage_url: str, run_ids: list[str], by: timedelta) -> Non
             "UPDATE runs SET create_timestamp = create_timestamp - %s WHERE run_id = ANY(%s)",
             (by, run_ids),
         )
+
+
+def GROUP_TAGS(root: str) -> dict[str, str]:
+    """The tags Dagster gives a re-execution of ``root`` (what its run group is read by)."""
+    return {"dagster/root_run_id": root, "dagster/parent_run_id": root}
 
 
 def run_dir(instance: DagsterInstance, run_id: str) -> Path:
@@ -249,12 +260,20 @@ def test_the_retention_run_never_deletes_itself(instance, dagster_storage_url):
 def test_a_run_group_stays_while_its_re_execution_is_in_flight(instance, dagster_storage_url):
     parent = executed(instance)
     sibling = instance.create_run_for_job(
-        tiny, status=DagsterRunStatus.SUCCESS, parent_run_id=parent, root_run_id=parent
+        tiny,
+        status=DagsterRunStatus.SUCCESS,
+        parent_run_id=parent,
+        root_run_id=parent,
+        tags=GROUP_TAGS(parent),
     ).run_id
     backdate(dagster_storage_url, [parent, sibling], OLD)
     # A re-execution from failure loads the parent's step outputs from the parent's directory.
     reexecution = in_flight_run(
-        instance, DagsterRunStatus.STARTED, parent_run_id=parent, root_run_id=parent
+        instance,
+        DagsterRunStatus.STARTED,
+        parent_run_id=parent,
+        root_run_id=parent,
+        tags=GROUP_TAGS(parent),
     )
 
     report = run_retention.purge_runs(instance, KEEP)
@@ -263,13 +282,21 @@ def test_a_run_group_stays_while_its_re_execution_is_in_flight(instance, dagster
     assert instance.get_run_by_id(sibling) is not None
     assert (report.runs_deleted, report.runs_kept_in_use, report.left_for_next_time) == (0, 2, 2)
 
+    # Ended, but younger than the retention: the group may be re-executed again from its runs.
     instance.report_run_failed(instance.get_run_by_id(reexecution), "the re-execution ended")
+    report = run_retention.purge_runs(instance, KEEP)
+
+    assert_kept(instance, parent)
+    assert instance.get_run_by_id(sibling) is not None
+    assert (report.runs_deleted, report.runs_kept_group_recent) == (0, 2)
+
+    backdate(dagster_storage_url, [reexecution], OLD)
     report = run_retention.purge_runs(instance, KEEP)
 
     assert_gone(instance, parent)
     assert instance.get_run_by_id(sibling) is None
-    assert instance.get_run_by_id(reexecution) is not None  # recent
-    assert (report.runs_deleted, report.left_for_next_time) == (2, 0)
+    assert instance.get_run_by_id(reexecution) is None
+    assert (report.runs_deleted, report.left_for_next_time) == (3, 0)
 
 
 def test_batches_go_oldest_first_and_a_pass_stopped_by_its_budget_is_resumed(
@@ -444,3 +471,98 @@ def test_the_health_sensor_leaves_no_log_file_per_tick(instance, database_url):
     assert "health checks evaluated" in result.skip_reason.skip_message  # the verdict, on the tick
     storage = Path(instance.storage_directory())
     assert not [p for p in storage.rglob("*") if p.is_file()]
+
+
+def test_a_run_whose_files_cannot_be_deleted_is_skipped_counted_and_the_pass_goes_on(
+    instance, dagster_storage_url, tmp_path, caplog
+):
+    linked, blocked, plain = (executed(instance) for _ in range(3))
+    backdate(dagster_storage_url, [linked, blocked, plain], OLD)
+    # What stops even root: a symbolic link where the run's directory was (rmtree refuses to
+    # follow one), and a file where a directory is expected.
+    elsewhere = tmp_path / "elsewhere"
+    run_dir(instance, linked).rename(elsewhere)
+    run_dir(instance, linked).symlink_to(elsewhere, target_is_directory=True)
+    shutil.rmtree(run_dir(instance, blocked))
+    run_dir(instance, blocked).write_text("not a directory")
+    caplog.set_level("WARNING")
+
+    report = run_retention.purge_runs(instance, KEEP, batch_size=1)
+
+    assert_gone(instance, plain)
+    for run_id in (linked, blocked):
+        assert instance.get_run_by_id(run_id) is not None  # kept whole, found next time
+    assert (elsewhere / "produce" / "result").is_file()  # nothing followed through the link
+    assert (report.runs_deleted, report.runs_undeletable, report.left_for_next_time) == (1, 2, 2)
+    warned = [
+        r for r in caplog.records if r.getMessage() == "dagster run files not deletable; run kept"
+    ]
+    assert {fields_of(r)["kept_run_id"] for r in warned} == {linked, blocked}
+    # The next pass does not stall on them either.
+    newer = executed(instance)
+    backdate(dagster_storage_url, [newer], OLD)
+    again = run_retention.purge_runs(instance, KEEP)
+    assert (again.runs_deleted, again.runs_undeletable) == (1, 2)
+    assert_gone(instance, newer)
+
+
+def test_the_runs_of_a_back_fill_that_has_not_finished_are_kept(instance, dagster_storage_url):
+    backfill_id = "bf" + uuid.uuid4().hex[:6]
+    instance.add_backfill(
+        PartitionBackfill(
+            backfill_id=backfill_id,
+            status=BulkActionStatus.REQUESTED,
+            from_failure=False,
+            tags={},
+            backfill_timestamp=datetime.now(UTC).timestamp(),
+            partition_names=["2026-11-20", "2026-11-21"],
+        )
+    )
+    days = [
+        instance.create_run_for_job(
+            tiny, status=DagsterRunStatus.SUCCESS, tags={"dagster/backfill": backfill_id}
+        ).run_id
+        for _ in range(2)
+    ]
+    other = executed(instance)
+    backdate(dagster_storage_url, [*days, other], OLD)
+
+    report = run_retention.purge_runs(instance, KEEP)
+
+    assert all(instance.get_run_by_id(r) is not None for r in days)
+    assert_gone(instance, other)
+    assert (report.runs_deleted, report.runs_kept_backfill) == (1, 2)
+
+    backfill = instance.get_backfill(backfill_id)
+    instance.update_backfill(backfill.with_status(BulkActionStatus.COMPLETED_SUCCESS))
+    report = run_retention.purge_runs(instance, KEEP)
+
+    assert all(instance.get_run_by_id(r) is None for r in days)
+    assert (report.runs_deleted, report.runs_kept_backfill) == (2, 0)
+
+
+def test_the_runs_in_use_are_read_just_before_each_delete(instance, dagster_storage_url):
+    first, parent = executed(instance), executed(instance)
+    backdate(dagster_storage_url, [first, parent], OLD)
+    started: list[str] = []
+
+    def clock() -> float:
+        """Starts a re-execution of ``parent`` mid-batch, once ``first`` is gone."""
+        if not started and instance.get_run_by_id(first) is None:
+            started.append(
+                in_flight_run(
+                    instance,
+                    DagsterRunStatus.STARTED,
+                    parent_run_id=parent,
+                    root_run_id=parent,
+                    tags=GROUP_TAGS(parent),
+                )
+            )
+        return 0.0
+
+    report = run_retention.purge_runs(instance, KEEP, batch_size=10, clock=clock)
+
+    assert started
+    assert_gone(instance, first)
+    assert_kept(instance, parent)
+    assert (report.runs_deleted, report.runs_kept_in_use) == (1, 1)
