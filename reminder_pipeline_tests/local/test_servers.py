@@ -13,7 +13,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-import reminder_pipeline.local.servers as services
+import reminder_pipeline.local.postgres as embedded_postgres
 from reminder_pipeline.local.servers import (
     EmbeddedBroker,
     EmbeddedPostgres,
@@ -185,7 +185,9 @@ def test_pg_on_other_port_is_refused(pg: EmbeddedPostgres) -> None:
 
 
 def test_pg_missing_binary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(services, "_postgres_bin_dir", lambda: tmp_path / "nowhere" / "bin")
+    monkeypatch.setattr(
+        embedded_postgres, "_postgres_bin_dir", lambda: tmp_path / "nowhere" / "bin"
+    )
     with pytest.raises(ServiceError, match="initdb") as info:
         EmbeddedPostgres(tmp_path / "pgdata", port=free_port()).start()
     assert "\n" not in str(info.value)
@@ -277,7 +279,7 @@ def test_servers_outlive_the_starting_process(tmp_path_factory: pytest.TempPathF
         print(EmbeddedBroker({str(broker.state_dir)!r}, port={broker.port}).start())
         """
     )
-    package_root = Path(services.__file__).resolve().parent.parent
+    package_root = Path(embedded_postgres.__file__).resolve().parent.parent
     pythonpath = os.pathsep.join(filter(None, [str(package_root), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "PYTHONPATH": pythonpath}
     try:
