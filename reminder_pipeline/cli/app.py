@@ -196,14 +196,9 @@ def _publisher(settings: Settings, bootstrap_servers: str | None) -> KafkaPublis
 
 def _operator() -> str:
     """The operator's OS user (the audit trail of destructive commands)."""
-    from ..poison import os_user
+    from ..audit import os_user
 
     return os_user()
-
-
-def _audit(message: str, action: str, **fields: Any) -> None:
-    """An operator's action in the log, at WARNING so it is kept: who, what, which row."""
-    logs.event(log, logging.WARNING, message, operator=_operator(), action=action, **fields)
 
 
 @contextmanager
@@ -542,13 +537,12 @@ def outbox_purge(retention_hours: float, batch_size: int, as_json: bool) -> int:
     from ..retention import purge_outbox
 
     with _database() as engine:
-        deleted = purge_outbox(engine, timedelta(hours=retention_hours), batch_size=batch_size)
-    _audit(
-        "outbox purged by an operator",
-        "outbox purge",
-        retention_hours=retention_hours,
-        deleted=deleted,
-    )
+        deleted = purge_outbox(
+            engine,
+            timedelta(hours=retention_hours),
+            batch_size=batch_size,
+            operator=_operator(),
+        )
     if as_json:
         print_json({"deleted": deleted, "retention_hours": retention_hours})
     else:
@@ -602,7 +596,8 @@ def db_current(as_json: bool) -> int:
     return EXIT_OK
 
 
-@db.command("downgrade")
+# A relative revision (-1) is a REVISION, not an unknown option.
+@db.command("downgrade", context_settings={"ignore_unknown_options": True})
 @click.argument("revision")
 @click.option(
     "--yes",
@@ -616,6 +611,7 @@ def db_downgrade(revision: str, yes: bool) -> int:
 
     Destructive: refused without --yes; logged with your OS user.
     """
+    from ..audit import audited
     from ..store import migrate
 
     revision = revision.strip()
@@ -627,9 +623,28 @@ def db_downgrade(revision: str, yes: bool) -> int:
         )
     with _database(schema=False) as engine:
         before = migrate.current_revision(engine)
-        migrate.downgrade(engine, revision)
-        data = _revision_line(engine)
-    _audit("schema downgraded", "db downgrade", from_revision=before, to_revision=data["current"])
+        with audited(
+            "schema downgrade",
+            operator=_operator(),
+            action="db downgrade",
+            from_revision=before,
+            target=revision,
+        ) as outcome:
+            try:
+                migrate.downgrade(engine, revision)
+            except migrate.BadRevision as error:
+                raise ConfigError(
+                    f"db downgrade {revision}: {error} (revisions: `reminder-pipeline db current`,"
+                    " or `base`)"
+                ) from None
+            data = _revision_line(engine)
+            changed = data["current"] != before
+            outcome.message = "schema downgraded" if changed else "schema unchanged"
+            outcome.fields.update(to_revision=data["current"], changed=changed)
+    if not changed:
+        where = before or "no revision (empty database)"
+        print(f"nothing to downgrade: the database is already at {where} ({revision})", flush=True)
+        return EXIT_OK
     _print_revision(data, as_json=False)
     return EXIT_OK
 
