@@ -46,7 +46,8 @@ from typing import IO
 from .config import mask_secrets
 from .db import create_database, dagster_storage_url
 
-log = logging.getLogger(__name__)
+# Named, not __name__: the guard runs this module as __main__.
+log = logging.getLogger("reminder_pipeline.orchestrator")
 
 #: The instance config shipped in the package; identical to the repository's root dagster.yaml.
 INSTANCE_YAML = Path(__file__).with_name("dagster_instance.yaml")
