@@ -12,11 +12,12 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import subprocess
 import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -61,6 +62,7 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
     from ..domain.model import CycleCounts
+    from ..local.dagster_processes import StackRecord
     from ..local.endpoints import Endpoints
     from ..messaging.kafka import KafkaPublisher
 
@@ -194,25 +196,36 @@ def _publisher(settings: Settings, bootstrap_servers: str | None) -> KafkaPublis
 
 def _operator() -> str:
     """The operator's OS user (the audit trail of destructive commands)."""
-    from ..operator_jobs.poison import os_user
+    from ..audit import os_user
 
     return os_user()
 
 
-def _audit(message: str, action: str, **fields: Any) -> None:
-    """An operator's action in the log, at WARNING so it is kept: who, what, which row."""
-    logs.event(log, logging.WARNING, message, operator=_operator(), action=action, **fields)
-
-
 @contextmanager
-def _stop_signals() -> Iterator[threading.Event]:
-    """An event set by SIGINT or SIGTERM (a clean stop of a long-running command)."""
+def _stop_signals(*more: signal.Signals) -> Iterator[threading.Event]:
+    """An event set by SIGINT or SIGTERM (a clean stop of a long-running command), or ``more``."""
     stop = threading.Event()
     previous = {
-        sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
+        sig: signal.signal(sig, lambda *_: stop.set())
+        for sig in (signal.SIGINT, signal.SIGTERM, *more)
     }
     try:
         yield stop
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextmanager
+def _interrupt_on(*signals: signal.Signals) -> Iterator[None]:
+    """``signals`` raise KeyboardInterrupt, as SIGINT does (one way out of a start)."""
+
+    def interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in signals}
+    try:
+        yield
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -524,13 +537,12 @@ def outbox_purge(retention_hours: float, batch_size: int, as_json: bool) -> int:
     from ..operator_jobs.outbox_retention import purge_outbox
 
     with _database() as engine:
-        deleted = purge_outbox(engine, timedelta(hours=retention_hours), batch_size=batch_size)
-    _audit(
-        "outbox purged by an operator",
-        "outbox purge",
-        retention_hours=retention_hours,
-        deleted=deleted,
-    )
+        deleted = purge_outbox(
+            engine,
+            timedelta(hours=retention_hours),
+            batch_size=batch_size,
+            operator=_operator(),
+        )
     if as_json:
         print_json({"deleted": deleted, "retention_hours": retention_hours})
     else:
@@ -584,7 +596,8 @@ def db_current(as_json: bool) -> int:
     return EXIT_OK
 
 
-@db.command("downgrade")
+# A relative revision (-1) is a REVISION, not an unknown option.
+@db.command("downgrade", context_settings={"ignore_unknown_options": True})
 @click.argument("revision")
 @click.option(
     "--yes",
@@ -598,6 +611,7 @@ def db_downgrade(revision: str, yes: bool) -> int:
 
     Destructive: refused without --yes; logged with your OS user.
     """
+    from ..audit import audited
     from ..store import migrate
 
     revision = revision.strip()
@@ -609,9 +623,28 @@ def db_downgrade(revision: str, yes: bool) -> int:
         )
     with _database(schema=False) as engine:
         before = migrate.current_revision(engine)
-        migrate.downgrade(engine, revision)
-        data = _revision_line(engine)
-    _audit("schema downgraded", "db downgrade", from_revision=before, to_revision=data["current"])
+        with audited(
+            "schema downgrade",
+            operator=_operator(),
+            action="db downgrade",
+            from_revision=before,
+            target=revision,
+        ) as outcome:
+            try:
+                migrate.downgrade(engine, revision)
+            except migrate.BadRevision as error:
+                raise ConfigError(
+                    f"db downgrade {revision}: {error} (revisions: `reminder-pipeline db current`,"
+                    " or `base`)"
+                ) from None
+            data = _revision_line(engine)
+            changed = data["current"] != before
+            outcome.message = "schema downgraded" if changed else "schema unchanged"
+            outcome.fields.update(to_revision=data["current"], changed=changed)
+    if not changed:
+        where = before or "no revision (empty database)"
+        print(f"nothing to downgrade: the database is already at {where} ({revision})", flush=True)
+        return EXIT_OK
     _print_revision(data, as_json=False)
     return EXIT_OK
 
@@ -645,11 +678,17 @@ def services_start(as_json: bool) -> int:
 
 @services.command("stop")
 def services_stop() -> int:
-    """Stop the embedded servers (harmless when they are not running)."""
+    """Stop a running `up` of this home and its Dagster processes, then the embedded servers."""
+    from ..local.dagster_processes import StackRecord
     from ..local.endpoints import require_embedded, stop_servers
 
     require_embedded()
-    stop_servers(_settings())
+    settings = _settings()
+    stopped = StackRecord(settings.home).stop()
+    if stopped:
+        what = ", ".join(f"{name} pid {pid}" for name, pid in stopped.items())
+        print(f"stopped {what}", flush=True)
+    stop_servers(settings)
     print("embedded servers stopped", flush=True)
     return EXIT_OK
 
@@ -657,12 +696,14 @@ def services_stop() -> int:
 @services.command("status")
 @json_option
 def services_status(as_json: bool) -> int:
-    """Whether the embedded servers run, and where (passwords masked)."""
+    """Whether the embedded servers and an `up` with its Dagster processes run, and where."""
+    from ..local.dagster_processes import StackRecord
     from ..local.endpoints import embedded_broker, embedded_postgres, require_embedded
 
     require_embedded()
     settings = _settings()
     pg, broker = embedded_postgres(settings), embedded_broker(settings)
+    stack = StackRecord(settings.home).running()
     data = {
         "postgres": {
             "running": pg.is_running(),
@@ -670,6 +711,10 @@ def services_status(as_json: bool) -> int:
             "data_dir": str(pg.data_dir),
         },
         "broker": {"running": broker.is_running(), "bootstrap_servers": broker.bootstrap_servers},
+        "dagster": {
+            "running": bool(stack),
+            **{f"{name}_pid": stack.get(name) for name in ("up", "daemon", "webserver")},
+        },
     }
     if as_json:
         print_json(data)
@@ -841,18 +886,67 @@ def up(once: bool, no_demo: bool, keep_servers: bool) -> int:
 
     The quick start (the `embedded` extra): the one command besides `db upgrade` that migrates.
     """
-    from .. import cycle
-    from ..local import demo as demo_data
+    from ..local.dagster_processes import StackRecord, start_guard
     from ..local.endpoints import require_embedded
-    from ..store import migrate
 
     require_embedded()
     settings = _settings()
+    record = _take_over(StackRecord(settings.home))
+    # The guard stops what this `up` started if it ends without doing so itself (SIGKILL, ...).
+    guard = start_guard(settings.home, keep_servers=keep_servers or once)
+    record.add("up", os.getpid())
+    record.add("guard", guard.pid)
+    try:
+        return _up(settings, record, once=once, demo=not no_demo, keep_servers=keep_servers)
+    finally:
+        if guard.stdin is not None:
+            guard.stdin.close()  # EOF: the guard acts only if the record is still there
+        # It may still be stopping leftovers after that; it finishes alone.
+        with suppress(subprocess.TimeoutExpired):
+            guard.wait(30)
+
+
+def _take_over(record: StackRecord) -> StackRecord:
+    """Refuse to start beside a running ``up`` of the same home; stop what a dead one left."""
+    from ..local.dagster_processes import OrchestratorError
+
+    running = record.running()
+    if "up" in running:
+        raise OrchestratorError(
+            f"reminder-pipeline up already runs under {record.path.parent} ({record.describe()}); "
+            "stop it with `reminder-pipeline services stop`"
+        )
+    if running:
+        what = record.describe()
+        record.stop()
+        _say(f"stopped what an earlier up left running: {what}")
+    record.remove()
+    return record
+
+
+def _say(text: str) -> None:
+    """Print a status line; a closed stdout (``up | tee`` after Ctrl-C) must not stop the stop."""
+    try:
+        print(text, flush=True)
+    except OSError:  # EPIPE: nobody reads; send the rest of our output nowhere
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
+def _up(
+    settings: Settings, record: StackRecord, *, once: bool, demo: bool, keep_servers: bool
+) -> int:
+    """``up``'s work, once the guard is there."""
+    from .. import cycle
+    from ..local import demo as demo_data
+    from ..store import migrate
+
     print(f"reminder-pipeline: starting under {settings.home}", flush=True)
     endpoints, engine = _open(settings, broker=True)
     migrate.upgrade(engine)
     publisher = _publisher(settings, endpoints.bootstrap_servers)
-    if not no_demo:
+    if demo:
         demo_data.seed(engine)
     report = cycle.run_cycle(engine, publisher, batch_size=settings.batch_size)
     publisher.close()
@@ -865,48 +959,75 @@ def up(once: bool, no_demo: bool, keep_servers: bool) -> int:
     )
     if once:
         engine.dispose()
+        record.remove()  # the servers stay up by design; nothing else was started
         return EXIT_OK
-    return _run_dagster(settings, endpoints, engine, demo=not no_demo, keep_servers=keep_servers)
+    return _run_dagster(
+        settings, endpoints, engine, record=record, demo=demo, keep_servers=keep_servers
+    )
 
 
 def _run_dagster(
-    settings: Settings, endpoints: Endpoints, engine: Engine, *, demo: bool, keep_servers: bool
+    settings: Settings,
+    endpoints: Endpoints,
+    engine: Engine,
+    *,
+    record: StackRecord,
+    demo: bool,
+    keep_servers: bool,
 ) -> int:
-    """Dagster webserver + daemon, the exporter and the demo feeder until Ctrl-C; then stop all."""
+    """Dagster webserver + daemon, the exporter and the demo feeder until stopped; then stop all.
+
+    Stopped by Ctrl-C (SIGINT), SIGTERM or the terminal's SIGHUP. Each step of the stop runs
+    even if one before failed; the record is removed only when all of them succeeded (else the
+    guard stops the rest when we exit).
+    """
     from ..local import demo as demo_data
     from ..local.dagster_processes import DagsterStack
     from ..local.endpoints import stop_servers
     from ..observability.exporter import start_exporter
 
     env = {**os.environ, **endpoints.env(), "REMINDER_PIPELINE_HOME": str(settings.home)}
-    stack = DagsterStack(home=settings.home / "dagster_home", env=env, port=settings.webserver_port)
+    stack = DagsterStack(
+        home=settings.home / "dagster_home", env=env, port=settings.webserver_port, record=record
+    )
     feeder = demo_data.DemoFeeder(engine) if demo else None
     exporter = None
     try:
-        # Ctrl-C while Dagster loads interrupts the start (which stops what it started).
-        stack.start(progress=progress_line().tick)
-        exporter = start_exporter(settings, endpoints)
-        if feeder:
-            feeder.start()
+        # Ctrl-C (or SIGHUP, SIGTERM) while Dagster loads interrupts the start, which stops
+        # what it started.
+        with _interrupt_on(signal.SIGHUP, signal.SIGTERM):
+            stack.start(progress=progress_line().tick)
+            exporter = start_exporter(settings, endpoints)
+            if feeder:
+                feeder.start()
         print(f"Dagster UI: {stack.url}  (schedule reminder_dispatch_schedule runs every minute)")
         print(f"Prometheus metrics: {exporter.url}")
         print(
             "Watch reminders arrive: reminder-pipeline consume   |   Ctrl-C stops everything",
             flush=True,
         )
-        with _stop_signals() as stop:
+        with _stop_signals(signal.SIGHUP) as stop:
             stop.wait()
     finally:
-        print("stopping...", flush=True)
+        _say("stopping...")
+        steps: list[Callable[[], object]] = []
         if feeder:
-            feeder.stop()
+            steps.append(feeder.stop)
         if exporter is not None:
-            exporter.stop()
-        stack.stop()
-        engine.dispose()
+            steps.append(exporter.stop)
+        steps += [stack.stop, engine.dispose]
         if not keep_servers:
-            stop_servers(settings)
-        print("stopped", flush=True)
+            steps.append(lambda: stop_servers(settings))
+        failed = 0
+        for step in steps:
+            try:
+                step()
+            except Exception:  # the next steps still run; the guard gets what is left
+                log.exception("stopping up: a step failed")
+                failed += 1
+        if not failed:
+            record.remove()
+        _say("stopped")
     return EXIT_OK
 
 

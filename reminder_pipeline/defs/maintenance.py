@@ -62,7 +62,7 @@ def poison_rows(context, config: PoisonConfig, postgres: PostgresResource):
             actor=context.dagster_run.tags.get("user") or poison.os_user(),
             force=config.force,
             run_id=context.run_id,
-            journal=journal,
+            run_log=context.log,
         )
     if not done.changed:
         raise Failure(
@@ -81,7 +81,11 @@ def purge_outbox(context, config: RetentionConfig, postgres: PostgresResource):
     """Outbox retention; ``deleted_count`` in the output metadata."""
     started = time.monotonic()
     deleted = retention.purge_outbox(
-        postgres.engine, timedelta(hours=config.retention_hours), batch_size=config.batch_size
+        postgres.engine,
+        timedelta(hours=config.retention_hours),
+        batch_size=config.batch_size,
+        operator=context.dagster_run.tags.get("user") or poison.os_user(),
+        run_log=context.log,
     )
     context.log.info(f"outbox purged deleted={deleted} retention_hours={config.retention_hours}")
     yield Output(

@@ -9,10 +9,26 @@ reset to their defaults before exec and their own session (so a Ctrl-C in the te
 only the parent, which then stops them in order: daemon first so no new run is launched, then the
 webserver). Whatever survives the grace period is killed with its whole process group (code
 servers, a run worker mid-run: its transaction rolls back, and run monitoring fails that run).
+
+However the parent ends, the children go too (a signal handler alone does not do it: SIGKILL,
+SIGHUP with no handler, an EPIPE on a closed stdout end the parent before it stops anything):
+
+- on Linux each child asks the kernel for SIGTERM when its parent dies (``PR_SET_PDEATHSIG``),
+  which Dagster handles as SIGINT: a clean stop, its code servers with it;
+- everywhere, ``up`` starts a guard
+  (``python -m reminder_pipeline.local.dagster_processes --guard``) in a session of its own that holds the read end of a pipe only ``up`` writes to: EOF means ``up``
+  is gone, and the guard stops what the stack record (``up.json`` in the project home) names:
+  the process groups of the daemon and webserver (code servers, run workers), then the embedded
+  servers. ``up`` removes the record once it has stopped everything itself.
+
+The record also lets a later ``up``, and ``services stop`` / ``status``, find what runs.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import ctypes
 import json
 import logging
 import os
@@ -23,14 +39,15 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
 from ..config import mask_secrets
 from ..store.engine import create_database, dagster_storage_url
 
-log = logging.getLogger(__name__)
+# Named, not __name__: the guard runs this module as __main__.
+log = logging.getLogger("reminder_pipeline.local.dagster_processes")
 
 #: The instance config shipped in the package; identical to the repository's root dagster.yaml.
 INSTANCE_YAML = Path(__file__).parents[1] / "dagster_instance.yaml"
@@ -69,10 +86,35 @@ def prepare_home(home: Path, instance_yaml: Path | None = None) -> Path:
     return home
 
 
-def _reset_signals() -> None:
-    """Runs in the child between fork and exec: no import, no lock, so safe even with threads."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+_PR_SET_PDEATHSIG = 1
+
+
+def _load_prctl() -> Callable[..., int] | None:
+    """libc's ``prctl`` (Linux), looked up once here: never between fork and exec."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl  # type: ignore[no-any-return]
+    except (OSError, AttributeError):  # pragma: no cover - a libc without prctl
+        return None
+
+
+_PRCTL = _load_prctl()
+
+
+def _child_setup(parent: int) -> Callable[[], None]:
+    """What a child runs between fork and exec: default signals, SIGTERM when ``parent`` dies."""
+
+    def setup() -> None:
+        # No import, no allocation-heavy call: safe after a fork in a threaded parent.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if _PRCTL is not None:
+            _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+            if os.getppid() != parent:  # the parent died before the request took effect
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    return setup
 
 
 def _command(script: str) -> list[str]:
@@ -108,8 +150,10 @@ class DagsterStack:
         *,
         instance_yaml: Path | None = None,
         log_level: str = "info",
+        record: StackRecord | None = None,
     ) -> None:
         self.home = Path(home).expanduser().resolve()
+        self.record = record
         self.env = dict(env)
         self.host = host
         self.port = port
@@ -151,7 +195,11 @@ class DagsterStack:
             raise OrchestratorError("the Dagster stack is already started")
         env = self.child_env()
         if _answers(f"{self.url}/server_info"):
-            raise OrchestratorError(f"something already answers on {self.url}; choose another port")
+            raise OrchestratorError(
+                f"something already answers on {self.url} (not a Dagster of this home: "
+                "`reminder-pipeline services status` lists those); stop it or choose another port "
+                "(DAGSTER_WEBSERVER_PORT)"
+            )
         prepare_home(self.home, self.instance_yaml)
         workspace = str(self.home / "workspace.yaml")
         try:
@@ -199,8 +247,10 @@ class DagsterStack:
             stdout=log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_reset_signals,
+            preexec_fn=_child_setup(os.getpid()),
         )
+        if self.record is not None:
+            self.record.add(name, self._procs[name].pid)
 
     def _check_alive(self) -> None:
         for name, proc in self._procs.items():
@@ -338,3 +388,181 @@ def _kill_group(name: str, proc: subprocess.Popen[bytes]) -> None:
         log.info("killed what was left of dagster %s's process group", name)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+# --- what `up` started: the stack record and its guard ------------------------------------------
+
+#: The stack record's file name, in the project home (REMINDER_PIPELINE_HOME).
+RECORD_NAME = "up.json"
+#: Stopped in this order: `up` itself first (it stops the rest cleanly), the daemon before the
+#: webserver so no new run is launched.
+_STOP_ORDER = ("up", "daemon", "webserver")
+
+
+def _live(pid: int, started: float | None) -> bool:
+    """``pid`` is alive, not a zombie, and (when known) the process created at ``started``."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        # A pid reused by another process since it was recorded is not ours.
+        return started is None or abs(proc.create_time() - started) < 0.5
+    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
+        return False
+
+
+def _created(pid: int) -> float | None:
+    import psutil
+
+    try:
+        return float(psutil.Process(pid).create_time())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
+class StackRecord:
+    """``up.json``: the processes one ``up`` started (name -> pid and start time)."""
+
+    def __init__(self, home: Path) -> None:
+        self.path = Path(home).expanduser().resolve() / RECORD_NAME
+
+    def _read(self) -> dict[str, dict[str, float]]:
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def add(self, name: str, pid: int) -> None:
+        """Record ``pid`` as ``name`` (written atomically: a reader never sees half a file)."""
+        data = self._read()
+        data[name] = {"pid": pid, "started": _created(pid) or 0.0}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        tmp.replace(self.path)
+
+    def exists(self) -> bool:
+        """True while the record is there (``up`` has not finished stopping everything)."""
+        return self.path.exists()
+
+    def remove(self) -> None:
+        """Drop the record: everything in it has been stopped."""
+        self.path.unlink(missing_ok=True)
+
+    def running(self) -> dict[str, int]:
+        """The recorded processes still alive, name -> pid (the guard left out)."""
+        alive = {}
+        for name, entry in self._read().items():
+            if name == "guard" or not isinstance(entry, dict):
+                continue
+            pid, started = int(entry.get("pid", 0)), entry.get("started") or None
+            if pid > 0 and _live(pid, started):
+                alive[name] = pid
+        return alive
+
+    def describe(self) -> str:
+        """What runs, on one line: ``up pid 1, daemon pid 2, webserver pid 3``."""
+        return ", ".join(f"{name} pid {pid}" for name, pid in self.running().items())
+
+    def stop(self, timeout: float = 20.0, *, spare_up: bool = False) -> dict[str, int]:
+        """Stop what runs: ``up`` by SIGTERM (it stops the rest), then the Dagster process groups.
+
+        Each group gets SIGINT (Dagster's clean stop), then SIGKILL after ``timeout``. Returns
+        what was running; the record is removed. ``spare_up``: the guard's call (``up`` is
+        exiting; it may be waiting for the guard).
+        """
+        running = self.running()
+        if spare_up:
+            running.pop("up", None)
+        names = sorted(running, key=lambda n: _STOP_ORDER.index(n) if n in _STOP_ORDER else 99)
+        for name in names:
+            pid = self.running().get(name)  # `up` may have stopped the others meanwhile
+            group = name != "up"  # the Dagster children lead their own process group
+            if pid is not None:
+                _signal(pid, signal.SIGTERM if name == "up" else signal.SIGINT, group)
+                # `up` stops the whole stack in order before it exits: give it the longer wait.
+                if not _wait_gone(pid, timeout * 3 if name == "up" else timeout):
+                    log.warning("%s (pid %s) did not stop within %.0fs; killed", name, pid, timeout)
+                    _signal(pid, signal.SIGKILL, group)
+                    _wait_gone(pid, 5.0)
+            if group:  # what the leader left of its group: code servers, run workers
+                _signal(running[name], signal.SIGKILL, group=True)
+        self.remove()
+        return running
+
+
+def _signal(pid: int, sig: signal.Signals, group: bool) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if group:
+            os.killpg(pid, sig)
+        else:
+            os.kill(pid, sig)
+
+
+def _wait_gone(pid: int, timeout: float) -> bool:
+    """Await the exit of ``pid``, not our child: a zombie (exited, not reaped yet) is gone."""
+    deadline = time.monotonic() + timeout
+    while _live(pid, None):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def start_guard(home: Path, *, keep_servers: bool) -> subprocess.Popen[bytes]:
+    """Start the guard of this process (``up``): it stops the recorded stack when we are gone.
+
+    The guard reads a pipe whose write end only this process holds, so EOF means we exited,
+    whatever way. The caller keeps the returned Popen (and its ``stdin``) for its lifetime.
+    """
+    home = Path(home).expanduser().resolve()
+    (home / PROCESS_LOG_DIR).mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "reminder_pipeline.local.dagster_processes", "--guard", str(home)]
+    if keep_servers:
+        argv.append("--keep-servers")
+    with (home / PROCESS_LOG_DIR / "guard.log").open("ab") as out:
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # out of the terminal's reach: no SIGINT, no SIGHUP
+        )
+
+
+def guard(home: Path, *, keep_servers: bool, parent: IO[bytes]) -> int:
+    """Wait for EOF on ``parent``; then stop what the record still names, and the servers."""
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)  # only the parent's end decides
+    while parent.read(4096):
+        pass
+    record = StackRecord(home)
+    if not record.exists():  # up stopped everything itself
+        return 0
+    from ..logs import configure, event
+
+    configure()
+    stopped = record.stop(spare_up=True)
+    event(log, logging.WARNING, "up is gone: stopped what it left running", **stopped)
+    if not keep_servers:
+        from ..config import Settings
+        from .endpoints import stop_servers
+
+        stop_servers(Settings.from_env())
+        event(log, logging.WARNING, "up is gone: stopped the embedded servers")
+    return 0
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m reminder_pipeline.local.dagster_processes")
+    parser.add_argument("--guard", type=Path, required=True, metavar="HOME")
+    parser.add_argument("--keep-servers", action="store_true")
+    args = parser.parse_args(argv)
+    return guard(args.guard, keep_servers=args.keep_servers, parent=sys.stdin.buffer)
+
+
+if __name__ == "__main__":  # pragma: no cover - the guard's own process
+    sys.exit(_main())

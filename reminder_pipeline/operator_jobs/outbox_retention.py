@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import logging
 import time
 from datetime import timedelta
 
 from sqlalchemy.engine import Engine
 
+from ..audit import audited, os_user
 from ..config import DEFAULT_RETENTION_HOURS
-from ..logs import event
+from ..logs import RunLog
 from ..store import repository
-
-log = logging.getLogger(__name__)
 
 DEFAULT_RETENTION = timedelta(hours=DEFAULT_RETENTION_HOURS)
 
@@ -23,24 +21,33 @@ def purge_outbox(
     *,
     batch_size: int = 1000,
     budget_seconds: float = 60.0,
+    operator: str | None = None,
+    run_log: RunLog | None = None,
 ) -> int:
     """Delete published outbox rows older than ``retention``; a short transaction per batch.
 
-    Unpublished rows are never touched, whatever their age: they are the relay's work.
+    Unpublished rows are never touched, whatever their age: they are the relay's work. Audited
+    before the first DELETE (an interrupted purge still leaves its line) and after.
     """
     deadline = time.monotonic() + budget_seconds
     total = 0
-    while time.monotonic() < deadline:
-        with engine.begin() as conn:
-            deleted = repository.purge_published_outbox(conn, retention.total_seconds(), batch_size)
-        total += deleted
-        if deleted < batch_size:
-            break
-    event(
-        log,
-        logging.INFO,
-        "outbox purged",
-        deleted=total,
+    with audited(
+        "outbox purge",
+        operator=operator or os_user(),
+        action="outbox purge",
+        run_log=run_log,
         retention_hours=retention.total_seconds() / 3600,
-    )
+        batch_size=batch_size,
+    ) as outcome:
+        outcome.message = "outbox purged"
+        while time.monotonic() < deadline:
+            with engine.begin() as conn:
+                deleted = repository.purge_published_outbox(
+                    conn, retention.total_seconds(), batch_size
+                )
+            total += deleted
+            outcome.fields["deleted"] = total
+            if deleted < batch_size:
+                break
+        outcome.fields["deleted"] = total
     return total

@@ -2,33 +2,25 @@
 
 The same calls behind ``reminder-pipeline poison`` and the ``reminder_poison_rows`` job. A row
 is a poison row when it is still Pending after failed attempts; retry and skip act only on such
-rows unless forced (a row that never failed is not an operator's business), each action logged
-at WARNING with who did it, the action and the row.
+rows unless forced (a row that never failed is not an operator's business), each action in the
+audit trail (:mod:`reminder_pipeline.audit`): who, the action and the row before it acts, what
+changed after.
 """
 
 from __future__ import annotations
 
-import getpass
-import logging
-import os
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.engine import Engine
 
-from ..logs import Journal
+from ..audit import audited
+from ..audit import os_user as os_user
+from ..logs import RunLog
 from ..store import repository
 
 ACTIONS = ("retry", "skip")
-
-
-def os_user() -> str:
-    """Who runs this process (the audit trail of operators' actions)."""
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return f"uid {os.getuid()}"
 
 
 @dataclass(frozen=True)
@@ -64,26 +56,29 @@ def change(
     actor: str,
     force: bool = False,
     run_id: str | None = None,
-    journal: Journal | None = None,
+    run_log: RunLog | None = None,
 ) -> Change:
-    """Retry (clear the back-off) or skip (never published) one row in its own transaction."""
+    """Retry (clear the back-off) or skip (never published) one row in its own transaction.
+
+    Audited before it acts and after; ``run_log`` (a Dagster run's) gets the same lines.
+    """
     if action not in ACTIONS:
         raise ValueError(f"poison action {action!r} is not one of {', '.join(ACTIONS)}")
     rid = uuid.UUID(str(reminder_id))
     apply = repository.retry_poison_now if action == "retry" else repository.skip_poison
-    with engine.begin() as conn:
-        changed = apply(conn, rid, force=force)
-        state = None if changed else repository.reminder_operator_state(conn, rid)
-    (journal or Journal()).event(
-        logging.WARNING,
+    with audited(
         f"poison row {action}",
         operator=actor,
         action=f"poison {action}",
+        run_log=run_log,
         reminder_id=str(rid),
-        changed=changed,
         forced=force,
         run_id=run_id,
-    )
+    ) as outcome:
+        with engine.begin() as conn:
+            changed = apply(conn, rid, force=force)
+            state = None if changed else repository.reminder_operator_state(conn, rid)
+        outcome.fields["changed"] = changed
     if changed:
         return Change(action, str(rid), True, force)
     if state is None:

@@ -8,6 +8,8 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.script.revision import RevisionError
+from alembic.util.exc import CommandError
 from sqlalchemy.engine import Connection, Engine
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -29,10 +31,21 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
         command.upgrade(alembic_config(connection), revision)
 
 
+class BadRevision(ValueError):
+    """A revision Alembic cannot resolve to a downgrade target; the message is one line."""
+
+
 def downgrade(engine: Engine, revision: str) -> None:
-    """Migrate the database back to ``revision``."""
-    with engine.begin() as connection:
-        command.downgrade(alembic_config(connection), revision)
+    """Migrate the database back to ``revision``; a bad one raises :class:`BadRevision`.
+
+    Alembic resolves the target before it runs a step, and the whole downgrade is one
+    transaction: a refused revision changed nothing.
+    """
+    try:
+        with engine.begin() as connection:
+            command.downgrade(alembic_config(connection), revision)
+    except (CommandError, RevisionError) as error:
+        raise BadRevision(" ".join(str(error).split()) or type(error).__name__) from None
 
 
 def current_revision(engine: Engine) -> str | None:

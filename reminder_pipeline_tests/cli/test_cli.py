@@ -189,8 +189,12 @@ def test_version_and_help_show_each_options_default_and_variable(cli_env):
 
 
 def _audit(result: subprocess.CompletedProcess[str]) -> dict:
-    [record] = [r for r in log_records(result) if "operator" in r]
-    return record
+    """The action's outcome line, after its line naming who, what and the target before it."""
+    before, after = [r for r in log_records(result) if "operator" in r]
+    assert before["logger"] == after["logger"] == "reminder_pipeline.audit"
+    assert (before["phase"], after["phase"]) == ("before", "after")
+    assert before["operator"] == after["operator"] and before["action"] == after["action"]
+    return after
 
 
 def test_poison_rows_can_be_listed_retried_and_skipped_each_logged_with_the_operator(
@@ -309,6 +313,54 @@ def test_db_downgrade_needs_a_revision_and_yes(engine, cli_env):
     upgraded = run_cli("db", "upgrade", "--json", env=cli_env)
     assert upgraded.returncode == 0
     assert json.loads(upgraded.stdout) == {"current": head, "head": head}
+
+
+@pytest.mark.parametrize("revision", ["+1", "nosuch", "-99"])
+def test_db_downgrade_of_a_bad_revision_is_exit_2_with_one_line(engine, cli_env, revision):
+    head = migrate.head_revision()
+    result = run_cli("db", "downgrade", revision, "--yes", env=cli_env)
+    assert result.returncode == 2, result.stderr
+    [error] = error_lines(result)
+    assert error.startswith(f"reminder-pipeline: error: db downgrade {revision}: ")
+    assert "Traceback" not in result.stderr
+    assert migrate.current_revision(engine) == head
+
+
+def test_db_downgrade_that_changes_nothing_says_so(engine, cli_env):
+    head = migrate.head_revision()
+    result = run_cli("db", "downgrade", "heads", "--yes", env=cli_env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == (
+        f"nothing to downgrade: the database is already at {head} (heads)"
+    )
+    audit = _audit(result)
+    assert (audit["msg"], audit["changed"], audit["to_revision"]) == (
+        "schema unchanged",
+        False,
+        head,
+    )
+
+
+def test_an_outbox_purge_that_fails_midway_has_logged_its_audit_line_before(engine, cli_env):
+    _published_row(engine, hours_ago=3)
+    # Its DELETE fails in the database: the purge started and did not finish.
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN RAISE EXCEPTION 'refused by the test'; END $$"
+        )
+        conn.exec_driver_sql(
+            "CREATE TRIGGER refuse BEFORE DELETE ON outbox FOR EACH ROW EXECUTE FUNCTION refuse()"
+        )
+    result = run_cli("outbox", "purge", "--retention-hours", "1", env=cli_env)
+    assert result.returncode == 1, result.stderr
+    audit = [r for r in log_records(result) if r["logger"] == "reminder_pipeline.audit"]
+    assert [(r["msg"], r["phase"]) for r in audit] == [
+        ("outbox purge requested", "before"),
+        ("outbox purge failed", "failed"),
+    ]
+    assert audit[0]["operator"] == getpass.getuser() and audit[0]["retention_hours"] == 1
+    assert len(outbox_rows(engine)) == 1
 
 
 def test_services_start_prints_the_urls_with_their_passwords_masked(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -75,7 +76,7 @@ def test_children_get_default_signal_handlers_even_when_the_parent_ignores_sigin
             capture_output=True,
             text=True,
             check=True,
-            preexec_fn=orchestrator._reset_signals,
+            preexec_fn=orchestrator._child_setup(os.getpid()),
         )
     finally:
         signal.signal(signal.SIGINT, previous)

@@ -9,7 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "reminder_pipeline"
 #: Modules allowed at the package root besides __init__ and definitions: the foundation.
-ROOT_MODULES = {"__init__", "definitions", "config", "logs", "metrics_http"}
+ROOT_MODULES = {"__init__", "definitions", "audit", "config", "logs", "metrics_http"}
 MAX_LINES = 600
 
 
