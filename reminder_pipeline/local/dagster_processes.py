@@ -16,7 +16,8 @@ SIGHUP with no handler, an EPIPE on a closed stdout end the parent before it sto
 - on Linux each child asks the kernel for SIGTERM when its parent dies (``PR_SET_PDEATHSIG``),
   which Dagster handles as SIGINT: a clean stop, its code servers with it;
 - everywhere, ``up`` starts a guard
-  (``python -m reminder_pipeline.local.dagster_processes --guard``) in a session of its own that holds the read end of a pipe only ``up`` writes to: EOF means ``up``
+  (``python -m reminder_pipeline.local.dagster_processes --guard``) in a session of its own
+  that holds the read end of a pipe only ``up`` writes to: EOF means ``up``
   is gone, and the guard stops what the stack record (``up.json`` in the project home) names:
   the process groups of the daemon and webserver (code servers, run workers), then the embedded
   servers. ``up`` removes the record once it has stopped everything itself.
