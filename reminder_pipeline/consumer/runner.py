@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import logging
 import signal
 import sqlite3
@@ -79,6 +80,30 @@ HEADER_DLQ_PARTITION = "dlq-original-partition"
 HEADER_DLQ_OFFSET = "dlq-original-offset"
 HEADER_DLQ_GROUP = "dlq-consumer-group"
 HEADER_DLQ_FAILED_AT = "dlq-failed-at"
+#: The original value's size in bytes and its SHA-256 (hex): a copy cut to fit still names it.
+HEADER_DLQ_SIZE = "dlq-original-size"
+HEADER_DLQ_DIGEST = "dlq-original-sha256"
+#: Present when the copy is not the whole original: what was cut ("value", "headers").
+HEADER_DLQ_TRUNCATED = "dlq-truncated"
+
+#: librdkafka's default ``message.max.bytes`` (Kafka's broker default is 1,048,588): any message
+#: a default producer could send fits the broker, but its dead-letter copy with our headers
+#: may not, so the copy is cut to this.
+DEFAULT_DLQ_MAX_BYTES = 1_000_000
+#: Room kept for the record's framing (lengths, attributes, the batch header) in that budget.
+DLQ_RECORD_OVERHEAD = 1_024
+
+#: Produce errors that belong to the message, not to the broker's health: retrying the same
+#: copy cannot succeed, so they are a permanent outcome, never an outage loop.
+_REFUSALS = frozenset(
+    {
+        KafkaError.MSG_SIZE_TOO_LARGE,
+        KafkaError.RECORD_LIST_TOO_LARGE,
+        KafkaError.INVALID_MSG_SIZE,
+        KafkaError.INVALID_MSG,
+        KafkaError.INVALID_RECORD,
+    }
+)
 
 DLQ_REASON_DELIVERY_REJECTED = MessageProblem.DELIVERY_REJECTED.value
 
@@ -124,6 +149,7 @@ class ConsumeStats:
     notifications: int = 0
     duplicates: int = 0
     dead_lettered: int = 0
+    dead_letters_refused: int = 0
     retries: int = 0
     warnings: int = 0
     time_zone_fallbacks: int = 0
@@ -148,6 +174,10 @@ class ConsumerOptions:
     max_backoff_seconds: float = 30.0
     poll_timeout_seconds: float = 0.5
     dlq_timeout_seconds: float = 15.0
+    #: The largest dead-letter copy produced (value, key and headers); a bigger one is cut.
+    dlq_max_bytes: int = DEFAULT_DLQ_MAX_BYTES
+    #: librdkafka properties of the dead-letter producer layered over the defaults.
+    dlq_producer_config: Mapping[str, Any] = field(default_factory=dict)
     #: ``once``: stop when nothing has arrived for this long after joining. Not the high
     #: watermark: brokers (the embedded one among them) may under-report it.
     once_idle_seconds: float = 5.0
@@ -160,6 +190,8 @@ class ConsumerOptions:
         parse_locale(self.locale)  # a bad locale must stop the start, not dead-letter every message
         if self.max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
+        if self.dlq_max_bytes < 4 * DLQ_RECORD_OVERHEAD:
+            raise ValueError(f"dlq_max_bytes must be at least {4 * DLQ_RECORD_OVERHEAD}")
         if self.retry_backoff_seconds <= 0 or self.max_backoff_seconds < self.retry_backoff_seconds:
             raise ValueError("need 0 < retry_backoff_seconds <= max_backoff_seconds")
 
@@ -573,13 +605,12 @@ class ReminderConsumer:
     def _dead_letter(
         self, message: Message, reason: str, error: str, attempts: int
     ) -> _Retry | None:
-        """Copy ``message`` to the dead-letter topic; None once the broker acknowledged it."""
+        """Copy ``message`` to the dead-letter topic; None once it is there or refused for good."""
         options = self.options
         where = _where(message)
         topic, partition, offset = _position(message)
         # The original headers first (ids, contract version), then why and whence.
-        headers = [
-            *_raw_headers(message),
+        origin = [
             (HEADER_DLQ_REASON, reason.encode()),
             (HEADER_DLQ_ERROR, error.encode()),
             (HEADER_DLQ_ATTEMPTS, str(attempts).encode()),
@@ -589,18 +620,37 @@ class ReminderConsumer:
             (HEADER_DLQ_GROUP, options.group_id.encode()),
             (HEADER_DLQ_FAILED_AT, datetime.now(UTC).isoformat(timespec="milliseconds").encode()),
         ]
-        outcome: list[KafkaError | None] = []
-        producer = self._dlq_producer()
-        producer.produce(
-            options.dlq_topic,
-            key=message.key(),
-            value=message.value(),
-            headers=headers,
-            on_delivery=lambda err, _msg: outcome.append(err),
+        copy = dead_letter_copy(
+            message.key(), message.value(), _raw_headers(message), origin, options.dlq_max_bytes
         )
-        producer.flush(options.dlq_timeout_seconds)
-        if not outcome or outcome[0] is not None:
-            # Not safely in the DLQ: keep the partition on this message rather than lose it.
+        failure = self._produce_dead_letter(copy)
+        if failure is not None and failure.code() in _REFUSALS and copy.truncated != _ALL_CUT:
+            # The broker (or a topic's max.message.bytes) allows less than we assumed: the
+            # origin headers alone still let an operator find the original.
+            copy = dead_letter_copy(
+                message.key(), message.value(), _raw_headers(message), copy.origin, 0
+            )
+            failure = self._produce_dead_letter(copy)
+        if failure is not None and failure.code() in _REFUSALS:
+            # Permanent: the same record is refused however often it is sent. Holding the
+            # partition for it would stop every reminder behind it for good.
+            self.stats.dead_letters_refused += 1
+            self.metrics.dead_letters_refused.labels(reason).inc()
+            self.metrics.messages.labels("dead_letter_refused").inc()
+            event(
+                log,
+                logging.ERROR,
+                "dead letter refused by the broker; message skipped",
+                **where,
+                dlq_topic=options.dlq_topic,
+                reason=reason,
+                size=copy.size,
+                sha256=copy.digest,
+                error=failure.str(),
+            )
+            return None
+        if failure is not None:
+            # Not safely in the DLQ (broker down, no ACL): keep the partition on this message.
             retry_in = options.backoff(attempts)
             self.metrics.retries.labels("dead_letter").inc()
             event(
@@ -610,7 +660,7 @@ class ReminderConsumer:
                 **where,
                 dlq_topic=options.dlq_topic,
                 retry_in_seconds=retry_in,
-                error=str(outcome[0]) if outcome else "no delivery report",
+                error=failure.str(),
             )
             return _Retry(retry_in, read_failed=False)
         self.stats.dead_lettered += 1
@@ -625,8 +675,33 @@ class ReminderConsumer:
             reason=reason,
             error=error,
             attempts=attempts,
+            size=copy.size,
+            sha256=copy.digest,
+            truncated=",".join(copy.truncated) or None,
         )
         return None
+
+    def _produce_dead_letter(self, copy: DeadLetterCopy) -> KafkaError | None:
+        """Produce ``copy`` and wait for the broker: None when acknowledged, else the error."""
+        outcome: list[KafkaError | None] = []
+        producer = self._dlq_producer()
+        try:
+            producer.produce(
+                self.options.dlq_topic,
+                key=copy.key,
+                value=copy.value,
+                headers=copy.headers,
+                on_delivery=lambda err, _msg: outcome.append(err),
+            )
+        except KafkaException as exc:  # refused before sending (e.g. MSG_SIZE_TOO_LARGE)
+            error = exc.args[0] if exc.args else None
+            return error if isinstance(error, KafkaError) else KafkaError(KafkaError._FAIL)
+        except BufferError:  # the local queue is full: transient
+            return KafkaError(KafkaError._QUEUE_FULL)
+        producer.flush(self.options.dlq_timeout_seconds)
+        if not outcome:
+            return KafkaError(KafkaError._MSG_TIMED_OUT)
+        return outcome[0]
 
     def _dlq_producer(self) -> Producer:
         if self._dlq is None:
@@ -636,6 +711,8 @@ class ReminderConsumer:
                     "enable.idempotence": True,
                     "acks": "all",
                     "message.timeout.ms": int(self.options.dlq_timeout_seconds * 1000),
+                    "message.max.bytes": self.options.dlq_max_bytes,
+                    **self.options.dlq_producer_config,
                 }
             )
         return self._dlq
@@ -724,6 +801,71 @@ class ReminderConsumer:
         self.owned = frozenset()
         self.metrics.held_partitions.set(0)
         self.metrics.assigned_partitions.set(0)
+
+
+_ALL_CUT = ("value", "headers", "key")
+
+
+@dataclass(frozen=True)
+class DeadLetterCopy:
+    """The record written to the dead-letter topic for one message."""
+
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, str | bytes | None]]
+    #: The dead-letter headers naming the original (reason, position, size, digest).
+    origin: list[tuple[str, str | bytes | None]]
+    size: int
+    digest: str
+    #: What was cut to fit ("value", "headers", "key"); empty for a whole copy.
+    truncated: tuple[str, ...]
+
+
+def _header_bytes(headers: list[tuple[str, str | bytes | None]]) -> int:
+    # Each header costs its name, its value and two length varints (at most 5 bytes each).
+    return sum(
+        len(n.encode()) + len(v.encode() if isinstance(v, str) else v or b"") + 10
+        for n, v in headers
+    )
+
+
+def dead_letter_copy(
+    key: bytes | None,
+    value: bytes | None,
+    headers: list[tuple[str, str | bytes | None]],
+    origin: list[tuple[str, str | bytes | None]],
+    max_bytes: int,
+) -> DeadLetterCopy:
+    """The dead-letter record of a message: whole if it fits ``max_bytes``, else cut to fit.
+
+    The original's size and SHA-256 always go into the headers, so a cut copy still identifies
+    the message kept at its topic, partition and offset. ``max_bytes`` 0 keeps only ``origin``.
+    """
+    data = value or b""
+    size, digest = len(data), hashlib.sha256(data).hexdigest()
+    if HEADER_DLQ_SIZE not in {name for name, _ in origin}:
+        origin = [
+            *origin,
+            (HEADER_DLQ_SIZE, str(size).encode()),
+            (HEADER_DLQ_DIGEST, digest.encode()),
+        ]
+    budget = max_bytes - DLQ_RECORD_OVERHEAD
+    if len(key or b"") + size + _header_bytes([*headers, *origin]) <= budget:
+        return DeadLetterCopy(key, value, [*headers, *origin], origin, size, digest, ())
+    # Room for the marker header itself, then cut what is biggest and least needed first: a
+    # key or original headers over a quarter of the budget, then the value.
+    budget -= _header_bytes([(HEADER_DLQ_TRUNCATED, ",".join(_ALL_CUT))])
+    cut: list[str] = []
+    if len(key or b"") > budget // 4:
+        key, cut = None, [*cut, "key"]
+    if _header_bytes(headers) > budget // 4:
+        headers, cut = [], [*cut, "headers"]
+    room = max(budget - len(key or b"") - _header_bytes([*headers, *origin]), 0)
+    if value is not None and size > room:
+        value, cut = data[:room] or None, ["value", *cut]
+    order = tuple(part for part in _ALL_CUT if part in cut)
+    marked = [*headers, *origin, (HEADER_DLQ_TRUNCATED, ",".join(order).encode())]
+    return DeadLetterCopy(key, value, marked, origin, size, digest, order)
 
 
 @dataclass(frozen=True)
