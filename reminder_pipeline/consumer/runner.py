@@ -48,7 +48,7 @@ from ..config import ConfigError, KafkaSettings, Settings
 from ..domain import contract
 from ..logs import event
 from ..messaging.kafka import BrokerUnavailable, ensure_topic
-from .dedup import DedupStore, DedupStoreError, SqliteDedupStore
+from .dedup import DedupStore, DedupStoreError, PostgresDedupStore, SqliteDedupStore
 from .metrics import (
     DEFAULT_HOST,
     ConsumerMetrics,
@@ -718,7 +718,11 @@ class ReminderConsumer:
         return self._dlq
 
     def _commit(self, message: Message) -> None:
-        """Commit past ``message``; a failure only means a redelivery, which dedup absorbs."""
+        """Commit past ``message``; a failure means a redelivery, possibly to another member.
+
+        De-duplication absorbs it only where that member sees the same store: always with
+        ``--dedup-url`` (PostgreSQL), only on this host with the SQLite file.
+        """
         assert self._consumer is not None
         try:
             self._consumer.commit(message=message, asynchronous=False)
@@ -914,6 +918,7 @@ def consume_main(
     *,
     group_id: str = DEFAULT_GROUP_ID,
     dedup_path: Path | None = None,
+    dedup_url: str | None = None,
     once: bool = False,
     bootstrap_servers: str | None = None,
     sink: NotificationSink | None = None,
@@ -927,6 +932,8 @@ def consume_main(
     ``bootstrap_servers`` names the embedded broker when ``settings`` do not (the CLI knows it).
     ``once`` stops after the topic has been quiet for ``options.once_idle_seconds``. ``options``
     overrides everything but ``group_id`` and ``locale`` (tests: topic names, fast group joins).
+    ``dedup_url`` keeps delivered ReminderIds in PostgreSQL, shared by consumers on any number of
+    hosts, instead of the SQLite file ``dedup_path`` (one host; both is an error).
     ``metrics_port`` serves the consumer's Prometheus metrics on ``REMINDER_METRICS_HOST``
     (default 127.0.0.1) at that port. A bad value is a one-line error and exit code 2.
     """
@@ -934,6 +941,8 @@ def consume_main(
     stop = stop or threading.Event()
     server: MetricsServer | None = None
     try:
+        if dedup_url is not None and dedup_path is not None:
+            raise ConfigError("give --dedup-url or --dedup-path, not both")
         if metrics_port is not None and not 1 <= metrics_port <= 65535:
             raise ConfigError(f"--metrics-port {metrics_port} is not a port (1..65535)")
         try:
@@ -954,8 +963,12 @@ def consume_main(
         # DESCRIBE is enough.
         ensure_topic(kafka, topic=options.topic)
         ensure_topic(kafka, topic=options.dlq_topic)
-        path = dedup_path or default_dedup_path(settings, group_id)
-        with SqliteDedupStore(path) as dedup, stop_on_signals(stop):
+        store: PostgresDedupStore | SqliteDedupStore = (
+            PostgresDedupStore(dedup_url)
+            if dedup_url is not None
+            else SqliteDedupStore(dedup_path or default_dedup_path(settings, group_id))
+        )
+        with store as dedup, stop_on_signals(stop):
             consumer = ReminderConsumer(kafka, sink or StdoutSink(), dedup, options, metrics)
             consumer.run(stop=stop, idle_timeout=options.once_idle_seconds if once else None)
     except (ConfigError, BrokerUnavailable, DedupStoreError, sqlite3.Error, OSError) as exc:
