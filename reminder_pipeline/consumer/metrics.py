@@ -27,6 +27,7 @@ PREFIX = "notifications_reminder_consumer_"
 MESSAGES = PREFIX + "messages_total"
 NOTIFICATIONS = PREFIX + "notifications_sent_total"
 DUPLICATES = PREFIX + "duplicates_dropped_total"
+PASSED_DROPPED = PREFIX + "passed_reminders_dropped_total"
 DEAD_LETTERS = PREFIX + "dead_letters_total"
 DEAD_LETTERS_REFUSED = PREFIX + "dead_letters_refused_total"
 RETRIES = PREFIX + "retries_total"
@@ -44,6 +45,7 @@ METRIC_NAMES: tuple[str, ...] = (
     MESSAGES,
     NOTIFICATIONS,
     DUPLICATES,
+    PASSED_DROPPED,
     DEAD_LETTERS,
     DEAD_LETTERS_REFUSED,
     RETRIES,
@@ -57,7 +59,7 @@ METRIC_NAMES: tuple[str, ...] = (
     LAST_NOTIFIED,
 )
 
-OUTCOMES = ("notified", "duplicate", "dead_lettered", "dead_letter_refused")
+OUTCOMES = ("notified", "duplicate", "start_passed", "dead_lettered", "dead_letter_refused")
 #: Where a failed attempt failed: reading the message, delivering it, or writing the dead letter.
 RETRY_STAGES = ("read", "deliver", "dead_letter")
 #: Around the two promises (60 s, 120 s), fine enough below them to see the usual few seconds.
@@ -80,6 +82,11 @@ class ConsumerMetrics:
         )
         self.duplicates = Counter(
             DUPLICATES, "Messages of an already notified ReminderId, dropped.", registry=r
+        )
+        self.passed_dropped = Counter(
+            PASSED_DROPPED,
+            "Reminders dropped, not notified, because their StartAt had passed.",
+            registry=r,
         )
         self.dead_letters = Counter(
             DEAD_LETTERS,

@@ -150,6 +150,7 @@ class ConsumeStats:
     duplicates: int = 0
     dead_lettered: int = 0
     dead_letters_refused: int = 0
+    passed_dropped: int = 0
     retries: int = 0
     warnings: int = 0
     time_zone_fallbacks: int = 0
@@ -185,6 +186,11 @@ class ConsumerOptions:
     consumer_config: Mapping[str, Any] = field(default_factory=dict)
     #: The language of the reminder texts (``en``, ``ru``).
     locale: str = Locale.EN.value
+    #: A reminder whose StartAt passed more than this long ago is dropped, not notified (the
+    #: contract allows it: a re-published or long-held message about a meeting that is over).
+    #: The grace keeps "starts now" reminders (OffsetMinutes 0) that arrive seconds late.
+    #: None: never drop.
+    drop_after_start_seconds: float | None = 300.0
 
     def __post_init__(self) -> None:
         parse_locale(self.locale)  # a bad locale must stop the start, not dead-letter every message
@@ -192,6 +198,8 @@ class ConsumerOptions:
             raise ValueError("max_attempts must be at least 1")
         if self.dlq_max_bytes < 4 * DLQ_RECORD_OVERHEAD:
             raise ValueError(f"dlq_max_bytes must be at least {4 * DLQ_RECORD_OVERHEAD}")
+        if self.drop_after_start_seconds is not None and self.drop_after_start_seconds < 0:
+            raise ValueError("drop_after_start_seconds must be 0 or more (None: never drop)")
         if self.retry_backoff_seconds <= 0 or self.max_backoff_seconds < self.retry_backoff_seconds:
             raise ValueError("need 0 < retry_backoff_seconds <= max_backoff_seconds")
 
@@ -502,6 +510,20 @@ class ReminderConsumer:
             "event_id": str(reminder.event_id),
             "tenant_id": str(reminder.tenant_id),
         }
+        past = self._seconds_past_start(reminder.start_at)
+        if past is not None:
+            self.stats.passed_dropped += 1
+            self.metrics.passed_dropped.inc()
+            self.metrics.messages.labels("start_passed").inc()
+            event(
+                log,
+                logging.WARNING,
+                "reminder dropped: its StartAt has passed",
+                **ids,
+                start_at=reminder.start_at.isoformat(),
+                seconds_past_start=past,
+            )
+            return None
         if self.dedup.is_handled(reminder.reminder_id):
             self.stats.duplicates += 1
             self.metrics.duplicates.inc()
@@ -540,6 +562,14 @@ class ReminderConsumer:
         self.dedup.mark_handled(reminder.reminder_id, reminder.event_id)
         self._notified(message, mapped, attempt, ids)
         return None
+
+    def _seconds_past_start(self, start_at: datetime) -> float | None:
+        """How long ago StartAt passed, when beyond the grace that still notifies; else None."""
+        grace = self.options.drop_after_start_seconds
+        if grace is None:
+            return None
+        past = (datetime.now(UTC) - start_at).total_seconds()
+        return round(past, 3) if past > grace else None
 
     def _notified(
         self, message: Message, mapped: MappedReminder, attempt: int, ids: dict[str, Any]
