@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from reminder_pipeline.consumer import MessageProblem
-from reminder_pipeline.consumer.metrics import DEAD_LETTERS, MESSAGES, RETRIES
+from reminder_pipeline.consumer.metrics import MESSAGES, RETRIES
 from reminder_pipeline.consumer.runner import (
     DEFAULT_DLQ_MAX_BYTES,
     HEADER_DLQ_DIGEST,
@@ -52,20 +52,30 @@ BIG = 999_701
 def test_a_message_just_under_the_limit_is_dead_lettered_cut_and_the_reminder_behind_flows(
     lane: Lane,
 ) -> None:
-    """~1 MB of non-JSON ahead of a valid reminder on one partition: both handled, in order."""
+    """~1 MB of non-JSON and a ~1 MB JSON bomb ahead of a valid reminder on one partition."""
     big = b"\xff" + uuid.uuid4().bytes * (BIG // 16) + b"x" * (BIG % 16 - 1)
     assert len(big) == BIG
+    # A JSON bomb of the same size: nesting deeper than any parser's recursion.
+    bomb = b"[" * (BIG // 2) + b"]" * (BIG // 2)
     behind = a_payload()
     key = behind["EventId"]
     lane.produce(big, key=key, headers=contract.headers(str(uuid.uuid4()), None), partition=0)
+    lane.produce(bomb, key=key, partition=0)
     lane.produce(behind, partition=0)
 
     sink = RecordingSink([behind["ReminderId"]], expect=1)
     with give_up_after(sink):
-        consumer = lane.run(sink, max_messages=2, max_attempts=2)
+        consumer = lane.run(sink, max_messages=3, max_attempts=2)
 
     assert sink.reminder_ids() == [behind["ReminderId"]]
-    [dead] = read_topic(lane.kafka, lane.dlq_topic, 1)
+    by_offset = {
+        headers_of(m)[HEADER_DLQ_OFFSET]: m for m in read_topic(lane.kafka, lane.dlq_topic, 2)
+    }
+    assert set(by_offset) == {"0", "1"}
+    bomb_headers = headers_of(by_offset["1"])
+    assert bomb_headers[HEADER_DLQ_SIZE] == str(len(bomb))
+    assert bomb_headers[HEADER_DLQ_DIGEST] == hashlib.sha256(bomb).hexdigest()
+    dead = by_offset["0"]
     headers = headers_of(dead)
     assert headers[HEADER_DLQ_REASON] == MessageProblem.UNPARSEABLE.value
     assert (headers[HEADER_DLQ_TOPIC], headers[HEADER_DLQ_PARTITION]) == (lane.topic, "0")
@@ -76,9 +86,9 @@ def test_a_message_just_under_the_limit_is_dead_lettered_cut_and_the_reminder_be
     value = dead.value()
     assert big.startswith(value) and 0 < len(value) < BIG
     assert dead.key() == key.encode()  # the key is small: kept, so the DLQ keeps key order
-    assert committed(lane.kafka, lane.group_id, lane.topic) == {0: 2}
+    assert committed(lane.kafka, lane.group_id, lane.topic) == {0: 3}
     sample = consumer.metrics.registry.get_sample_value
-    assert sample(DEAD_LETTERS, {"reason": "unparseable"}) == 1
+    assert consumer.stats.dead_lettered == 2
     assert sample(RETRIES, {"stage": "dead_letter"}) == 0  # never taken for an outage
 
 
