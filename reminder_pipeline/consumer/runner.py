@@ -11,9 +11,14 @@ At least once, in key order, never twice:
   copied to the dead-letter topic with the reason in its headers and the partition moves on;
 * delivering is not: sink and de-duplication store failures are outages, retried with capped
   exponential back-off without limit (the contract: the partition does not move past them);
+* no message holds a partition for good: a dead-letter copy too big for the broker is cut to fit
+  (the original's position, size and SHA-256 in its headers), and one the broker refuses even
+  then is skipped and counted (a permanent outcome of that message, not an outage);
 * a rebalance never strands a partition: librdkafka keeps an application's pause across revoke
   and re-assign, so every partition is resumed when it is assigned;
-* ReminderId de-duplication in a durable store, so a redelivery never notifies twice.
+* ReminderId de-duplication in a durable store, so a redelivery never notifies twice (on one
+  host with the SQLite file, on every host with the shared PostgreSQL store);
+* a reminder whose StartAt passed more than a grace ago is dropped, counted and logged.
 """
 
 from __future__ import annotations
