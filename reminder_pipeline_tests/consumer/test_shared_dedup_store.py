@@ -21,8 +21,13 @@ import pytest
 from confluent_kafka import Message
 from sqlalchemy.engine import make_url
 
-from reminder_pipeline.config import ConfigError
-from reminder_pipeline.consumer import PostgresDedupStore, ReminderConsumer, SqliteDedupStore
+from reminder_pipeline.config import ConfigError, Settings
+from reminder_pipeline.consumer import (
+    PostgresDedupStore,
+    ReminderConsumer,
+    SqliteDedupStore,
+    consume_main,
+)
 from reminder_pipeline.consumer.dedup import DedupStore, DedupStoreError
 
 from .lane import Lane, RecordingSink, a_payload, committed, wait_until
@@ -185,3 +190,30 @@ def test_a_member_killed_before_its_commit_with_the_shared_store_notifies_once(
     ):
         sink = _two_members(lane, host_a, host_b)
     assert len(sink.delivered) == len(set(sink.reminder_ids())) == 9
+
+
+def test_consume_with_a_dedup_url_remembers_in_postgresql(
+    lane: Lane, shared_dedup_url: str, tmp_path: Path
+) -> None:
+    """``consume --dedup-url`` end to end: the reminder is notified and remembered in the table."""
+    message = a_payload()
+    lane.produce(message)
+    settings = Settings.from_env(
+        {
+            "KAFKA_BOOTSTRAP_SERVERS": lane.kafka.bootstrap_servers,
+            "REMINDER_PIPELINE_HOME": str(tmp_path),
+        }
+    )
+    sink = RecordingSink()
+    code = consume_main(
+        settings,
+        group_id=lane.group_id,
+        dedup_url=shared_dedup_url,
+        once=True,
+        sink=sink,
+        options=lane.options(once_idle_seconds=1.0),
+    )
+    assert code == 0 and sink.reminder_ids() == [message["ReminderId"]]
+    with PostgresDedupStore(shared_dedup_url) as store:
+        assert store.is_handled(uuid.UUID(message["ReminderId"]))
+    assert not (tmp_path / "notifications").exists()  # no SQLite file beside it
