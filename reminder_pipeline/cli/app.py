@@ -742,7 +742,14 @@ def services_status(as_json: bool) -> int:
     envvar="REMINDER_CONSUMER_DEDUP_PATH",
     show_envvar=True,
     show_default="under REMINDER_PIPELINE_HOME",
-    help="SQLite file of delivered ReminderIds (durable de-duplication).",
+    help="SQLite file of delivered ReminderIds (durable de-duplication, one host).",
+)
+@click.option(
+    "--dedup-url",
+    default=None,
+    envvar="REMINDER_CONSUMER_DEDUP_URL",
+    show_envvar=True,
+    help="PostgreSQL URL of the de-duplication table shared by consumers on several hosts.",
 )
 @click.option(
     "--once",
@@ -770,7 +777,12 @@ def services_status(as_json: bool) -> int:
     help="Language of the printed notifications.",
 )
 def consume(
-    group_id: str, dedup_path: str | None, once: bool, metrics_port: int | None, locale: str
+    group_id: str,
+    dedup_path: str | None,
+    dedup_url: str | None,
+    once: bool,
+    metrics_port: int | None,
+    locale: str,
 ) -> int:
     """Run the reference notifications consumer (one line per notification)."""
     from pathlib import Path
@@ -785,6 +797,7 @@ def consume(
         settings,
         group_id=group_id,
         dedup_path=Path(dedup_path) if dedup_path else None,
+        dedup_url=dedup_url or None,
         once=once,
         bootstrap_servers=servers,
         metrics_port=metrics_port,

@@ -1,6 +1,6 @@
 """The reference notifications consumer: pin.calendar.reminder-due.v1 to notifications."""
 
-from .dedup import DedupStore, SqliteDedupStore
+from .dedup import DedupStore, PostgresDedupStore, SqliteDedupStore
 from .metrics import ConsumerMetrics
 from .notifications import (
     IncompatibleMessage,
@@ -39,6 +39,7 @@ __all__ = [
     "Notification",
     "NotificationKind",
     "NotificationSink",
+    "PostgresDedupStore",
     "RecipientRole",
     "ReminderConsumer",
     "ReminderDue",

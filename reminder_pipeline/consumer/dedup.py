@@ -8,9 +8,11 @@ notifications context must not depend on the producer's schema. It records two t
   owner again;
 * each fully handled reminder (``reminders``), checked first, so a duplicate costs one lookup.
 
-One SQLite file serves the consumers of one host (WAL, ``BEGIN IMMEDIATE``); consumers of one
-group spread over several hosts need a shared implementation of :class:`DedupStore` instead
-(e.g. a table in the notifications database), because a partition may move between hosts.
+One SQLite file serves the consumers of one host (WAL, ``BEGIN IMMEDIATE``). Consumers on
+several hosts (a partition moves between hosts with a rebalance) share
+:class:`PostgresDedupStore`: one table, ``reminder_dedup``, in a database of the notifications
+side, created by ``docker/postgres/initdb/20-notifications-dedup.sh`` with a login that can only
+read and write it.
 """
 
 from __future__ import annotations
@@ -22,9 +24,17 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import TracebackType
 from typing import Protocol, Self
+from urllib.parse import urlsplit, urlunsplit
 
-#: Well above Kafka's default 7-day retention: a redelivery can only come from what the topic
-#: still holds (or a DLQ replay), so older entries no longer protect anything.
+import psycopg
+
+from ..config import ConfigError
+
+#: How long a delivered reminder can come again: the topic keeps a message 7 days, and the
+#: re-publish back-fill re-sends outbox rows up to 168 h old, which then stay 7 days on the topic.
+REPLAY_WINDOW = timedelta(days=14)
+#: Entries are kept well past the replay window (a DLQ replay by hand may come later still);
+#: older entries no longer protect anything.
 DEFAULT_RETENTION = timedelta(days=30)
 
 #: The file's schema, one entry per version (PRAGMA user_version): a new version appends an
@@ -200,6 +210,118 @@ class SqliteDedupStore:
 
     def close(self) -> None:
         """Close the file."""
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+#: The shared store's table (docker/postgres/initdb/20-notifications-dedup.sh creates it). One
+#: row per recipient notified, and one per reminder fully handled, whose recipient is the nil
+#: UUID (:data:`HANDLED`): both facts in one table a narrow login can be granted.
+PG_TABLE = "reminder_dedup"
+HANDLED = uuid.UUID(int=0)
+
+
+def psycopg_dsn(url: str) -> str:
+    """A libpq URL from a SQLAlchemy-style one (``postgresql+psycopg://`` → ``postgresql://``)."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.split("+", 1)[0]
+    if scheme not in ("postgresql", "postgres") or not parts.hostname:
+        raise ConfigError(f"--dedup-url: {scheme!r} is not a postgresql:// URL with a host")
+    return urlunsplit(("postgresql", *parts[1:]))
+
+
+class PostgresDedupStore:
+    """:class:`DedupStore` in a PostgreSQL table shared by consumers on any number of hosts."""
+
+    def __init__(self, url: str, *, retention: timedelta = DEFAULT_RETENTION) -> None:
+        dsn = psycopg_dsn(url)
+        try:
+            # autocommit: each write is durable when the call returns, like the SQLite store.
+            self._conn = psycopg.connect(dsn, autocommit=True, connect_timeout=10)
+        except psycopg.Error as exc:
+            host = urlsplit(dsn).hostname
+            raise DedupStoreError(
+                f"--dedup-url: cannot connect to {host} ({' '.join(str(exc).split())[:200]})"
+            ) from None
+        self._lock = threading.Lock()
+        try:
+            self._conn.execute(f"SELECT reminder_id FROM {PG_TABLE} LIMIT 0")
+        except psycopg.Error as exc:
+            self._conn.close()
+            raise DedupStoreError(
+                f"--dedup-url: table {PG_TABLE} missing or not readable by this login "
+                f"({type(exc).__name__}); create it with "
+                "docker/postgres/initdb/20-notifications-dedup.sh"
+            ) from None
+        self.prune(retention)
+
+    def _exists(self, reminder_id: uuid.UUID, recipient: uuid.UUID) -> bool:
+        with self._lock:
+            row = self._conn.execute(
+                f"SELECT 1 FROM {PG_TABLE} WHERE reminder_id = %s AND recipient_user_id = %s",
+                (reminder_id, recipient),
+            ).fetchone()
+        return row is not None
+
+    def _record(self, reminder_id: uuid.UUID, recipient: uuid.UUID, other_id: uuid.UUID) -> None:
+        # ON CONFLICT DO NOTHING: two hosts recording the same fact both succeed.
+        with self._lock:
+            self._conn.execute(
+                f"INSERT INTO {PG_TABLE} (reminder_id, recipient_user_id, other_id) "
+                "VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
+                (reminder_id, recipient, other_id),
+            )
+
+    def is_handled(self, reminder_id: uuid.UUID) -> bool:
+        """True when every notification of ``reminder_id`` has been delivered."""
+        return self._exists(reminder_id, HANDLED)
+
+    def is_delivered(self, reminder_id: uuid.UUID, recipient_user_id: uuid.UUID) -> bool:
+        """True when ``recipient_user_id`` has already been notified of ``reminder_id``."""
+        return self._exists(reminder_id, recipient_user_id)
+
+    def mark_delivered(
+        self, reminder_id: uuid.UUID, recipient_user_id: uuid.UUID, notification_id: uuid.UUID
+    ) -> None:
+        """Record that the sink accepted one notification."""
+        self._record(reminder_id, recipient_user_id, notification_id)
+
+    def mark_handled(self, reminder_id: uuid.UUID, event_id: uuid.UUID) -> None:
+        """Record that ``reminder_id`` is done; later copies are duplicates."""
+        self._record(reminder_id, HANDLED, event_id)
+
+    def prune(self, retention: timedelta = DEFAULT_RETENTION) -> int:
+        """Forget entries older than ``retention`` (the database's clock); returns how many."""
+        with self._lock:
+            cursor = self._conn.execute(
+                f"DELETE FROM {PG_TABLE} WHERE recorded_at < now() - %s", (retention,)
+            )
+        return cursor.rowcount
+
+    def counts(self) -> tuple[int, int]:
+        """(handled reminders, delivered notifications) currently remembered."""
+        with self._lock:
+            row = self._conn.execute(
+                f"SELECT count(*) FILTER (WHERE recipient_user_id = %s), "
+                f"count(*) FILTER (WHERE recipient_user_id <> %s) FROM {PG_TABLE}",
+                (HANDLED, HANDLED),
+            ).fetchone()
+        assert row is not None
+        return int(row[0]), int(row[1])
+
+    def close(self) -> None:
+        """Close the connection."""
         with self._lock:
             self._conn.close()
 

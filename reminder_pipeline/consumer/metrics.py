@@ -27,7 +27,9 @@ PREFIX = "notifications_reminder_consumer_"
 MESSAGES = PREFIX + "messages_total"
 NOTIFICATIONS = PREFIX + "notifications_sent_total"
 DUPLICATES = PREFIX + "duplicates_dropped_total"
+PASSED_DROPPED = PREFIX + "passed_reminders_dropped_total"
 DEAD_LETTERS = PREFIX + "dead_letters_total"
+DEAD_LETTERS_REFUSED = PREFIX + "dead_letters_refused_total"
 RETRIES = PREFIX + "retries_total"
 TIME_ZONE_FALLBACKS = PREFIX + "time_zone_fallbacks_total"
 UNKNOWN_KINDS = PREFIX + "unknown_kinds_total"
@@ -43,7 +45,9 @@ METRIC_NAMES: tuple[str, ...] = (
     MESSAGES,
     NOTIFICATIONS,
     DUPLICATES,
+    PASSED_DROPPED,
     DEAD_LETTERS,
+    DEAD_LETTERS_REFUSED,
     RETRIES,
     TIME_ZONE_FALLBACKS,
     UNKNOWN_KINDS,
@@ -55,7 +59,7 @@ METRIC_NAMES: tuple[str, ...] = (
     LAST_NOTIFIED,
 )
 
-OUTCOMES = ("notified", "duplicate", "dead_lettered")
+OUTCOMES = ("notified", "duplicate", "start_passed", "dead_lettered", "dead_letter_refused")
 #: Where a failed attempt failed: reading the message, delivering it, or writing the dead letter.
 RETRY_STAGES = ("read", "deliver", "dead_letter")
 #: Around the two promises (60 s, 120 s), fine enough below them to see the usual few seconds.
@@ -79,9 +83,20 @@ class ConsumerMetrics:
         self.duplicates = Counter(
             DUPLICATES, "Messages of an already notified ReminderId, dropped.", registry=r
         )
+        self.passed_dropped = Counter(
+            PASSED_DROPPED,
+            "Reminders dropped, not notified, because their StartAt had passed.",
+            registry=r,
+        )
         self.dead_letters = Counter(
             DEAD_LETTERS,
             "Messages copied to the dead-letter topic, by dlq-reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.dead_letters_refused = Counter(
+            DEAD_LETTERS_REFUSED,
+            "Messages whose dead-letter copy the broker refused for good (skipped, logged).",
             ["reason"],
             registry=r,
         )
@@ -131,6 +146,7 @@ class ConsumerMetrics:
                 self.notifications.labels(kind.value, role.value)
         for reason in MessageProblem:
             self.dead_letters.labels(reason.value)
+            self.dead_letters_refused.labels(reason.value)
         for stage in RETRY_STAGES:
             self.retries.labels(stage)
 

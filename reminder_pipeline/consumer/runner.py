@@ -11,15 +11,21 @@ At least once, in key order, never twice:
   copied to the dead-letter topic with the reason in its headers and the partition moves on;
 * delivering is not: sink and de-duplication store failures are outages, retried with capped
   exponential back-off without limit (the contract: the partition does not move past them);
+* no message holds a partition for good: a dead-letter copy too big for the broker is cut to fit
+  (the original's position, size and SHA-256 in its headers), and one the broker refuses even
+  then is skipped and counted (a permanent outcome of that message, not an outage);
 * a rebalance never strands a partition: librdkafka keeps an application's pause across revoke
   and re-assign, so every partition is resumed when it is assigned;
-* ReminderId de-duplication in a durable store, so a redelivery never notifies twice.
+* ReminderId de-duplication in a durable store, so a redelivery never notifies twice (on one
+  host with the SQLite file, on every host with the shared PostgreSQL store);
+* a reminder whose StartAt passed more than a grace ago is dropped, counted and logged.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import logging
 import signal
 import sqlite3
@@ -47,7 +53,7 @@ from ..config import ConfigError, KafkaSettings, Settings
 from ..domain import contract
 from ..logs import event
 from ..messaging.kafka import BrokerUnavailable, ensure_topic
-from .dedup import DedupStore, DedupStoreError, SqliteDedupStore
+from .dedup import DedupStore, DedupStoreError, PostgresDedupStore, SqliteDedupStore
 from .metrics import (
     DEFAULT_HOST,
     ConsumerMetrics,
@@ -79,6 +85,30 @@ HEADER_DLQ_PARTITION = "dlq-original-partition"
 HEADER_DLQ_OFFSET = "dlq-original-offset"
 HEADER_DLQ_GROUP = "dlq-consumer-group"
 HEADER_DLQ_FAILED_AT = "dlq-failed-at"
+#: The original value's size in bytes and its SHA-256 (hex): a copy cut to fit still names it.
+HEADER_DLQ_SIZE = "dlq-original-size"
+HEADER_DLQ_DIGEST = "dlq-original-sha256"
+#: Present when the copy is not the whole original: what was cut ("value", "headers").
+HEADER_DLQ_TRUNCATED = "dlq-truncated"
+
+#: librdkafka's default ``message.max.bytes`` (Kafka's broker default is 1,048,588): any message
+#: a default producer could send fits the broker, but its dead-letter copy with our headers
+#: may not, so the copy is cut to this.
+DEFAULT_DLQ_MAX_BYTES = 1_000_000
+#: Room kept for the record's framing (lengths, attributes, the batch header) in that budget.
+DLQ_RECORD_OVERHEAD = 1_024
+
+#: Produce errors that belong to the message, not to the broker's health: retrying the same
+#: copy cannot succeed, so they are a permanent outcome, never an outage loop.
+_REFUSALS = frozenset(
+    {
+        KafkaError.MSG_SIZE_TOO_LARGE,
+        KafkaError.RECORD_LIST_TOO_LARGE,
+        KafkaError.INVALID_MSG_SIZE,
+        KafkaError.INVALID_MSG,
+        KafkaError.INVALID_RECORD,
+    }
+)
 
 DLQ_REASON_DELIVERY_REJECTED = MessageProblem.DELIVERY_REJECTED.value
 
@@ -124,6 +154,8 @@ class ConsumeStats:
     notifications: int = 0
     duplicates: int = 0
     dead_lettered: int = 0
+    dead_letters_refused: int = 0
+    passed_dropped: int = 0
     retries: int = 0
     warnings: int = 0
     time_zone_fallbacks: int = 0
@@ -148,6 +180,10 @@ class ConsumerOptions:
     max_backoff_seconds: float = 30.0
     poll_timeout_seconds: float = 0.5
     dlq_timeout_seconds: float = 15.0
+    #: The largest dead-letter copy produced (value, key and headers); a bigger one is cut.
+    dlq_max_bytes: int = DEFAULT_DLQ_MAX_BYTES
+    #: librdkafka properties of the dead-letter producer layered over the defaults.
+    dlq_producer_config: Mapping[str, Any] = field(default_factory=dict)
     #: ``once``: stop when nothing has arrived for this long after joining. Not the high
     #: watermark: brokers (the embedded one among them) may under-report it.
     once_idle_seconds: float = 5.0
@@ -155,11 +191,20 @@ class ConsumerOptions:
     consumer_config: Mapping[str, Any] = field(default_factory=dict)
     #: The language of the reminder texts (``en``, ``ru``).
     locale: str = Locale.EN.value
+    #: A reminder whose StartAt passed more than this long ago is dropped, not notified (the
+    #: contract allows it: a re-published or long-held message about a meeting that is over).
+    #: The grace keeps "starts now" reminders (OffsetMinutes 0) that arrive seconds late.
+    #: None: never drop.
+    drop_after_start_seconds: float | None = 300.0
 
     def __post_init__(self) -> None:
         parse_locale(self.locale)  # a bad locale must stop the start, not dead-letter every message
         if self.max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
+        if self.dlq_max_bytes < 4 * DLQ_RECORD_OVERHEAD:
+            raise ValueError(f"dlq_max_bytes must be at least {4 * DLQ_RECORD_OVERHEAD}")
+        if self.drop_after_start_seconds is not None and self.drop_after_start_seconds < 0:
+            raise ValueError("drop_after_start_seconds must be 0 or more (None: never drop)")
         if self.retry_backoff_seconds <= 0 or self.max_backoff_seconds < self.retry_backoff_seconds:
             raise ValueError("need 0 < retry_backoff_seconds <= max_backoff_seconds")
 
@@ -470,6 +515,20 @@ class ReminderConsumer:
             "event_id": str(reminder.event_id),
             "tenant_id": str(reminder.tenant_id),
         }
+        past = self._seconds_past_start(reminder.start_at)
+        if past is not None:
+            self.stats.passed_dropped += 1
+            self.metrics.passed_dropped.inc()
+            self.metrics.messages.labels("start_passed").inc()
+            event(
+                log,
+                logging.WARNING,
+                "reminder dropped: its StartAt has passed",
+                **ids,
+                start_at=reminder.start_at.isoformat(),
+                seconds_past_start=past,
+            )
+            return None
         if self.dedup.is_handled(reminder.reminder_id):
             self.stats.duplicates += 1
             self.metrics.duplicates.inc()
@@ -508,6 +567,14 @@ class ReminderConsumer:
         self.dedup.mark_handled(reminder.reminder_id, reminder.event_id)
         self._notified(message, mapped, attempt, ids)
         return None
+
+    def _seconds_past_start(self, start_at: datetime) -> float | None:
+        """How long ago StartAt passed, when beyond the grace that still notifies; else None."""
+        grace = self.options.drop_after_start_seconds
+        if grace is None:
+            return None
+        past = (datetime.now(UTC) - start_at).total_seconds()
+        return round(past, 3) if past > grace else None
 
     def _notified(
         self, message: Message, mapped: MappedReminder, attempt: int, ids: dict[str, Any]
@@ -573,13 +640,12 @@ class ReminderConsumer:
     def _dead_letter(
         self, message: Message, reason: str, error: str, attempts: int
     ) -> _Retry | None:
-        """Copy ``message`` to the dead-letter topic; None once the broker acknowledged it."""
+        """Copy ``message`` to the dead-letter topic; None once it is there or refused for good."""
         options = self.options
         where = _where(message)
         topic, partition, offset = _position(message)
         # The original headers first (ids, contract version), then why and whence.
-        headers = [
-            *_raw_headers(message),
+        origin = [
             (HEADER_DLQ_REASON, reason.encode()),
             (HEADER_DLQ_ERROR, error.encode()),
             (HEADER_DLQ_ATTEMPTS, str(attempts).encode()),
@@ -589,18 +655,37 @@ class ReminderConsumer:
             (HEADER_DLQ_GROUP, options.group_id.encode()),
             (HEADER_DLQ_FAILED_AT, datetime.now(UTC).isoformat(timespec="milliseconds").encode()),
         ]
-        outcome: list[KafkaError | None] = []
-        producer = self._dlq_producer()
-        producer.produce(
-            options.dlq_topic,
-            key=message.key(),
-            value=message.value(),
-            headers=headers,
-            on_delivery=lambda err, _msg: outcome.append(err),
+        copy = dead_letter_copy(
+            message.key(), message.value(), _raw_headers(message), origin, options.dlq_max_bytes
         )
-        producer.flush(options.dlq_timeout_seconds)
-        if not outcome or outcome[0] is not None:
-            # Not safely in the DLQ: keep the partition on this message rather than lose it.
+        failure = self._produce_dead_letter(copy)
+        if failure is not None and failure.code() in _REFUSALS and copy.truncated != _ALL_CUT:
+            # The broker (or a topic's max.message.bytes) allows less than we assumed: the
+            # origin headers alone still let an operator find the original.
+            copy = dead_letter_copy(
+                message.key(), message.value(), _raw_headers(message), copy.origin, 0
+            )
+            failure = self._produce_dead_letter(copy)
+        if failure is not None and failure.code() in _REFUSALS:
+            # Permanent: the same record is refused however often it is sent. Holding the
+            # partition for it would stop every reminder behind it for good.
+            self.stats.dead_letters_refused += 1
+            self.metrics.dead_letters_refused.labels(reason).inc()
+            self.metrics.messages.labels("dead_letter_refused").inc()
+            event(
+                log,
+                logging.ERROR,
+                "dead letter refused by the broker; message skipped",
+                **where,
+                dlq_topic=options.dlq_topic,
+                reason=reason,
+                size=copy.size,
+                sha256=copy.digest,
+                error=failure.str(),
+            )
+            return None
+        if failure is not None:
+            # Not safely in the DLQ (broker down, no ACL): keep the partition on this message.
             retry_in = options.backoff(attempts)
             self.metrics.retries.labels("dead_letter").inc()
             event(
@@ -610,7 +695,7 @@ class ReminderConsumer:
                 **where,
                 dlq_topic=options.dlq_topic,
                 retry_in_seconds=retry_in,
-                error=str(outcome[0]) if outcome else "no delivery report",
+                error=failure.str(),
             )
             return _Retry(retry_in, read_failed=False)
         self.stats.dead_lettered += 1
@@ -625,8 +710,33 @@ class ReminderConsumer:
             reason=reason,
             error=error,
             attempts=attempts,
+            size=copy.size,
+            sha256=copy.digest,
+            truncated=",".join(copy.truncated) or None,
         )
         return None
+
+    def _produce_dead_letter(self, copy: DeadLetterCopy) -> KafkaError | None:
+        """Produce ``copy`` and wait for the broker: None when acknowledged, else the error."""
+        outcome: list[KafkaError | None] = []
+        producer = self._dlq_producer()
+        try:
+            producer.produce(
+                self.options.dlq_topic,
+                key=copy.key,
+                value=copy.value,
+                headers=copy.headers,
+                on_delivery=lambda err, _msg: outcome.append(err),
+            )
+        except KafkaException as exc:  # refused before sending (e.g. MSG_SIZE_TOO_LARGE)
+            error = exc.args[0] if exc.args else None
+            return error if isinstance(error, KafkaError) else KafkaError(KafkaError._FAIL)
+        except BufferError:  # the local queue is full: transient
+            return KafkaError(KafkaError._QUEUE_FULL)
+        producer.flush(self.options.dlq_timeout_seconds)
+        if not outcome:
+            return KafkaError(KafkaError._MSG_TIMED_OUT)
+        return outcome[0]
 
     def _dlq_producer(self) -> Producer:
         if self._dlq is None:
@@ -636,12 +746,18 @@ class ReminderConsumer:
                     "enable.idempotence": True,
                     "acks": "all",
                     "message.timeout.ms": int(self.options.dlq_timeout_seconds * 1000),
+                    "message.max.bytes": self.options.dlq_max_bytes,
+                    **self.options.dlq_producer_config,
                 }
             )
         return self._dlq
 
     def _commit(self, message: Message) -> None:
-        """Commit past ``message``; a failure only means a redelivery, which dedup absorbs."""
+        """Commit past ``message``; a failure means a redelivery, possibly to another member.
+
+        De-duplication absorbs it only where that member sees the same store: always with
+        ``--dedup-url`` (PostgreSQL), only on this host with the SQLite file.
+        """
         assert self._consumer is not None
         try:
             self._consumer.commit(message=message, asynchronous=False)
@@ -726,6 +842,71 @@ class ReminderConsumer:
         self.metrics.assigned_partitions.set(0)
 
 
+_ALL_CUT = ("value", "headers", "key")
+
+
+@dataclass(frozen=True)
+class DeadLetterCopy:
+    """The record written to the dead-letter topic for one message."""
+
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, str | bytes | None]]
+    #: The dead-letter headers naming the original (reason, position, size, digest).
+    origin: list[tuple[str, str | bytes | None]]
+    size: int
+    digest: str
+    #: What was cut to fit ("value", "headers", "key"); empty for a whole copy.
+    truncated: tuple[str, ...]
+
+
+def _header_bytes(headers: list[tuple[str, str | bytes | None]]) -> int:
+    # Each header costs its name, its value and two length varints (at most 5 bytes each).
+    return sum(
+        len(n.encode()) + len(v.encode() if isinstance(v, str) else v or b"") + 10
+        for n, v in headers
+    )
+
+
+def dead_letter_copy(
+    key: bytes | None,
+    value: bytes | None,
+    headers: list[tuple[str, str | bytes | None]],
+    origin: list[tuple[str, str | bytes | None]],
+    max_bytes: int,
+) -> DeadLetterCopy:
+    """The dead-letter record of a message: whole if it fits ``max_bytes``, else cut to fit.
+
+    The original's size and SHA-256 always go into the headers, so a cut copy still identifies
+    the message kept at its topic, partition and offset. ``max_bytes`` 0 keeps only ``origin``.
+    """
+    data = value or b""
+    size, digest = len(data), hashlib.sha256(data).hexdigest()
+    if HEADER_DLQ_SIZE not in {name for name, _ in origin}:
+        origin = [
+            *origin,
+            (HEADER_DLQ_SIZE, str(size).encode()),
+            (HEADER_DLQ_DIGEST, digest.encode()),
+        ]
+    budget = max_bytes - DLQ_RECORD_OVERHEAD
+    if len(key or b"") + size + _header_bytes([*headers, *origin]) <= budget:
+        return DeadLetterCopy(key, value, [*headers, *origin], origin, size, digest, ())
+    # Room for the marker header itself, then cut what is biggest and least needed first: a
+    # key or original headers over a quarter of the budget, then the value.
+    budget -= _header_bytes([(HEADER_DLQ_TRUNCATED, ",".join(_ALL_CUT))])
+    cut: list[str] = []
+    if len(key or b"") > budget // 4:
+        key, cut = None, [*cut, "key"]
+    if _header_bytes(headers) > budget // 4:
+        headers, cut = [], [*cut, "headers"]
+    room = max(budget - len(key or b"") - _header_bytes([*headers, *origin]), 0)
+    if value is not None and size > room:
+        value, cut = data[:room] or None, ["value", *cut]
+    order = tuple(part for part in _ALL_CUT if part in cut)
+    marked = [*headers, *origin, (HEADER_DLQ_TRUNCATED, ",".join(order).encode())]
+    return DeadLetterCopy(key, value, marked, origin, size, digest, order)
+
+
 @dataclass(frozen=True)
 class _Retry:
     """Why and when a message is attempted again."""
@@ -772,6 +953,7 @@ def consume_main(
     *,
     group_id: str = DEFAULT_GROUP_ID,
     dedup_path: Path | None = None,
+    dedup_url: str | None = None,
     once: bool = False,
     bootstrap_servers: str | None = None,
     sink: NotificationSink | None = None,
@@ -785,6 +967,8 @@ def consume_main(
     ``bootstrap_servers`` names the embedded broker when ``settings`` do not (the CLI knows it).
     ``once`` stops after the topic has been quiet for ``options.once_idle_seconds``. ``options``
     overrides everything but ``group_id`` and ``locale`` (tests: topic names, fast group joins).
+    ``dedup_url`` keeps delivered ReminderIds in PostgreSQL, shared by consumers on any number of
+    hosts, instead of the SQLite file ``dedup_path`` (one host; both is an error).
     ``metrics_port`` serves the consumer's Prometheus metrics on ``REMINDER_METRICS_HOST``
     (default 127.0.0.1) at that port. A bad value is a one-line error and exit code 2.
     """
@@ -792,6 +976,8 @@ def consume_main(
     stop = stop or threading.Event()
     server: MetricsServer | None = None
     try:
+        if dedup_url is not None and dedup_path is not None:
+            raise ConfigError("give --dedup-url or --dedup-path, not both")
         if metrics_port is not None and not 1 <= metrics_port <= 65535:
             raise ConfigError(f"--metrics-port {metrics_port} is not a port (1..65535)")
         try:
@@ -812,8 +998,12 @@ def consume_main(
         # DESCRIBE is enough.
         ensure_topic(kafka, topic=options.topic)
         ensure_topic(kafka, topic=options.dlq_topic)
-        path = dedup_path or default_dedup_path(settings, group_id)
-        with SqliteDedupStore(path) as dedup, stop_on_signals(stop):
+        store: PostgresDedupStore | SqliteDedupStore = (
+            PostgresDedupStore(dedup_url)
+            if dedup_url is not None
+            else SqliteDedupStore(dedup_path or default_dedup_path(settings, group_id))
+        )
+        with store as dedup, stop_on_signals(stop):
             consumer = ReminderConsumer(kafka, sink or StdoutSink(), dedup, options, metrics)
             consumer.run(stop=stop, idle_timeout=options.once_idle_seconds if once else None)
     except (ConfigError, BrokerUnavailable, DedupStoreError, sqlite3.Error, OSError) as exc:

@@ -114,3 +114,11 @@ def test_the_dashboard_has_the_consumers_row_and_panels() -> None:
     latency = titles["Message → notified p50 / p95 (SLA 60 s)"]["fieldConfig"]["defaults"]
     assert [s["value"] for s in latency["thresholds"]["steps"]] == [None, 60]
     assert len({p["id"] for p in panels}) == len(panels)
+
+
+def test_a_held_partition_and_a_refused_dead_letter_page() -> None:
+    """A held partition stops a third of all reminders: critical, like a refused dead letter."""
+    alerts = _alerts()
+    assert alerts["ReminderConsumerPartitionHeld"]["labels"]["severity"] == "critical"
+    assert alerts["ReminderDeadLetterRefused"]["labels"]["severity"] == "critical"
+    assert metrics.DEAD_LETTERS_REFUSED in alerts["ReminderDeadLetterRefused"]["expr"]

@@ -64,3 +64,32 @@ def test_the_consume_command_refuses_an_unknown_locale(monkeypatch, capsys) -> N
     assert main(["consume", "--locale", "de"]) == 2
     err = capsys.readouterr().err
     assert "'de' is not one of 'en', 'ru'" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_consume_command_takes_a_shared_dedup_url_from_its_option_or_env(monkeypatch) -> None:
+    from reminder_pipeline import consumer
+    from reminder_pipeline.cli import main
+
+    calls: list[dict] = []
+    monkeypatch.setattr(consumer, "consume_main", lambda settings, **kw: calls.append(kw) or 0)
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9")  # never contacted here
+    assert main(["consume", "--dedup-url", "postgresql://a@db/notifications"]) == 0
+    monkeypatch.setenv("REMINDER_CONSUMER_DEDUP_URL", "postgresql://b@db/notifications")
+    assert main(["consume"]) == 0
+    assert [c["dedup_url"] for c in calls] == [
+        "postgresql://a@db/notifications",
+        "postgresql://b@db/notifications",
+    ]
+
+
+def test_a_dedup_url_and_a_dedup_path_together_are_refused(tmp_path, capsys) -> None:
+    from reminder_pipeline.consumer import consume_main
+
+    settings = Settings.from_env({"REMINDER_PIPELINE_HOME": str(tmp_path)})
+    code = consume_main(
+        settings, dedup_path=tmp_path / "d.sqlite3", dedup_url="postgresql://a@db/n"
+    )
+    assert code == 2
+    assert capsys.readouterr().err.strip() == (
+        "reminder-pipeline consume: give --dedup-url or --dedup-path, not both"
+    )

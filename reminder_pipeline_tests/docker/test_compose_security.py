@@ -2,8 +2,11 @@
 
 No password has a default (compose's ``${VAR:?message}`` refuses to start without it); every
 published port listens on 127.0.0.1 unless REMINDER_BIND_ADDRESS says otherwise; migrations run
-as the schema owner and nothing else does; the role script runs after them, and the user code,
-run workers and exporter connect as the least-privilege login it creates.
+as the schema owner and nothing else does; the role script runs after them, and the user code
+and its run workers connect as the least-privilege login it creates. Each service is given only
+the credentials it uses (the notifications consumer, which parses outside input, only its Kafka
+user and its de-dup login); Prometheus has no lifecycle API; Alertmanager is reachable by
+Prometheus only.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ PASSWORDS = (
     "KAFKA_ADMIN_PASSWORD",
     "KAFKA_DISPATCHER_PASSWORD",
     "KAFKA_NOTIFICATIONS_PASSWORD",
+    "REMINDER_READER_DB_PASSWORD",
+    "NOTIFICATIONS_DEDUP_DB_PASSWORD",
 )
 _VARIABLE = re.compile(r"\$\{([A-Z0-9_]+)(?:(:?[-?])([^}]*))?\}")
 BIND = "${REMINDER_BIND_ADDRESS:-127.0.0.1}"
@@ -106,10 +111,80 @@ def _project_services() -> list[str]:
     return [name for name, service in SERVICES.items() if "build" in service]
 
 
+#: The credentials (password variables) each service uses, and nothing more. The postgres
+#: service creates the de-dup login on its first start; the role steps create the other logins.
+USES = {
+    "postgres": {"POSTGRES_PASSWORD", "NOTIFICATIONS_DEDUP_DB_PASSWORD"},
+    "kafka": {"KAFKA_ADMIN_PASSWORD"},
+    "kafka-init": {"KAFKA_ADMIN_PASSWORD"},
+    "kafka-access": {
+        "KAFKA_ADMIN_PASSWORD",
+        "KAFKA_DISPATCHER_PASSWORD",
+        "KAFKA_NOTIFICATIONS_PASSWORD",
+    },
+    "notifications-consumer": {"KAFKA_NOTIFICATIONS_PASSWORD", "NOTIFICATIONS_DEDUP_DB_PASSWORD"},
+    "migrate": {"POSTGRES_PASSWORD"},
+    "db-roles": {"POSTGRES_PASSWORD", "REMINDER_APP_DB_PASSWORD", "DAGSTER_DB_PASSWORD"},
+    "db-reader-role": {"POSTGRES_PASSWORD", "REMINDER_READER_DB_PASSWORD"},
+    "user-code": {"REMINDER_APP_DB_PASSWORD", "DAGSTER_DB_PASSWORD", "KAFKA_DISPATCHER_PASSWORD"},
+    "webserver": {"DAGSTER_DB_PASSWORD"},
+    "daemon": {"DAGSTER_DB_PASSWORD"},
+    "exporter": {"REMINDER_READER_DB_PASSWORD"},
+    "prometheus": set(),
+    "alertmanager": set(),
+    "grafana": {"GRAFANA_ADMIN_PASSWORD"},
+    "jaeger": set(),
+}
+_CONFIGS = COMPOSE.get("configs") or {}
+
+
+def _credentials_given(name: str) -> set[str]:
+    """Every password a service can read: its environment, and the generated configs it mounts."""
+    service = SERVICES[name]
+    texts = [str(v) for v in (service.get("environment") or {}).values()]
+    texts += [str(_CONFIGS[c["source"]]["content"]) for c in service.get("configs") or []]
+    given = {m.group(1) for text in texts for m in _VARIABLE.finditer(text)}
+    return {v for v in given if v.endswith("PASSWORD")}
+
+
+def test_every_service_is_given_only_the_credentials_it_uses():
+    assert set(SERVICES) == set(USES), "a new service: say here which credentials it uses"
+    for name, uses in USES.items():
+        assert _credentials_given(name) == uses, name
+
+
+def test_the_notifications_consumer_holds_no_database_or_dagster_login_of_the_calendar():
+    env = _environment("notifications-consumer", FULL_ENV)
+    assert not {"DATABASE_URL", "DAGSTER_PG_URL", "DAGSTER_HOME"} & set(env)
+    assert env["KAFKA_SASL_USERNAME"] == "notifications"
+    assert env["KAFKA_SASL_PASSWORD"] == FULL_ENV["KAFKA_NOTIFICATIONS_PASSWORD"]
+    dedup = make_url(env["REMINDER_CONSUMER_DEDUP_URL"])
+    assert (dedup.username, dedup.password, dedup.database) == (
+        "notifications_dedup",
+        FULL_ENV["NOTIFICATIONS_DEDUP_DB_PASSWORD"],
+        "notifications",
+    )
+    script = (DOCKER / "postgres" / "initdb" / "20-notifications-dedup.sh").read_text()
+    assert "NOTIFICATIONS_DEDUP_DB_USER:-notifications_dedup" in script
+    assert "NOTIFICATIONS_DEDUP_DB_NAME:-notifications" in script
+    assert "GRANT SELECT, INSERT, DELETE ON reminder_dedup" in script
+
+
+def test_only_dagsters_processes_get_the_dagster_storage_url():
+    for name in SERVICES:
+        env = _environment(name, FULL_ENV)
+        assert ("DAGSTER_PG_URL" in env) == (name in {"user-code", "webserver", "daemon"}), name
+
+
 def test_only_the_migrate_step_connects_as_the_schema_owner():
     owner = interpolate("${POSTGRES_USER:-reminder}", {})
     migrate = make_url(_environment("migrate", FULL_ENV)["DATABASE_URL"])
     assert (migrate.username, migrate.password) == (owner, FULL_ENV["POSTGRES_PASSWORD"])
+    assert SERVICES["migrate"]["restart"] == "no"  # the owner only while it runs
+    logins = {
+        "user-code": ("reminder_app", "REMINDER_APP_DB_PASSWORD"),
+        "exporter": ("reminder_reader", "REMINDER_READER_DB_PASSWORD"),
+    }
     for name in _project_services():
         env = _environment(name, FULL_ENV)
         command = [str(c) for c in SERVICES[name].get("command") or []]
@@ -117,17 +192,34 @@ def test_only_the_migrate_step_connects_as_the_schema_owner():
             assert command == ["reminder-pipeline", "db", "upgrade"]
             continue
         assert not {"db", "upgrade"} <= set(command), f"{name} migrates"
-        app = make_url(env["DATABASE_URL"])
-        assert (app.username, app.password) == (
-            "reminder_app",
-            FULL_ENV["REMINDER_APP_DB_PASSWORD"],
-        )
-        dagster = make_url(env["DAGSTER_PG_URL"])
-        assert (dagster.username, dagster.password) == (
-            "dagster_storage",
-            FULL_ENV["DAGSTER_DB_PASSWORD"],
-        )
-        assert owner not in (app.username, dagster.username)
+        if name in logins:
+            app = make_url(env["DATABASE_URL"])
+            user, password = logins[name]
+            assert (app.username, app.password) == (user, FULL_ENV[password]), name
+        else:
+            assert "DATABASE_URL" not in env, name
+        if "DAGSTER_PG_URL" in env:
+            dagster = make_url(env["DAGSTER_PG_URL"])
+            assert (dagster.username, dagster.password) == (
+                "dagster_storage",
+                FULL_ENV["DAGSTER_DB_PASSWORD"],
+            )
+
+
+def test_prometheus_has_no_lifecycle_api():
+    command = [str(c) for c in SERVICES["prometheus"]["command"]]
+    assert not any(c.startswith("--web.enable-lifecycle") for c in command)
+    assert not any(c.startswith("--web.enable-admin-api") for c in command)
+
+
+def test_alertmanager_is_reachable_by_prometheus_only():
+    alertmanager = SERVICES["alertmanager"]
+    assert not alertmanager.get("ports"), "Alertmanager's API (silences) published on the host"
+    networks = set(alertmanager.get("networks") or ["default"])
+    assert networks == {"alerting"}
+    assert COMPOSE["networks"]["alerting"].get("internal") is True
+    on_alerting = {n for n, s in SERVICES.items() if "alerting" in (s.get("networks") or [])}
+    assert on_alerting == {"alertmanager", "prometheus"}
 
 
 def test_the_role_scripts_run_after_migrating_and_before_the_user_code_and_exporter():
@@ -141,11 +233,12 @@ def test_the_role_scripts_run_after_migrating_and_before_the_user_code_and_expor
     for file in files:
         assert (DOCKER / source / Path(file).relative_to(target)).is_file()
     assert roles["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
-    for name in ("user-code", "exporter"):
-        assert (
-            SERVICES[name]["depends_on"]["db-roles"]["condition"]
-            == "service_completed_successfully"
-        )
+    for name, step in (
+        ("user-code", "db-roles"),
+        ("db-reader-role", "db-roles"),
+        ("exporter", "db-reader-role"),
+    ):
+        assert SERVICES[name]["depends_on"][step]["condition"] == "service_completed_successfully"
     env = _environment("db-roles", FULL_ENV)
     assert (env["PGUSER"], env["PGPASSWORD"]) == ("reminder", FULL_ENV["POSTGRES_PASSWORD"])
     login = (ROOT / "sql" / "login_roles.sql").read_text()

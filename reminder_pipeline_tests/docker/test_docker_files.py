@@ -213,7 +213,22 @@ def test_compose_parses_and_has_the_whole_deployment():
                 assert source in declared, f"{name}: undeclared volume {source}"
 
 
+#: Each role's own settings: a service gets the common settings and only its role's.
+ROLE_SETTINGS = {
+    "DATABASE_URL",
+    "DAGSTER_PG_URL",
+    "DAGSTER_HOME",
+    "DAGSTER_WEBSERVER_PORT",
+    "REMINDER_BATCH_SIZE",
+    "REMINDER_CYCLE_BUDGET_SECONDS",
+    "REMINDER_METRICS_HOST",
+    "REMINDER_METRICS_PORT",
+}
+
+
 def test_every_env_var_the_code_reads_is_set_for_every_service_running_the_code():
+    """The code location runs everything (dispatch runs too): it gets every setting; the other
+    services get the common ones and what their own command uses (test_compose_security.py)."""
     read = env_vars_read_by_the_code()
     # The scan finds what it must (guards against a scan that silently finds nothing).
     assert {
@@ -223,8 +238,19 @@ def test_every_env_var_the_code_reads_is_set_for_every_service_running_the_code(
         "OTEL_EXPORTER_OTLP_ENDPOINT",
     } <= set(read)
     required = set(read) - set(NOT_DEPLOYMENT_SETTINGS) | {"DAGSTER_PG_URL", "DAGSTER_HOME"}
+    kafka = {name for name in required if name.startswith("KAFKA_")}
+    common = required - ROLE_SETTINGS - kafka
+    dagster = {"DAGSTER_PG_URL", "DAGSTER_HOME"}
+    own = {
+        "user-code": required,
+        "webserver": common | dagster,
+        "daemon": common | dagster,
+        "exporter": common | {"DATABASE_URL", "REMINDER_METRICS_HOST", "REMINDER_METRICS_PORT"},
+        "migrate": common | {"DATABASE_URL"},
+        "notifications-consumer": common | kafka | {"REMINDER_METRICS_HOST"},
+    }
     missing = {
-        name: sorted(required - set(_environment(service)))
+        name: sorted(own[name] - set(_environment(service)))
         for name, service in _project_services(_compose()).items()
     }
     missing = {name: gaps for name, gaps in missing.items() if gaps}
@@ -234,23 +260,26 @@ def test_every_env_var_the_code_reads_is_set_for_every_service_running_the_code(
 
 def test_the_compose_settings_are_valid_and_name_the_compose_servers():
     compose = _compose()
+    app_database = compose["services"]["postgres"]["environment"]["POSTGRES_DB"]
     for name, service in _project_services(compose).items():
         env = _environment(service)
         settings = Settings.from_env(env)  # the code's own validation: one-line errors
-        database = make_url(settings.database_url)
-        app_database = compose["services"]["postgres"]["environment"]["POSTGRES_DB"]
-        assert (database.drivername, database.host, database.database) == (
-            "postgresql+psycopg",
-            "postgres",
-            app_database,
-        ), name
-        dagster = make_url(env["DAGSTER_PG_URL"])
-        assert (dagster.drivername, dagster.host, dagster.database) == (
-            "postgresql+psycopg2",
-            "postgres",
-            "dagster",
-        ), name
-        assert settings.kafka_bootstrap_servers == "kafka:9092"
+        if "DATABASE_URL" in env:
+            database = make_url(settings.database_url)
+            assert (database.drivername, database.host, database.database) == (
+                "postgresql+psycopg",
+                "postgres",
+                app_database,
+            ), name
+        if "DAGSTER_PG_URL" in env:
+            dagster = make_url(env["DAGSTER_PG_URL"])
+            assert (dagster.drivername, dagster.host, dagster.database) == (
+                "postgresql+psycopg2",
+                "postgres",
+                "dagster",
+            ), name
+        if "KAFKA_BOOTSTRAP_SERVERS" in env:
+            assert settings.kafka_bootstrap_servers == "kafka:9092"
     kafka_env = compose["services"]["kafka"]["environment"]
     assert "PLAINTEXT://kafka:9092" in kafka_env["KAFKA_ADVERTISED_LISTENERS"]
     # Dagster's database is created by the PostgreSQL init script.
