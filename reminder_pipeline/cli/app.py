@@ -1,10 +1,7 @@
 """The ``reminder-pipeline`` commands (click): thin adapters over the same calls as the Dagster ops.
 
-Every value is checked by the validators in :mod:`reminder_pipeline.config`, the ones the
-environment and the Dagster run config use, so a bad value is the same one line wherever it comes
-from, naming it as the operator gave it (``--batch-size`` or ``REMINDER_BATCH_SIZE``). Exit codes:
-see :mod:`.output` and docs/cli.md. Only ``db upgrade`` (and ``up``, the embedded quick start)
-migrate: the dispatcher's commands run as the least-privilege role and refuse an old schema.
+The values and shared options: :mod:`.options`; what the commands open at run time:
+:mod:`.context`; exit codes: :mod:`.exits` and docs/cli.md.
 """
 
 from __future__ import annotations
@@ -14,224 +11,68 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
+from contextlib import suppress
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
-from click.core import ParameterSource
 
 from .. import __version__, logs
 from ..config import (
     DEFAULT_BATCH_SIZE,
-    DEFAULT_CYCLE_BUDGET_SECONDS,
     DEFAULT_MAX_BATCHES,
     DEFAULT_POISON_LIMIT,
     DEFAULT_PURGE_BATCH_SIZE,
     DEFAULT_RETENTION_HOURS,
     ConfigError,
-    Settings,
-    check_as_of,
-    check_batch_size,
-    check_budget_seconds,
-    check_max_batches,
-    check_number,
-    check_poison_limit,
-    check_port,
-    check_purge_batch_size,
-    check_retention_hours,
     mask_url,
 )
-from .output import (
-    EXIT_FAILURE,
-    EXIT_INTERRUPTED,
-    EXIT_OK,
-    EXIT_PARTIAL,
-    EXIT_USAGE,
-    ProgressLine,
-    print_error,
-    print_fields,
-    print_json,
-    print_table,
+from .context import (
+    DEFAULT_PROGRESS_SECONDS,
+    database,
+    interrupt_on,
+    load_settings,
+    open_publisher,
+    open_servers,
+    operator_name,
+    progress_line,
+    require_schema,
+    stop_signals,
 )
+from .exits import (
+    EXIT_FAILURE,
+    EXIT_OK,
+    relay_exit,
+    run,
+)
+from .options import (
+    AS_OF,
+    BATCH_SIZE,
+    MAX_BATCHES,
+    POISON_LIMIT,
+    PROGRESS_SECONDS,
+    PURGE_BATCH_SIZE,
+    RETENTION_HOURS,
+    batch_size_option,
+    budget_option,
+    env_option,
+    flag,
+    force_option,
+    json_option,
+    port_option,
+    reminder_id_argument,
+)
+from .output import PROG, print_error, print_fields, print_json, print_table
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
+    from ..config import Settings
     from ..domain.model import CycleCounts
     from ..local.dagster_processes import StackRecord
     from ..local.endpoints import Endpoints
-    from ..messaging.kafka import KafkaPublisher
-
-log = logging.getLogger("reminder_pipeline.cli")
-
-#: How often a progress line is written on stderr during long work.
-DEFAULT_PROGRESS_SECONDS = 5.0
-
-
-class SchemaNotReady(RuntimeError):
-    """The database is behind the code's schema; ``db upgrade`` (as the owner) must run first."""
-
-
-# --- values: the shared validators behind click -----------------------------------------------
-
-
-def _given_as(param: click.Parameter, ctx: click.Context | None) -> str:
-    """The name the operator used for a value: its environment variable or its option."""
-    if (
-        ctx is not None
-        and param.name is not None
-        and isinstance(param.envvar, str)
-        and ctx.get_parameter_source(param.name) is ParameterSource.ENVIRONMENT
-    ):
-        return param.envvar
-    if isinstance(param, click.Option):
-        return max(param.opts, key=len)
-    return param.human_readable_name
-
-
-class Checked(click.ParamType):
-    """A click type that converts through one of :mod:`reminder_pipeline.config`'s validators."""
-
-    def __init__(self, check: Callable[[object, str], Any], metavar: str) -> None:
-        self.check = check
-        self.metavar = metavar
-        self.name = metavar.lower()
-
-    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
-        """The placeholder shown in ``--help``."""
-        return self.metavar
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        """The checked value; a bad one raises the validator's one-line ConfigError (exit 2)."""
-        name = _given_as(param, ctx) if param is not None else "value"
-        return self.check(value, name)
-
-
-BATCH_SIZE = Checked(check_batch_size, "ROWS")
-MAX_BATCHES = Checked(check_max_batches, "N")
-BUDGET_SECONDS = Checked(check_budget_seconds, "SECONDS")
-AS_OF = Checked(lambda value, name: check_as_of(value, name), "ISO-8601")
-RETENTION_HOURS = Checked(check_retention_hours, "HOURS")
-PURGE_BATCH_SIZE = Checked(check_purge_batch_size, "ROWS")
-POISON_LIMIT = Checked(check_poison_limit, "ROWS")
-PORT = Checked(check_port, "PORT")
-PROGRESS_SECONDS = Checked(lambda value, name: check_number(value, name, 0.0, 3600.0), "SECONDS")
-
-
-def _check_reminder_id(value: object, name: str) -> uuid.UUID:
-    try:
-        return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value).strip())
-    except ValueError:
-        raise ConfigError(f"{name}={value!r} is not a reminder id (a UUID)") from None
-
-
-REMINDER_ID = Checked(_check_reminder_id, "REMINDER_ID")
-
-json_option = click.option(
-    "--json",
-    "as_json",
-    is_flag=True,
-    default=False,
-    envvar="REMINDER_JSON",
-    show_envvar=True,
-    help="Print the result as JSON (data for scripts) instead of text.",
-)
-
-
-# --- shared plumbing ---------------------------------------------------------------------------
-
-
-def _settings() -> Settings:
-    return Settings.from_env()
-
-
-def _open(settings: Settings, *, broker: bool = False) -> tuple[Endpoints, Engine]:
-    """The servers the command needs (a URL, else the embedded ones), an engine that answers."""
-    from ..local.endpoints import ensure_servers
-    from ..store.engine import check_connection, make_engine
-
-    endpoints = ensure_servers(settings, broker=broker)
-    engine = make_engine(endpoints.database_url)
-    check_connection(engine)
-    return endpoints, engine
-
-
-def _require_schema(engine: Engine) -> None:
-    """Refuse a database behind this code's schema: the dispatcher's commands never migrate."""
-    from ..store import migrate
-
-    behind = migrate.pending_upgrade(engine)
-    if behind is not None:
-        current, head = behind
-        raise SchemaNotReady(
-            f"the database schema is at {current or 'no revision (empty database)'}, this code "
-            f"needs {head}: run `reminder-pipeline db upgrade` with the schema owner's DATABASE_URL"
-        )
-
-
-@contextmanager
-def _database(*, schema: bool = True) -> Iterator[Engine]:
-    """The app database for one command: reachable, at this code's schema unless ``schema`` is
-    False (the migration commands), disposed afterwards."""
-    _, engine = _open(_settings())
-    try:
-        if schema:
-            _require_schema(engine)
-        yield engine
-    finally:
-        engine.dispose()
-
-
-def _publisher(settings: Settings, bootstrap_servers: str | None) -> KafkaPublisher:
-    from ..messaging.kafka import KafkaPublisher, ensure_topic
-
-    kafka = settings.kafka(bootstrap_servers)
-    ensure_topic(kafka, timeout=10.0)  # also the broker's reachability check, before any write
-    return KafkaPublisher(kafka)
-
-
-def _operator() -> str:
-    """The operator's OS user (the audit trail of destructive commands)."""
-    from ..audit import os_user
-
-    return os_user()
-
-
-@contextmanager
-def _stop_signals(*more: signal.Signals) -> Iterator[threading.Event]:
-    """An event set by SIGINT or SIGTERM (a clean stop of a long-running command), or ``more``."""
-    stop = threading.Event()
-    previous = {
-        sig: signal.signal(sig, lambda *_: stop.set())
-        for sig in (signal.SIGINT, signal.SIGTERM, *more)
-    }
-    try:
-        yield stop
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-@contextmanager
-def _interrupt_on(*signals: signal.Signals) -> Iterator[None]:
-    """``signals`` raise KeyboardInterrupt, as SIGINT does (one way out of a start)."""
-
-    def interrupt(*_: object) -> None:
-        raise KeyboardInterrupt
-
-    previous = {sig: signal.signal(sig, interrupt) for sig in signals}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-# --- the group ---------------------------------------------------------------------------------
 
 
 @click.group(
@@ -241,23 +82,19 @@ def _interrupt_on(*signals: signal.Signals) -> Iterator[None]:
         "max_content_width": 100,
     },
 )
-@click.version_option(
-    __version__, "--version", prog_name="reminder-pipeline", message="%(prog)s %(version)s"
-)
-@click.option(
+@click.version_option(__version__, "--version", prog_name=PROG, message="%(prog)s %(version)s")
+@env_option(
     "--log-level",
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
     default="INFO",
     envvar="REMINDER_LOG_LEVEL",
-    show_envvar=True,
     help="Level of the JSON log lines on stderr.",
 )
-@click.option(
+@env_option(
     "--progress-seconds",
     type=PROGRESS_SECONDS,
     default=DEFAULT_PROGRESS_SECONDS,
     envvar="REMINDER_PROGRESS_SECONDS",
-    show_envvar=True,
     help="Interval of the progress lines on stderr during long work (0: every step).",
 )
 @click.pass_context
@@ -272,61 +109,35 @@ def cli(ctx: click.Context, log_level: str, progress_seconds: float) -> None:
     ctx.obj = {"progress_seconds": progress_seconds}
 
 
-def progress_line() -> ProgressLine:
-    """A progress line on stderr at the interval given by ``--progress-seconds``."""
-    obj = click.get_current_context().find_root().obj or {}
-    return ProgressLine(
-        sys.stderr, every_seconds=obj.get("progress_seconds", DEFAULT_PROGRESS_SECONDS)
-    )
-
-
-# --- dispatch and relay ------------------------------------------------------------------------
-
-
-def _relay_exit(failed: int) -> int:
-    return EXIT_OK if failed == 0 else EXIT_PARTIAL
+# --- dispatch -------------------------------------------------------------------------------------
 
 
 @cli.command()
-@click.option(
-    "--batch-size",
+@batch_size_option(
     type=BATCH_SIZE,
     default=DEFAULT_BATCH_SIZE,
     envvar="REMINDER_BATCH_SIZE",
-    show_envvar=True,
     help="Rows per batch (each batch one transaction), 1..10,000.",
 )
-@click.option(
+@env_option(
     "--max-batches",
     type=MAX_BATCHES,
     default=DEFAULT_MAX_BATCHES,
     envvar="REMINDER_MAX_BATCHES",
-    show_envvar=True,
     help="Batches this cycle may drain (1 = the design's cycle), 1..10,000.",
 )
-@click.option(
-    "--budget-seconds",
-    type=BUDGET_SECONDS,
-    default=DEFAULT_CYCLE_BUDGET_SECONDS,
-    envvar="REMINDER_CYCLE_BUDGET_SECONDS",
-    show_envvar=True,
-    help="No new batch starts after this many seconds, 1..600.",
-)
-@click.option(
+@budget_option(help="No new batch starts after this many seconds, 1..600.")
+@env_option(
     "--as-of",
     type=AS_OF,
     default=None,
     envvar="REMINDER_AS_OF",
-    show_envvar=True,
     show_default="now",
     help="AsOf: ISO-8601 with a zone (2026-11-30T10:00:00Z), never in the future.",
 )
-@click.option(
+@flag(
     "--no-relay",
-    is_flag=True,
-    default=False,
     envvar="REMINDER_NO_RELAY",
-    show_envvar=True,
     help="Write Sent rows and their outbox rows, publish nothing.",
 )
 @json_option
@@ -344,11 +155,11 @@ def dispatch(
     """
     from .. import cycle
 
-    settings = _settings()
-    endpoints, engine = _open(settings, broker=not no_relay)
+    settings = load_settings()
+    endpoints, engine = open_servers(settings, broker=not no_relay)
     try:
-        _require_schema(engine)
-        publisher = None if no_relay else _publisher(settings, endpoints.bootstrap_servers)
+        require_schema(engine)
+        publisher = None if no_relay else open_publisher(settings, endpoints.bootstrap_servers)
         line = progress_line()
 
         def progress(counts: CycleCounts) -> None:
@@ -393,28 +204,21 @@ def dispatch(
                 )
             },
         )
-    return _relay_exit(report.relay.failed)
+    return relay_exit(report.relay.failed)
 
 
 @cli.command()
-@click.option(
-    "--budget-seconds",
-    type=BUDGET_SECONDS,
-    default=DEFAULT_CYCLE_BUDGET_SECONDS,
-    envvar="REMINDER_CYCLE_BUDGET_SECONDS",
-    show_envvar=True,
-    help="Stop publishing after this many seconds, 1..600.",
-)
+@budget_option(help="Stop publishing after this many seconds, 1..600.")
 @json_option
 def relay(budget_seconds: float, as_json: bool) -> int:
     """Publish unpublished outbox rows now. Exit 3 when some could not be published."""
     from ..messaging.relay import relay_outbox
 
-    settings = _settings()
-    endpoints, engine = _open(settings, broker=True)
+    settings = load_settings()
+    endpoints, engine = open_servers(settings, broker=True)
     try:
-        _require_schema(engine)
-        publisher = _publisher(settings, endpoints.bootstrap_servers)
+        require_schema(engine)
+        publisher = open_publisher(settings, endpoints.bootstrap_servers)
         try:
             result = relay_outbox(engine, publisher, budget_seconds=budget_seconds)
         finally:
@@ -432,10 +236,10 @@ def relay(budget_seconds: float, as_json: bool) -> int:
         print_json(data)
     else:
         print_fields("relay", data)
-    return _relay_exit(result.failed)
+    return relay_exit(result.failed)
 
 
-# --- poison rows -------------------------------------------------------------------------------
+# --- poison ---------------------------------------------------------------------------------------
 
 
 @cli.group()
@@ -444,12 +248,11 @@ def poison() -> None:
 
 
 @poison.command("list")
-@click.option(
+@env_option(
     "--limit",
     type=POISON_LIMIT,
     default=DEFAULT_POISON_LIMIT,
     envvar="REMINDER_POISON_LIMIT",
-    show_envvar=True,
     help="Rows listed at most, 1..1,000.",
 )
 @json_option
@@ -457,7 +260,7 @@ def poison_list(limit: int, as_json: bool) -> int:
     """Pending rows with failed attempts, oldest due first, with their last error."""
     from ..operator_jobs import poison as poison_rows
 
-    with _database() as engine:
+    with database() as engine:
         rows = poison_rows.list_rows(engine, limit)
     if as_json:
         print_json(rows)
@@ -474,8 +277,8 @@ def _poison_change(action: str, reminder_id: uuid.UUID, force: bool) -> int:
     """Retry or skip one row in its own transaction; refuse a row that has not failed."""
     from ..operator_jobs import poison as poison_rows
 
-    with _database() as engine:
-        done = poison_rows.change(engine, action, reminder_id, actor=_operator(), force=force)
+    with database() as engine:
+        done = poison_rows.change(engine, action, reminder_id, actor=operator_name(), force=force)
     if done.changed:
         print(f"poison {action}: done ({reminder_id})", flush=True)
         return EXIT_OK
@@ -484,29 +287,23 @@ def _poison_change(action: str, reminder_id: uuid.UUID, force: bool) -> int:
     return EXIT_FAILURE
 
 
-_FORCE_HELP = (
-    "Act on a Pending row even if it never failed. No environment variable: "
-    "it must be typed each time."
-)
-
-
 @poison.command("retry")
-@click.argument("reminder_id", type=REMINDER_ID)
-@click.option("--force", is_flag=True, default=False, help=_FORCE_HELP)
+@reminder_id_argument
+@force_option
 def poison_retry(reminder_id: uuid.UUID, force: bool) -> int:
     """Clear a poison row's back-off so the next cycle tries it (logged with your OS user)."""
     return _poison_change("retry", reminder_id, force)
 
 
 @poison.command("skip")
-@click.argument("reminder_id", type=REMINDER_ID)
-@click.option("--force", is_flag=True, default=False, help=_FORCE_HELP)
+@reminder_id_argument
+@force_option
 def poison_skip(reminder_id: uuid.UUID, force: bool) -> int:
     """Move a poison row to Skipped: it is never published (logged with your OS user)."""
     return _poison_change("skip", reminder_id, force)
 
 
-# --- outbox ------------------------------------------------------------------------------------
+# --- outbox ---------------------------------------------------------------------------------------
 
 
 @cli.group()
@@ -515,20 +312,17 @@ def outbox() -> None:
 
 
 @outbox.command("purge")
-@click.option(
+@env_option(
     "--retention-hours",
     type=RETENTION_HOURS,
     default=DEFAULT_RETENTION_HOURS,
     envvar="REMINDER_OUTBOX_RETENTION_HOURS",
-    show_envvar=True,
     help="Delete published rows older than this; at least 1 hour, at most 366 days.",
 )
-@click.option(
-    "--batch-size",
+@batch_size_option(
     type=PURGE_BATCH_SIZE,
     default=DEFAULT_PURGE_BATCH_SIZE,
     envvar="REMINDER_PURGE_BATCH_SIZE",
-    show_envvar=True,
     help="Rows per DELETE transaction, 1..10,000.",
 )
 @json_option
@@ -536,12 +330,12 @@ def outbox_purge(retention_hours: float, batch_size: int, as_json: bool) -> int:
     """Delete published outbox rows past the retention, in small batches; never unpublished ones."""
     from ..operator_jobs.outbox_retention import purge_outbox
 
-    with _database() as engine:
+    with database() as engine:
         deleted = purge_outbox(
             engine,
             timedelta(hours=retention_hours),
             batch_size=batch_size,
-            operator=_operator(),
+            operator=operator_name(),
         )
     if as_json:
         print_json({"deleted": deleted, "retention_hours": retention_hours})
@@ -552,7 +346,7 @@ def outbox_purge(retention_hours: float, batch_size: int, as_json: bool) -> int:
     return EXIT_OK
 
 
-# --- schema ------------------------------------------------------------------------------------
+# --- db -------------------------------------------------------------------------------------------
 
 
 @cli.group()
@@ -579,7 +373,7 @@ def db_upgrade(as_json: bool) -> int:
     """Migrate the schema to this code's head (the owner role; the dispatcher never does)."""
     from ..store import migrate
 
-    with _database(schema=False) as engine:
+    with database(schema=False) as engine:
         migrate.upgrade(engine)
         data = _revision_line(engine)
     _print_revision(data, as_json)
@@ -590,7 +384,7 @@ def db_upgrade(as_json: bool) -> int:
 @json_option
 def db_current(as_json: bool) -> int:
     """Show the schema's revision and this code's head."""
-    with _database(schema=False) as engine:
+    with database(schema=False) as engine:
         data = _revision_line(engine)
     _print_revision(data, as_json)
     return EXIT_OK
@@ -621,11 +415,11 @@ def db_downgrade(revision: str, yes: bool) -> int:
         raise ConfigError(
             f"db downgrade {revision} drops schema objects and their data: add --yes to confirm"
         )
-    with _database(schema=False) as engine:
+    with database(schema=False) as engine:
         before = migrate.current_revision(engine)
         with audited(
             "schema downgrade",
-            operator=_operator(),
+            operator=operator_name(),
             action="db downgrade",
             from_revision=before,
             target=revision,
@@ -649,7 +443,7 @@ def db_downgrade(revision: str, yes: bool) -> int:
     return EXIT_OK
 
 
-# --- embedded servers --------------------------------------------------------------------------
+# --- services -------------------------------------------------------------------------------------
 
 
 @cli.group()
@@ -664,7 +458,7 @@ def services_start(as_json: bool) -> int:
     from ..local.endpoints import ensure_servers, require_embedded
 
     require_embedded()
-    endpoints = ensure_servers(_settings())
+    endpoints = ensure_servers(load_settings())
     data = {
         name: mask_url(value) if "URL" in name else value for name, value in endpoints.env().items()
     }
@@ -683,7 +477,7 @@ def services_stop() -> int:
     from ..local.endpoints import require_embedded, stop_servers
 
     require_embedded()
-    settings = _settings()
+    settings = load_settings()
     stopped = StackRecord(settings.home).stop()
     if stopped:
         what = ", ".join(f"{name} pid {pid}" for name, pid in stopped.items())
@@ -701,7 +495,7 @@ def services_status(as_json: bool) -> int:
     from ..local.endpoints import embedded_broker, embedded_postgres, require_embedded
 
     require_embedded()
-    settings = _settings()
+    settings = load_settings()
     pg, broker = embedded_postgres(settings), embedded_broker(settings)
     stack = StackRecord(settings.home).running()
     data = {
@@ -724,49 +518,40 @@ def services_status(as_json: bool) -> int:
     return EXIT_OK
 
 
-# --- long-running processes ----------------------------------------------------------------------
+# --- consume --------------------------------------------------------------------------------------
 
 
 @cli.command()
-@click.option(
+@env_option(
     "--group-id",
     default="notifications-reference",
     envvar="REMINDER_CONSUMER_GROUP_ID",
-    show_envvar=True,
     help="Kafka consumer group.",
 )
-@click.option(
+@env_option(
     "--dedup-path",
     type=click.Path(dir_okay=False),
     default=None,
     envvar="REMINDER_CONSUMER_DEDUP_PATH",
-    show_envvar=True,
     show_default="under REMINDER_PIPELINE_HOME",
     help="SQLite file of delivered ReminderIds (durable de-duplication).",
 )
-@click.option(
+@flag(
     "--once",
-    is_flag=True,
-    default=False,
     envvar="REMINDER_CONSUMER_ONCE",
-    show_envvar=True,
     help="Exit when the topic has been idle for a while.",
 )
-@click.option(
+@port_option(
     "--metrics-port",
-    type=PORT,
-    default=None,
     envvar="REMINDER_CONSUMER_METRICS_PORT",
-    show_envvar=True,
     show_default="no metrics endpoint",
     help="Serve the consumer's Prometheus metrics on this port.",
 )
-@click.option(
+@env_option(
     "--locale",
     type=click.Choice(["en", "ru"]),
     default="en",
     envvar="REMINDER_CONSUMER_LOCALE",
-    show_envvar=True,
     help="Language of the printed notifications.",
 )
 def consume(
@@ -778,7 +563,7 @@ def consume(
     from ..consumer import consume_main
     from ..local.endpoints import embedded_broker, require_servers
 
-    settings = _settings()
+    settings = load_settings()
     require_servers(settings, database=False)
     servers = settings.kafka_bootstrap_servers or embedded_broker(settings).start()
     return consume_main(
@@ -792,32 +577,32 @@ def consume(
     )
 
 
+# --- metrics --------------------------------------------------------------------------------------
+
+
 @cli.command()
-@click.option(
+@env_option(
     "--host",
     default="127.0.0.1",
     envvar="REMINDER_METRICS_HOST",
-    show_envvar=True,
     help="Address to listen on (a container sets 0.0.0.0).",
 )
-@click.option(
+@port_option(
     "--port",
-    type=PORT,
     default=9464,
     envvar="REMINDER_METRICS_PORT",
-    show_envvar=True,
     help="Port of the /metrics endpoint.",
 )
 def metrics(host: str, port: int) -> int:
     """Serve the Prometheus metrics endpoint (read from the database) until stopped."""
     from ..observability.exporter import start_exporter
 
-    settings = _settings()
-    endpoints, engine = _open(settings)
+    settings = load_settings()
+    endpoints, engine = open_servers(settings)
     engine.dispose()  # the reachability check only: the exporter keeps its own small pool
     exporter = start_exporter(settings, endpoints, host=host, port=port)
     print(f"Prometheus metrics: {exporter.url}", flush=True)
-    with _stop_signals() as stop:
+    with stop_signals() as stop:
         try:
             stop.wait()
         finally:
@@ -825,21 +610,22 @@ def metrics(host: str, port: int) -> int:
     return EXIT_OK
 
 
+# --- demo -----------------------------------------------------------------------------------------
+
+
 @cli.command()
-@click.option(
+@env_option(
     "--overdue",
     type=click.IntRange(0, 10_000),
     default=12,
     envvar="REMINDER_DEMO_OVERDUE",
-    show_envvar=True,
     help="Demo events whose reminders are already due.",
 )
-@click.option(
+@env_option(
     "--upcoming",
     type=click.IntRange(0, 10_000),
     default=30,
     envvar="REMINDER_DEMO_UPCOMING",
-    show_envvar=True,
     help="Demo events whose reminders fall due over the next minutes.",
 )
 @json_option
@@ -847,7 +633,7 @@ def demo(overdue: int, upcoming: int, as_json: bool) -> int:
     """Seed demo events (a development database; needs the migrated schema)."""
     from ..local import demo as demo_data
 
-    with _database() as engine:
+    with database() as engine:
         data = demo_data.seed(engine, overdue=overdue, upcoming=upcoming)
     if as_json:
         print_json(data)
@@ -856,29 +642,18 @@ def demo(overdue: int, upcoming: int, as_json: bool) -> int:
     return EXIT_OK
 
 
+# --- up -------------------------------------------------------------------------------------------
+
+
+log = logging.getLogger("reminder_pipeline.cli")
+
+
 @cli.command()
-@click.option(
-    "--once",
-    is_flag=True,
-    default=False,
-    envvar="REMINDER_UP_ONCE",
-    show_envvar=True,
-    help="Stop after the first cycle (no Dagster).",
-)
-@click.option(
-    "--no-demo",
-    is_flag=True,
-    default=False,
-    envvar="REMINDER_UP_NO_DEMO",
-    show_envvar=True,
-    help="Neither seed nor feed demo data.",
-)
-@click.option(
+@flag("--once", envvar="REMINDER_UP_ONCE", help="Stop after the first cycle (no Dagster).")
+@flag("--no-demo", envvar="REMINDER_UP_NO_DEMO", help="Neither seed nor feed demo data.")
+@flag(
     "--keep-servers",
-    is_flag=True,
-    default=False,
     envvar="REMINDER_UP_KEEP_SERVERS",
-    show_envvar=True,
     help="Leave PostgreSQL and the broker running on exit.",
 )
 def up(once: bool, no_demo: bool, keep_servers: bool) -> int:
@@ -890,7 +665,7 @@ def up(once: bool, no_demo: bool, keep_servers: bool) -> int:
     from ..local.endpoints import require_embedded
 
     require_embedded()
-    settings = _settings()
+    settings = load_settings()
     record = _take_over(StackRecord(settings.home))
     # The guard stops what this `up` started if it ends without doing so itself (SIGKILL, ...).
     guard = start_guard(settings.home, keep_servers=keep_servers or once)
@@ -943,9 +718,9 @@ def _up(
     from ..store import migrate
 
     print(f"reminder-pipeline: starting under {settings.home}", flush=True)
-    endpoints, engine = _open(settings, broker=True)
+    endpoints, engine = open_servers(settings, broker=True)
     migrate.upgrade(engine)
-    publisher = _publisher(settings, endpoints.bootstrap_servers)
+    publisher = open_publisher(settings, endpoints.bootstrap_servers)
     if demo:
         demo_data.seed(engine)
     report = cycle.run_cycle(engine, publisher, batch_size=settings.batch_size)
@@ -995,7 +770,7 @@ def _run_dagster(
     try:
         # Ctrl-C (or SIGHUP, SIGTERM) while Dagster loads interrupts the start, which stops
         # what it started.
-        with _interrupt_on(signal.SIGHUP, signal.SIGTERM):
+        with interrupt_on(signal.SIGHUP, signal.SIGTERM):
             stack.start(progress=progress_line().tick)
             exporter = start_exporter(settings, endpoints)
             if feeder:
@@ -1006,7 +781,7 @@ def _run_dagster(
             "Watch reminders arrive: reminder-pipeline consume   |   Ctrl-C stops everything",
             flush=True,
         )
-        with _stop_signals(signal.SIGHUP) as stop:
+        with stop_signals(signal.SIGHUP) as stop:
             stop.wait()
     finally:
         _say("stopping...")
@@ -1031,70 +806,6 @@ def _run_dagster(
     return EXIT_OK
 
 
-# --- entry point -------------------------------------------------------------------------------
-
-
-def _exit_code(error: BaseException) -> int | None:
-    """The documented exit code of an expected failure, else None."""
-    from sqlalchemy import exc as sa_exc
-
-    from ..local.dagster_processes import OrchestratorError
-    from ..local.servers import ServiceError
-    from ..store.engine import DatabaseUnavailable
-
-    if isinstance(error, ConfigError):
-        return EXIT_USAGE
-    if isinstance(
-        error,
-        DatabaseUnavailable
-        | ServiceError
-        | OrchestratorError
-        | SchemaNotReady
-        | ConnectionError
-        | sa_exc.DBAPIError
-        | OSError,
-    ):
-        return EXIT_FAILURE
-    try:
-        from confluent_kafka import KafkaException
-    except ImportError:  # pragma: no cover - a dependency
-        return None
-    return EXIT_FAILURE if isinstance(error, KafkaException) else None
-
-
-def _message(error: BaseException) -> str:
-    """One line for an expected failure; a database error's first line, never its parameters."""
-    from sqlalchemy import exc as sa_exc
-
-    if isinstance(error, sa_exc.DBAPIError):
-        detail = str(error.orig).strip().splitlines()[0] if error.orig else type(error).__name__
-        return f"database error: {detail}"
-    return str(error) or type(error).__name__
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point: every expected failure is one line on stderr and a documented exit code."""
-    try:
-        result = cli.main(args=argv, prog_name="reminder-pipeline", standalone_mode=False)
-    except click.exceptions.Abort:
-        return EXIT_INTERRUPTED
-    except click.UsageError as error:
-        where = f" (see `{error.ctx.command_path} --help`)" if error.ctx is not None else ""
-        print_error(f"{error.format_message()}{where}")
-        return EXIT_USAGE
-    except click.ClickException as error:
-        print_error(error.format_message())
-        return error.exit_code
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
-    except Exception as error:  # mapped to a documented exit code, or re-raised
-        code = _exit_code(error)
-        if code is None:
-            raise
-        print_error(_message(error))
-        return code
-    return result if isinstance(result, int) else EXIT_OK
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    return run(cli, argv, prog_name=PROG)
