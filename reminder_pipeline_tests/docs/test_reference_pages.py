@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from reminder_pipeline.cli import cli
-from reminder_pipeline.cli.output import (
+from reminder_pipeline.cli.exits import (
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
     EXIT_OK,
