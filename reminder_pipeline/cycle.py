@@ -60,6 +60,10 @@ RESERVATION_SECONDS = 30.0
 #: past the budget beat a "publish failed" for messages the broker was about to acknowledge.
 MIN_RELAY_SECONDS = 5.0
 
+#: Rows a drain may have handed to its relay and not yet published: two batches of 1,000, or
+#: ten of 200 (the relay publishes what queued up in one round; memory stays bounded).
+RELAY_QUEUE_ROWS = 2000
+
 #: What a batch progress callback receives: the cycle's counts so far.
 Progress = Callable[[CycleCounts], None]
 
@@ -430,7 +434,10 @@ def drain(
     relay = None
     if publisher is not None and max_batches > 1:
         relay = OutboxRelay(engine, publisher, correlation_id=correlation_id)
-        relay.start(deadline=time.monotonic() + max(started + budget_seconds - time.time(), 1.0))
+        relay.start(
+            deadline=time.monotonic() + max(started + budget_seconds - time.time(), 1.0),
+            max_queued=max(2, RELAY_QUEUE_ROWS // batch_size),
+        )
     try:
         with young_generation():
             for number in range(max_batches):
