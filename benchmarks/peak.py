@@ -164,7 +164,8 @@ class RssSampler(threading.Thread):
                 for child in psutil.Process(self.pid).children(recursive=True):
                     with contextlib.suppress(psutil.Error):
                         cmd = " ".join(child.cmdline())
-                        if "execute_run" in cmd:
+                        # The code server starts each run in a multiprocessing child.
+                        if "spawn_main" in cmd or "execute_run" in cmd:
                             self.peak_mb = max(self.peak_mb, child.memory_info().rss / 2**20)
 
 
