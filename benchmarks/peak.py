@@ -188,6 +188,7 @@ class Phase:
         return {
             "phase": self.name,
             "fed": self.fed,
+            "cancelled": self.skipped_expected,
             "published": len(lat),
             "not_published": self.unpublished,
             "lateness_p50_s": round(statistics.median(lat), 1) if lat else None,
@@ -284,7 +285,8 @@ def run_phase(
         progress(f"  {name}: {n:,} due from {due:%H:%M} ({cancelled} cancelled, {moved} moved)")
     _wait_published(dsn, feeds[-1][0], phase.fed, timeout=240 + phase.fed / 500)
     phase.lateness, phase.unpublished = _lateness(dsn, reader.seen, since)
-    phase.runs = _ledger(dsn, since - timedelta(seconds=59))
+    # The runs that took this phase's rows: from the tick at its first due minute on.
+    phase.runs = _ledger(dsn, feeds[0][0])
     phase.peak_rss_mb = sampler.peak_mb
     phase.load = os.getloadavg()
     return phase
