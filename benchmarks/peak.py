@@ -13,8 +13,9 @@ config and the every-minute ``reminder_dispatch_schedule``, then:
   left out), so every tick meets the burst a real quarter hour boundary brings.
 
 For each phase it prints lateness DueAt -> published (the broker's timestamp) p50 / p95 / max,
-rows and batches per run, run duration, tick -> success, the run workers' peak RSS and the load
-average, next to the targets. ``--plan`` prints what it would feed and exits (no servers).
+rows and batches per run, run duration, tick -> success, the run workers' peak RSS, DueAt -> the
+reference consumer's notification (p95 / max) and how long after a phase's last message the
+consumer delivered its last notification (its lag back to zero), and the load average. ``--plan`` prints what it would feed and exits (no servers).
 """
 
 from __future__ import annotations
@@ -169,6 +170,37 @@ class RssSampler(threading.Thread):
                             self.peak_mb = max(self.peak_mb, child.memory_info().rss / 2**20)
 
 
+class RecordingSink:
+    """The reference consumer's sink here: when each reminder's first notification was delivered."""
+
+    def __init__(self) -> None:
+        self.delivered: dict[str, float] = {}
+
+    def deliver(self, notification) -> None:
+        self.delivered.setdefault(str(notification.reminder_id), time.time())
+
+
+class ConsumerThread(threading.Thread):
+    """The reference consumer (``reminder_pipeline.consumer``) with a recording sink."""
+
+    def __init__(self, srv: Servers) -> None:
+        super().__init__(name="peak-consumer", daemon=True)
+        from reminder_pipeline.consumer.dedup import SqliteDedupStore
+        from reminder_pipeline.consumer.runner import ConsumerOptions, ReminderConsumer
+
+        self.sink = RecordingSink()
+        self.stop_event = threading.Event()
+        self.consumer = ReminderConsumer(
+            srv.kafka,
+            self.sink,
+            SqliteDedupStore(srv.workdir / "dedup.sqlite"),
+            ConsumerOptions(group_id=f"peak-{os.getpid()}"),
+        )
+
+    def run(self) -> None:
+        self.consumer.run(stop=self.stop_event)
+
+
 @dataclass
 class Phase:
     """One measured phase: its feed and what came out."""
@@ -177,6 +209,10 @@ class Phase:
     fed: int = 0
     skipped_expected: int = 0
     lateness: list[float] = field(default_factory=list)
+    #: DueAt -> the reference consumer's delivery of the notification.
+    end_to_end: list[float] = field(default_factory=list)
+    #: The last delivery after the last message on the topic (the consumer's lag back to 0).
+    consumer_caught_up_s: float | None = None
     runs: list[dict] = field(default_factory=list)
     peak_rss_mb: float = 0.0
     load: tuple[float, float, float] = (0.0, 0.0, 0.0)
@@ -194,6 +230,13 @@ class Phase:
             "lateness_p50_s": round(statistics.median(lat), 1) if lat else None,
             "lateness_p95_s": round(percentile(lat, 95), 1) if lat else None,
             "lateness_max_s": round(max(lat), 1) if lat else None,
+            "notified_p95_s": round(percentile(self.end_to_end, 95), 1)
+            if self.end_to_end
+            else None,
+            "notified_max_s": round(max(self.end_to_end), 1) if self.end_to_end else None,
+            "consumer_caught_up_s": None
+            if self.consumer_caught_up_s is None
+            else round(self.consumer_caught_up_s, 1),
             "runs": len(busy),
             "rows_per_run_max": max((r["sent"] + r["skipped"] for r in busy), default=0),
             "batches_per_run_max": max((r["batches"] for r in busy), default=0),
@@ -228,15 +271,21 @@ def _ledger(dsn: str, since: datetime) -> list[dict]:
     ]
 
 
-def _lateness(dsn: str, seen: dict[str, float], since: datetime) -> tuple[list[float], int]:
+def _sent(dsn: str, since: datetime) -> dict[str, float]:
+    """Reminder id -> DueAt (epoch) of the rows sent since ``since``."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         rows = conn.execute(
             "SELECT r.id::text, extract(epoch FROM r.due_at) FROM event_reminders r "
             "JOIN outbox o ON o.reminder_id = r.id WHERE r.sent_at >= %s",
             (since,),
         ).fetchall()
-    late = [seen[rid] - float(due) for rid, due in rows if rid in seen]
-    return late, sum(1 for rid, _ in rows if rid not in seen)
+    return {rid: float(due) for rid, due in rows}
+
+
+def _wait_notified(sink: RecordingSink, ids: list[str], timeout: float) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline and any(i not in sink.delivered for i in ids):
+        time.sleep(1)
 
 
 def _next_minute(after: float, lead: float) -> datetime:
@@ -269,7 +318,12 @@ def _wait_published(dsn: str, last_due: datetime, expected: int, timeout: float)
 
 
 def run_phase(
-    name: str, dsn: str, reader, sampler: RssSampler, feeds: list[tuple[datetime, int, bool]]
+    name: str,
+    dsn: str,
+    reader,
+    sampler: RssSampler,
+    feeds: list[tuple[datetime, int, bool]],
+    consumer: ConsumerThread | None = None,
 ) -> Phase:
     """Feed each (due minute, count, disturb) ahead of its minute, wait, and measure."""
     phase = Phase(name)
@@ -284,7 +338,17 @@ def run_phase(
         phase.skipped_expected += cancelled
         progress(f"  {name}: {n:,} due from {due:%H:%M} ({cancelled} cancelled, {moved} moved)")
     _wait_published(dsn, feeds[-1][0], phase.fed, timeout=240 + phase.fed / 500)
-    phase.lateness, phase.unpublished = _lateness(dsn, reader.seen, since)
+    sent = _sent(dsn, since)
+    phase.lateness = [reader.seen[i] - due for i, due in sent.items() if i in reader.seen]
+    phase.unpublished = sum(1 for i in sent if i not in reader.seen)
+    if consumer is not None:
+        _wait_notified(consumer.sink, list(sent), timeout=120)
+        got = consumer.sink.delivered
+        phase.end_to_end = [got[i] - due for i, due in sent.items() if i in got]
+        on_topic = [reader.seen[i] for i in sent if i in reader.seen]
+        notified = [got[i] for i in sent if i in got]
+        if on_topic and notified:
+            phase.consumer_caught_up_s = max(notified) - max(on_topic)
     # The runs that took this phase's rows: from the tick at its first due minute on.
     phase.runs = _ledger(dsn, feeds[0][0])
     phase.peak_rss_mb = sampler.peak_mb
@@ -295,7 +359,8 @@ def run_phase(
 def _table(phases: list[Phase]) -> str:
     lines = [
         f"{'phase':<22} {'fed':>7} {'p50 s':>6} {'p95 s':>6} {'max s':>6} {'runs':>4} "
-        f"{'rows/run':>8} {'batches':>7} {'run s':>6} {'tick->ok':>8} {'RSS MB':>6}  load"
+        f"{'rows/run':>8} {'batches':>7} {'run s':>6} {'tick->ok':>8} {'RSS MB':>6} "
+        f"{'notif p95':>9} {'max':>6} {'lag->0':>6}  load"
     ]
     for p in phases:
         s = p.summary()
@@ -304,7 +369,8 @@ def _table(phases: list[Phase]) -> str:
             f"{s['lateness_p95_s'] or 0:>6} {s['lateness_max_s'] or 0:>6} {s['runs']:>4} "
             f"{s['rows_per_run_max']:>8,} {s['batches_per_run_max']:>7} "
             f"{s['run_duration_max_s']:>6} {s['tick_to_success_max_s']:>8} "
-            f"{s['peak_rss_mb']:>6}  {' '.join(map(str, s['load_average']))}"
+            f"{s['peak_rss_mb']:>6} {s['notified_p95_s'] or 0:>9} {s['notified_max_s'] or 0:>6} "
+            f"{s['consumer_caught_up_s'] or 0:>6}  {' '.join(map(str, s['load_average']))}"
         )
     lines.append(
         f"targets: burst max <= {TARGETS['burst_max_s']:.0f} s, p95 <= "
@@ -393,6 +459,8 @@ def main(argv: list[str] | None = None) -> int:
         daemon, dsn, _, instance = _start_daemon(srv)
         reader = Reader(srv.bootstrap_servers)
         reader.start()
+        consumer = ConsumerThread(srv)
+        consumer.start()
         sampler = RssSampler(daemon.pid)
         sampler.start()
         try:
@@ -402,11 +470,13 @@ def main(argv: list[str] | None = None) -> int:
                 first = _next_minute(time.time(), 25)
                 dated = [(first + timedelta(minutes=i), n, d) for i, n, d in feeds]
                 progress(f"peak: {name}")
-                phase = run_phase(name, dsn, reader, sampler, dated)
+                phase = run_phase(name, dsn, reader, sampler, dated, consumer)
                 results.append(phase)
                 progress(f"peak: {json.dumps(phase.summary())}")
         finally:
             sampler.stopped.set()
+            consumer.stop_event.set()
+            consumer.join(30)
             reader.stop()
             daemon.terminate()
             with contextlib.suppress(subprocess.TimeoutExpired):
