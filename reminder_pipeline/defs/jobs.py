@@ -45,9 +45,10 @@ def dispatch_cycle():
 
 reminder_dispatch = dispatch_cycle.to_job(
     name=DISPATCH_JOB_NAME,
-    description="ReminderDispatchJob: every minute, one batch of due reminders (oldest first) "
-    "sent or skipped and published through the outbox. Run config: batch_size, "
-    "max_batches, budget_seconds, as_of.",
+    description="ReminderDispatchJob: every minute, the due reminders (oldest first) sent or "
+    "skipped and published through the outbox, in batches of batch_size (each one transaction) "
+    "until none is due or the 30 s budget is spent. Run config: batch_size, max_batches "
+    "(1 = one batch a cycle), budget_seconds, as_of.",
     config=validated(DISPATCH_JOB_NAME, DispatchRunConfig, select_due_batch),
     executor_def=in_process_executor,
     tags={**CONCURRENCY_TAGS, "dagster/max_runtime": str(DISPATCH_MAX_RUNTIME_SECONDS)},

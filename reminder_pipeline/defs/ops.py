@@ -107,7 +107,8 @@ def relay_outbox(context, written: dict, postgres: PostgresResource, kafka: Kafk
         asset_key=DISPATCH_ASSET_KEY,
         metadata={**report.figures(), "as_of": MetadataValue.timestamp(report.as_of)},
         description=f"{report.counts.sent} sent, {report.counts.skipped} skipped, "
-        f"{report.relay.published} published",
+        f"{report.relay.published} published in {report.counts.batches} batch(es); "
+        f"{report.backlog_remaining} due left",
     )
     if report.relay.failed:
         raise Failure(

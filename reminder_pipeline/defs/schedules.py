@@ -5,6 +5,8 @@ instance's run-concurrency limit for the dispatch tag allows (dagster.yaml; 1 by
 design's no-overlap rule), so slow runs never pile up in the queue.
 """
 
+import os
+
 from dagster import (
     DagsterRunStatus,
     DefaultScheduleStatus,
@@ -16,6 +18,7 @@ from dagster import (
     schedule,
 )
 
+from .. import config as settings
 from .jobs import (
     CONCURRENCY_TAG,
     CONCURRENCY_TAGS,
@@ -33,6 +36,19 @@ IN_FLIGHT_STATUSES = [
     DagsterRunStatus.STARTED,
     DagsterRunStatus.CANCELING,
 ]
+
+
+#: The operator's switch back to the literal one-batch cycle (``1``): the scheduled runs'
+#: ``max_batches``. Unset, a run drains what is due within its budget (docs/design.md, "Peaks").
+MAX_BATCHES_ENV = "REMINDER_DISPATCH_MAX_BATCHES"
+
+
+def scheduled_run_config() -> dict:
+    """The scheduled run's config: ``max_batches`` from the environment if set, else defaults."""
+    value = os.environ.get(MAX_BATCHES_ENV, "").strip()
+    if not value:
+        return {}
+    return {"max_batches": settings.check_max_batches(value, MAX_BATCHES_ENV)}
 
 
 def dispatch_concurrency_limit(context: ScheduleEvaluationContext) -> int:
@@ -62,7 +78,7 @@ def reminder_dispatch_schedule(context: ScheduleEvaluationContext):
         filters=RunsFilter(tags=CONCURRENCY_TAGS, statuses=IN_FLIGHT_STATUSES), limit=limit
     )
     if len(in_flight) < limit:
-        return RunRequest()
+        return RunRequest(run_config=scheduled_run_config())
     runs = ", ".join(
         f"run {r.dagster_run.run_id} of {r.dagster_run.job_name} is still "
         f"{r.dagster_run.status.value}"

@@ -106,13 +106,13 @@ def test_dispatch_run_sends_skips_publishes_and_records_the_figures(
     assert not any("Secret deal" in line or "Tverskaya" in line for line in lines)
 
 
-def test_one_batch_per_run_by_default_and_the_backlog_is_reported(
+def test_max_batches_1_restores_one_batch_per_run_and_the_backlog_is_reported(
     engine, database_url, kafka_settings, instance
 ):
     events = [make_due_event(engine, minutes_overdue=10 - i) for i in range(5)]
 
     result = reminder_dispatch.execute_in_process(
-        run_config={"batch_size": 2},
+        run_config={"batch_size": 2, "max_batches": 1},
         instance=instance,
         resources=resources_for(database_url, kafka_settings),
     )

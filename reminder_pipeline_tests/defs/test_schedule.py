@@ -18,6 +18,7 @@ from dagster import (
 from dagster._core.remote_origin import RegisteredCodeLocationOrigin, RemoteRepositoryOrigin
 from dagster._core.storage.dagster_run import DagsterRun
 
+from reminder_pipeline.config import ConfigError
 from reminder_pipeline.defs.jobs import CONCURRENCY_TAGS
 from reminder_pipeline.defs.schedules import reminder_dispatch_schedule
 
@@ -103,3 +104,12 @@ def test_a_catch_up_run_in_flight_also_skips_the_tick(instance):
 
     assert isinstance(result, SkipReason)
     assert f"run {run_id} of reminder_catch_up is still STARTED" in result.skip_message
+
+
+def test_the_operator_restores_the_one_batch_cycle_with_one_setting(instance, monkeypatch):
+    assert _tick(instance).run_config == {}  # the default: drain what is due within the budget
+    monkeypatch.setenv("REMINDER_DISPATCH_MAX_BATCHES", "1")
+    assert _tick(instance).run_config == {"max_batches": 1}
+    monkeypatch.setenv("REMINDER_DISPATCH_MAX_BATCHES", "0")
+    with pytest.raises(ConfigError, match=r"^REMINDER_DISPATCH_MAX_BATCHES=0 is out of range"):
+        _tick(instance)

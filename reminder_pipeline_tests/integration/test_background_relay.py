@@ -154,6 +154,26 @@ def test_a_dispatcher_waits_for_a_relay_that_falls_behind_and_nothing_is_lost(
     _assert_once_in_outbox_order(engine, kafka_reader, event_ids)
 
 
+def test_batches_queued_while_the_relay_publishes_go_out_in_one_round(
+    engine, publisher, kafka_reader
+):
+    event_ids = _events(engine, 4)  # 8 due rows: 4 batches of 2
+    held = _HeldPublisher(publisher)
+    relay = OutboxRelay(engine, held).start(deadline=time.monotonic() + 120, max_queued=5)
+    try:
+        relay.hand_over(cycle.dispatch_batch(engine, utcnow(), 2).messages)
+        assert held.entered.wait(30)  # the first batch is being published
+        for _ in range(3):
+            relay.hand_over(cycle.dispatch_batch(engine, utcnow(), 2).messages)
+        assert relay.queued == 3
+    finally:
+        held.release.set()
+        result = relay.finish(timeout=60)
+    # The first batch, then the three that queued up meanwhile in one produce-flush-mark round.
+    assert (result.published, result.batches) == (8, 2)
+    _assert_once_in_outbox_order(engine, kafka_reader, event_ids)
+
+
 def test_hand_overs_do_not_wait_while_the_relay_waits_for_the_lock(engine, publisher, kafka_reader):
     event_ids = _events(engine, 3)  # 6 due rows: 3 batches of 2
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as other:
