@@ -24,7 +24,7 @@ from reminder_pipeline.defs.schedules import reminder_dispatch_schedule
 from reminder_pipeline.observability import health
 from reminder_pipeline_tests.support import outbox_rows, reminders, utcnow
 
-from . import instance_overrides, log_messages, metadata_values, resources_for
+from .helpers import instance_overrides, log_messages, metadata_values, resources_for
 
 BURST = 2_000
 
