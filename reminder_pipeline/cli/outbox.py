@@ -35,10 +35,10 @@ def outbox() -> None:
 @json_option
 def outbox_purge(retention_hours: float, batch_size: int, as_json: bool) -> int:
     """Delete published outbox rows past the retention, in small batches; never unpublished ones."""
-    from ..operator_jobs.outbox_retention import purge_outbox
+    from ..operator_jobs.outbox_retention import purge_published
 
     with database() as engine:
-        deleted = purge_outbox(
+        deleted = purge_published(
             engine,
             timedelta(hours=retention_hours),
             batch_size=batch_size,

@@ -80,7 +80,7 @@ def poison_rows(context, config: PoisonConfig, postgres: PostgresResource):
 def purge_outbox(context, config: RetentionConfig, postgres: PostgresResource):
     """Outbox retention; ``deleted_count`` in the output metadata."""
     started = time.monotonic()
-    deleted = retention.purge_outbox(
+    deleted = retention.purge_published(
         postgres.engine,
         timedelta(hours=config.retention_hours),
         batch_size=config.batch_size,

@@ -38,7 +38,7 @@ def select_due_batch(context, config: CycleConfig, postgres: PostgresResource) -
             budget_seconds=config.budget_seconds,
             journal=journal,
         )
-        reserved = cycle.select(postgres.engine, started, journal=journal)
+        reserved = cycle.reserve(postgres.engine, started, journal=journal)
     return {
         "cycle": started.plain(),
         "ids": reserved.ids,
@@ -53,7 +53,7 @@ def select_due_batch(context, config: CycleConfig, postgres: PostgresResource) -
 )
 def resolve_event_status(context, selection: dict, postgres: PostgresResource) -> dict:
     """Step 2: the decision per row; the writing step decides again on what it reads under lock."""
-    decided = cycle.resolve(postgres.engine, selection["ids"])
+    decided = cycle.preview(postgres.engine, selection["ids"])
     context.log.info(
         f"preview: {len(decided.send)} to send, {len(decided.skip)} to skip "
         "(decided again under lock by transition_and_outbox)"

@@ -1,7 +1,7 @@
 """The re-publish back-fill ``reminder_republish``: a run per DueAt day, picked in the UI.
 
 A partitioned op job (``DailyPartitionsDefinition``, UTC) whose one op calls
-:func:`reminder_pipeline.operator_jobs.republish.republish_day` and records a materialization of
+:func:`reminder_pipeline.operator_jobs.republish.resend_day` and records a materialization of
 the partition
 of ``calendar/reminder_due_republished`` with the day's counts. An op job rather than an
 ``@asset``: a back-fill launched from an asset's page runs Dagster's implicit asset job, which
@@ -139,7 +139,7 @@ def republish_day(
         if publisher is None:
             raise Failure(description=f"re-publish of {day}: {kafka.topic_error()}")
         try:
-            report = republish.republish_day(
+            report = republish.resend_day(
                 postgres.engine,
                 publisher,
                 day,

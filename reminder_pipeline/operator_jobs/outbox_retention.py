@@ -15,7 +15,7 @@ from ..store import repository
 DEFAULT_RETENTION = timedelta(hours=DEFAULT_RETENTION_HOURS)
 
 
-def purge_outbox(
+def purge_published(
     engine: Engine,
     retention: timedelta = DEFAULT_RETENTION,
     *,

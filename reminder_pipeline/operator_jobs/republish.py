@@ -160,7 +160,7 @@ def _marked(message: ClaimedMessage, run_id: str) -> ClaimedMessage:
     return ClaimedMessage(message.id, message.topic, message.message_key, message.payload, headers)
 
 
-def republish_day(
+def resend_day(
     engine: Engine,
     publisher: Publisher,
     day: date,

@@ -53,8 +53,8 @@ CHILD = textwrap.dedent(
     from reminder_pipeline.store.engine import make_engine
     engine = make_engine(sys.argv[1])
     with engine.begin() as conn:
-        selection = cycle.select_due_batch(conn, cycle.now_utc(), 200)
-        cycle.transition_and_outbox(conn, selection.ids, selection.as_of)
+        selection = cycle.lock_due_batch(conn, cycle.now_utc(), 200)
+        cycle.write_batch(conn, selection.ids, selection.as_of)
         print("written", len(selection.ids), flush=True)
         sys.stdin.readline()  # stopped here: inside the transaction, before commit
     """
