@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import click
 
 from ..config import DEFAULT_BATCH_SIZE, DEFAULT_MAX_BATCHES
+from ..domain.model import COUNTERS
 from .context import load_settings, open_publisher, open_servers, progress_line, require_schema
 from .exits import relay_exit
 from .options import (
@@ -102,21 +103,7 @@ def dispatch(
     else:
         print_fields(
             "dispatch cycle",
-            {
-                k: counts.get(k)
-                for k in (
-                    "sent",
-                    "skipped",
-                    "skipped_locked",
-                    "failed",
-                    "published",
-                    "publish_failed",
-                    "batches",
-                    "duration_ms",
-                    "backlog_remaining",
-                    "run_id",
-                )
-            },
+            {k: counts.get(k) for k in (*COUNTERS, "duration_ms", "backlog_remaining", "run_id")},
         )
     return relay_exit(report.relay.failed)
 
