@@ -8,7 +8,7 @@ dead letter is an increase Prometheus can see (a series born at 1 is not).
 
 Latency is measured where the contract puts its promises: from the message's Kafka timestamp to
 the moment the last recipient is notified (the consumer's SLA, < 1 minute), and from DueAt
-(StartAt - OffsetMinutes) to that moment (end to end, the seed's SLO of 2 minutes).
+(StartAt - OffsetMinutes) to that moment (end to end, the design's SLO of 2 minutes).
 """
 
 from __future__ import annotations
