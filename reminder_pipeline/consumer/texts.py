@@ -1,7 +1,7 @@
 """Reminder texts per locale: the kind of event, the horizon (OffsetMinutes) and the local time.
 
-``en`` is the reference consumer's original wording; ``ru`` follows docs/contract.md, which words its
-examples in Russian: horizons such as «через сутки» (1440) and «через час» (60), and the
+``en`` is the reference consumer's original wording; ``ru`` follows docs/contract.md, which words
+its examples in Russian: horizons such as «через сутки» (1440) and «через час» (60), and the
 neutral text «событие календаря скоро начнётся» for a Kind this consumer does not know (the
 contract's fail-safe: a reminder matters more than its exact wording).
 """
