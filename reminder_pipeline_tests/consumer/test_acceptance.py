@@ -27,7 +27,7 @@ from reminder_pipeline.consumer import (
     NotificationKind,
     consume_main,
 )
-from reminder_pipeline.consumer.runner import (
+from reminder_pipeline.consumer.dead_letter_copy import (
     HEADER_DLQ_ATTEMPTS,
     HEADER_DLQ_ERROR,
     HEADER_DLQ_GROUP,

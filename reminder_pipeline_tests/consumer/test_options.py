@@ -9,7 +9,9 @@ import pytest
 
 from reminder_pipeline.config import Settings
 from reminder_pipeline.consumer.notifications import notifications_for, parse_reminder
-from reminder_pipeline.consumer.runner import ConsumerOptions, StdoutSink, default_dedup_path
+from reminder_pipeline.consumer.options import ConsumerOptions
+from reminder_pipeline.consumer.service import default_dedup_path
+from reminder_pipeline.consumer.sinks import StdoutSink
 
 from .payloads import payload
 
