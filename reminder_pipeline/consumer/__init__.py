@@ -4,7 +4,7 @@ Its rooms: the message read into notifications (notifications.py, texts.py, spel
 attempt at a message (handling.py), the consumer loop and its group (runner.py), the dead-letter
 record and its producer (dead_letter_copy.py, dead_letters.py), the sinks (sinks.py), options and
 stats (options.py), a Kafka message's parts (kafka_messages.py), de-duplication (dedup.py),
-metrics (metrics.py), and the service the CLI runs (service.py).
+metrics (metrics.py), and the service the CLI runs (service.py: raises, never exits).
 """
 
 from .dead_letter_copy import DLQ_TOPIC
@@ -23,7 +23,7 @@ from .notifications import (
 )
 from .options import ConsumerOptions, ConsumeStats
 from .runner import ReminderConsumer
-from .service import consume_main
+from .service import run_consumer
 from .sinks import DeliveryRejected, NotificationSink, StdoutSink
 from .texts import Locale
 
@@ -47,7 +47,7 @@ __all__ = [
     "ReminderDue",
     "SqliteDedupStore",
     "StdoutSink",
-    "consume_main",
     "notifications_for",
     "parse_reminder",
+    "run_consumer",
 ]

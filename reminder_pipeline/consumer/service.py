@@ -1,4 +1,12 @@
-"""The consumer as a service: ``reminder-pipeline consume``'s run, from settings to exit code."""
+"""The consumer as a service: settings in, a run until stopped, typed errors out.
+
+:func:`run_consumer` is what ``reminder-pipeline consume`` runs. It decides no exit code and
+prints nothing but notifications: a bad option raises ``ConfigError``, a metrics port that cannot
+be listened on ``MetricsPortUnavailable``, and the broker, the de-duplication store and the
+network raise their own errors (``BrokerUnavailable``, ``DedupStoreError``, ``sqlite3.Error``,
+``OSError``, ``KafkaException``); the command line turns each into its code and one line on
+stderr (``cli/consume.py``, ``cli/exits.py``).
+"""
 
 from __future__ import annotations
 
@@ -6,27 +14,17 @@ import contextlib
 import dataclasses
 import logging
 import signal
-import sqlite3
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from confluent_kafka import KafkaException
-
 from .. import logs
 from ..config import ConfigError, Settings
 from ..logs import event
-from ..messaging.kafka import BrokerUnavailable, ensure_topic
-from .dedup import DedupStoreError, PostgresDedupStore, SqliteDedupStore
-from .metrics import (
-    DEFAULT_HOST,
-    ConsumerMetrics,
-    MetricsPortUnavailable,
-    MetricsServer,
-    serve_metrics,
-)
-from .options import DEFAULT_GROUP_ID, ConsumerOptions
+from ..messaging.kafka import ensure_topic
+from .dedup import PostgresDedupStore, SqliteDedupStore
+from .metrics import DEFAULT_HOST, ConsumerMetrics, MetricsServer, serve_metrics
+from .options import DEFAULT_GROUP_ID, ConsumerOptions, ConsumeStats
 from .runner import ReminderConsumer
 from .sinks import NotificationSink, StdoutSink
 from .texts import Locale
@@ -62,7 +60,7 @@ def default_dedup_path(settings: Settings, group_id: str) -> Path:
     return settings.home / "notifications" / f"{safe}.dedup.sqlite3"
 
 
-def consume_main(
+def run_consumer(
     settings: Settings,
     *,
     group_id: str = DEFAULT_GROUP_ID,
@@ -75,16 +73,16 @@ def consume_main(
     options: ConsumerOptions | None = None,
     metrics_port: int | None = None,
     locale: str = Locale.EN.value,
-) -> int:
-    """``reminder-pipeline consume``: print reminders as they arrive; 0 on a clean stop.
+) -> ConsumeStats:
+    """Print reminders as they arrive until stopped (or, ``once``, until the topic is quiet).
 
     ``bootstrap_servers`` names the embedded broker when ``settings`` do not (the CLI knows it).
     ``once`` stops after the topic has been quiet for ``options.once_idle_seconds``. ``options``
     overrides everything but ``group_id`` and ``locale`` (tests: topic names, fast group joins).
     ``dedup_url`` keeps delivered ReminderIds in PostgreSQL, shared by consumers on any number of
-    hosts, instead of the SQLite file ``dedup_path`` (one host; both is an error).
+    hosts, instead of the SQLite file ``dedup_path`` (one host; both is a ConfigError).
     ``metrics_port`` serves the consumer's Prometheus metrics on ``REMINDER_METRICS_HOST``
-    (default 127.0.0.1) at that port. A bad value is a one-line error and exit code 2.
+    (default 127.0.0.1) at that port. Returns what the run did; raises what stopped it.
     """
     logs.configure()
     stop = stop or threading.Event()
@@ -119,14 +117,7 @@ def consume_main(
         )
         with store as dedup, stop_on_signals(stop):
             consumer = ReminderConsumer(kafka, sink or StdoutSink(), dedup, options, metrics)
-            consumer.run(stop=stop, idle_timeout=options.once_idle_seconds if once else None)
-    except (ConfigError, BrokerUnavailable, DedupStoreError, sqlite3.Error, OSError) as exc:
-        print(f"reminder-pipeline consume: {exc}", file=sys.stderr)
-        return 2 if isinstance(exc, ConfigError | MetricsPortUnavailable) else 1
-    except KafkaException as exc:
-        print(f"reminder-pipeline consume: Kafka error: {exc}", file=sys.stderr)
-        return 1
+            return consumer.run(stop=stop, idle_timeout=options.once_idle_seconds if once else None)
     finally:
         if server is not None:
             server.stop()
-    return 0

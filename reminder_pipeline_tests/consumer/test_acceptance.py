@@ -22,11 +22,9 @@ from zoneinfo import ZoneInfo
 import pytest
 from sqlalchemy.engine import Engine
 
+from reminder_pipeline.cli.consume import consume_main
 from reminder_pipeline.config import KafkaSettings, Settings
-from reminder_pipeline.consumer import (
-    NotificationKind,
-    consume_main,
-)
+from reminder_pipeline.consumer import NotificationKind
 from reminder_pipeline.consumer.dead_letter_copy import (
     HEADER_DLQ_ATTEMPTS,
     HEADER_DLQ_ERROR,
