@@ -1,11 +1,19 @@
-"""``consume``: the reference notifications consumer. Its options are all here, in one place."""
+"""``consume``: the reference notifications consumer. Its options are all here, in one place, and
+so is its exit code (the consumer raises; :func:`consume_main` decides)."""
 
 from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from .context import load_settings
+from .exits import EXIT_OK, consume_exit
 from .options import env_option, flag, port_option
+
+if TYPE_CHECKING:
+    from ..config import Settings
 
 
 @click.command()
@@ -58,7 +66,6 @@ def consume(
     """Run the reference notifications consumer (one line per notification)."""
     from pathlib import Path
 
-    from ..consumer import consume_main
     from ..local.endpoints import embedded_broker, require_servers
 
     settings = load_settings()
@@ -74,3 +81,21 @@ def consume(
         metrics_port=metrics_port,
         locale=locale,
     )
+
+
+def consume_main(settings: Settings, **kwargs: Any) -> int:
+    """Run the consumer (``run_consumer``'s arguments) and decide the exit code: 0 on a clean stop;
+    an expected failure is one line on stderr and :func:`.exits.consume_exit`'s code (2 for a bad
+    option or a metrics port that cannot be listened on, 1 for a server or store that failed)."""
+    from .. import consumer
+
+    try:
+        consumer.run_consumer(settings, **kwargs)
+    except Exception as error:  # mapped to a documented exit code, or re-raised
+        decided = consume_exit(error)
+        if decided is None:
+            raise
+        code, line = decided
+        print(f"reminder-pipeline consume: {line}", file=sys.stderr)
+        return code
+    return EXIT_OK

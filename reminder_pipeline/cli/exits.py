@@ -60,6 +60,29 @@ def exit_code(error: BaseException) -> int | None:
     return EXIT_FAILURE if isinstance(error, KafkaException) else None
 
 
+def consume_exit(error: BaseException) -> tuple[int, str] | None:
+    """``consume``: the code and one line of a failure the consumer raised, else None.
+
+    A bad option, or a ``--metrics-port`` that cannot be listened on, is usage (2); the broker,
+    the de-duplication store (PostgreSQL or the SQLite file) or the network failing is 1.
+    """
+    import sqlite3
+
+    from confluent_kafka import KafkaException
+
+    from ..consumer.dedup import DedupStoreError
+    from ..messaging.kafka import BrokerUnavailable
+    from ..metrics_http import MetricsPortUnavailable
+
+    if isinstance(error, ConfigError | MetricsPortUnavailable):
+        return EXIT_USAGE, str(error)
+    if isinstance(error, BrokerUnavailable | DedupStoreError | sqlite3.Error | OSError):
+        return EXIT_FAILURE, str(error)
+    if isinstance(error, KafkaException):
+        return EXIT_FAILURE, f"Kafka error: {error}"
+    return None
+
+
 def message(error: BaseException) -> str:
     """One line for an expected failure; a database error's first line, never its parameters."""
     from sqlalchemy import exc as sa_exc

@@ -16,8 +16,6 @@ database cannot be read, the scrape still answers, with ``calendar_reminder_disp
 from __future__ import annotations
 
 import logging
-import signal
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -358,17 +356,3 @@ def start_exporter(
         ) from None
     event(log, logging.INFO, "metrics exporter listening", host=host, port=port)
     return MetricsExporter(server, engine, owns_engine=owns_engine)
-
-
-def serve_forever(settings: Settings, endpoints: Endpoints) -> int:
-    """``reminder-pipeline metrics``: serve until SIGINT/SIGTERM, then stop cleanly; returns 0."""
-    exporter = start_exporter(settings, endpoints)
-    print(f"Prometheus metrics: {exporter.url}", flush=True)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    try:
-        stop.wait()
-    finally:
-        exporter.stop()
-    return 0
