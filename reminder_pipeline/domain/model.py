@@ -139,7 +139,6 @@ class CycleCounts:
     needs its column in a migration.
     """
 
-    selected: int = counter("rows the batches' selections took", ledger=False)
     sent: int = counter("reminders moved Pending → Sent, one outbox row each", figure="sent_count")
     skipped: int = counter(
         "reminders moved Pending → Skipped (event cancelled or completed)", figure="skipped_count"
@@ -154,6 +153,7 @@ class CycleCounts:
         figure="publish_failed_count",
     )
     batches: int = counter("batches written, each one transaction", figure="batches", totals=False)
+    selected: int = counter("rows the batches' selections took", ledger=False)
     time_zone_fallbacks: int = counter(
         "reminders sent with the fallback zone (their event's TimeZone is not canonical IANA)",
         figure="time_zone_fallback_count",
