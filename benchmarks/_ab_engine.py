@@ -14,11 +14,10 @@ import time
 from sqlalchemy import create_engine
 from sqlalchemy.engine import Engine, make_url
 
+from benchmarks._catchup import prepare_template
+from benchmarks._infra import servers
 from reminder_pipeline import cycle
 from reminder_pipeline.messaging.kafka import KafkaPublisher, ensure_topic
-
-from ._catchup import prepare_template
-from ._infra import servers
 
 
 def _variant(url: str, isolation: bool, hidden: bool) -> Engine:

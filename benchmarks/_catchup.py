@@ -16,12 +16,11 @@ from pathlib import Path
 import psutil
 import psycopg
 
-from reminder_pipeline.db import make_engine
+from benchmarks._infra import REPO_ROOT, Servers, fmt_rate, progress
+from benchmarks._seed import seed_backlog
 from reminder_pipeline.messaging.kafka import ensure_topic
 from reminder_pipeline.store import migrate
-
-from ._infra import REPO_ROOT, Servers, fmt_rate, progress
-from ._seed import seed_backlog
+from reminder_pipeline.store.engine import make_engine
 
 
 def prepare_template(srv: Servers, suffix: str, rows: int) -> str:

@@ -1,6 +1,6 @@
 """Figures 2 (steady-state lateness under the real daemon) and 4 (idle cycle: tick to success, no writes).
 
-One Dagster stack (``reminder_pipeline.orchestrator.DagsterStack``: webserver + daemon with the
+One Dagster stack (``reminder_pipeline.local.dagster_processes.DagsterStack``: webserver + daemon with the
 every-minute ``reminder_dispatch_schedule``) on a temporary ``DAGSTER_HOME``, its storage in a
 database of its own on the benchmark's PostgreSQL. First an idle phase (nothing due: a few ticks),
 then a steady phase (a feeder makes reminders fall due at random seconds, ~50 a minute; a consumer
@@ -21,15 +21,14 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 
-from reminder_pipeline.calendar import NewEvent, create_event
-from reminder_pipeline.db import make_engine
+from benchmarks._dueq import percentile
+from benchmarks._infra import Servers, progress
 from reminder_pipeline.domain import contract
+from reminder_pipeline.local.calendar import NewEvent, create_event
+from reminder_pipeline.local.servers import free_port
 from reminder_pipeline.messaging.kafka import ensure_topic
-from reminder_pipeline.services import free_port
 from reminder_pipeline.store import migrate
-
-from ._dueq import percentile
-from ._infra import Servers, progress
+from reminder_pipeline.store.engine import make_engine
 
 JOB = "reminder_dispatch"
 APP_TABLES = ("calendar_events", "event_reminders", "outbox")
@@ -39,7 +38,7 @@ def dagster_available() -> str | None:
     """None when the Dagster layer loads, else why not."""
     try:
         from reminder_pipeline.definitions import defs  # noqa: F401
-        from reminder_pipeline.orchestrator import DagsterStack  # noqa: F401
+        from reminder_pipeline.local.dagster_processes import DagsterStack  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - reported in the table
         return f"{type(exc).__name__}: {exc}"
     return None
@@ -320,7 +319,11 @@ def run(
 ) -> DagsterResult:
     from dagster import DagsterInstance
 
-    from reminder_pipeline.orchestrator import DagsterStack, dagster_storage_url, prepare_home
+    from reminder_pipeline.local.dagster_processes import (
+        DagsterStack,
+        dagster_storage_url,
+        prepare_home,
+    )
 
     result = DagsterResult()
     ensure_topic(srv.kafka)

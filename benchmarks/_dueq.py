@@ -10,11 +10,10 @@ from datetime import UTC, datetime
 import psycopg
 from psycopg import sql as psql
 
-from reminder_pipeline.db import make_engine
+from benchmarks._infra import Servers, progress
+from benchmarks._seed import _bind, seed_history
 from reminder_pipeline.store import migrate, queries
-
-from ._infra import Servers, progress
-from ._seed import _bind, seed_history
+from reminder_pipeline.store.engine import make_engine
 
 INDEX_NAME = "ix_event_reminders_status_due_at"
 BATCH = 200

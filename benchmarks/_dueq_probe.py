@@ -16,13 +16,12 @@ from datetime import UTC, datetime
 
 import psycopg
 
-from reminder_pipeline.db import make_engine
-from reminder_pipeline.services import EmbeddedPostgres, free_port
+from benchmarks._dueq import BATCH, _psycopg_query, percentile
+from benchmarks._infra import Servers, progress
+from benchmarks._seed import seed_history
+from reminder_pipeline.local.servers import EmbeddedPostgres, free_port
 from reminder_pipeline.store import migrate, queries
-
-from ._dueq import BATCH, _psycopg_query, percentile
-from ._infra import Servers, progress
-from ._seed import seed_history
+from reminder_pipeline.store.engine import make_engine
 
 
 def client_series(srv: Servers, db: str, n: int) -> dict:

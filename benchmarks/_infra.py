@@ -19,7 +19,7 @@ from psycopg import sql
 from sqlalchemy.engine import make_url
 
 from reminder_pipeline.config import KafkaSettings
-from reminder_pipeline.services import EmbeddedBroker, EmbeddedPostgres, free_port
+from reminder_pipeline.local.servers import EmbeddedBroker, EmbeddedPostgres, free_port
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -18,15 +18,14 @@ from datetime import UTC, datetime
 
 import psycopg
 
+from benchmarks._infra import progress, servers
+from benchmarks._seed import seed_backlog
 from reminder_pipeline import cycle, logs
-from reminder_pipeline.db import make_engine
 from reminder_pipeline.domain.model import CycleCounts
 from reminder_pipeline.messaging.kafka import KafkaPublisher, ensure_topic
 from reminder_pipeline.messaging.relay import relay_outbox
 from reminder_pipeline.store import migrate
-
-from ._infra import progress, servers
-from ._seed import seed_backlog
+from reminder_pipeline.store.engine import make_engine
 
 
 def main() -> int:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import psycopg
 
-from ._infra import fmt_rate
+from benchmarks._infra import fmt_rate
 
 # Event status by n % 100: 85 Planned, 5 InProgress, 7 Cancelled, 3 Completed.
 _EVENT_STATUS = """CASE WHEN n % 100 < 85 THEN 'Planned' WHEN n % 100 < 90 THEN 'InProgress'

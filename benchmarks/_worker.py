@@ -49,8 +49,8 @@ def _json_log(opts: dict) -> None:
 def run_pipeline(opts: dict) -> dict:
     from reminder_pipeline import cycle
     from reminder_pipeline.config import KafkaSettings
-    from reminder_pipeline.db import make_engine
     from reminder_pipeline.messaging.kafka import KafkaPublisher
+    from reminder_pipeline.store.engine import make_engine
 
     _json_log(opts)
     engine = make_engine(opts["url"], pool_size=5, application_name="bench-pipeline")

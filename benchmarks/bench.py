@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 
 import psutil
 
-from ._infra import fmt_rate, progress, server_version, servers
+from benchmarks._infra import fmt_rate, progress, server_version, servers
 
 FIGURES = ("catchup", "dueq", "parallel", "runs", "idle", "steady")
 
@@ -132,7 +132,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def fig_catchup(srv, args, rows: list[Row], details: dict) -> None:
-    from . import _catchup
+    from benchmarks import _catchup
 
     res = _catchup.catchup(srv, args.backlog)
     details["catchup"] = res
@@ -180,7 +180,7 @@ def fig_catchup(srv, args, rows: list[Row], details: dict) -> None:
 
 
 def fig_dueq(srv, args, rows: list[Row], details: dict) -> None:
-    from . import _dueq
+    from benchmarks import _dueq
 
     res = _dueq.run(
         srv,
@@ -236,7 +236,7 @@ def fig_dueq(srv, args, rows: list[Row], details: dict) -> None:
 
 
 def fig_parallel(srv, args, rows: list[Row], details: dict) -> None:
-    from . import _catchup
+    from benchmarks import _catchup
 
     res = _catchup.parallel(srv, args.parallel_backlog)
     details["parallel"] = res
@@ -258,7 +258,7 @@ def fig_parallel(srv, args, rows: list[Row], details: dict) -> None:
 
 
 def fig_runs(srv, args, rows: list[Row], details: dict) -> None:
-    from . import _catchup
+    from benchmarks import _catchup
 
     res = _catchup.concurrent_runs(srv, args.runs_backlog)
     details["runs"] = res
@@ -279,7 +279,7 @@ def fig_runs(srv, args, rows: list[Row], details: dict) -> None:
 
 
 def fig_dagster(srv, args, rows: list[Row], details: dict) -> None:
-    from . import _dagster
+    from benchmarks import _dagster
 
     do_idle, do_steady = "idle" in args.only, "steady" in args.only
     missing = _dagster.dagster_available()

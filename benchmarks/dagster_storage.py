@@ -42,7 +42,7 @@ from pathlib import Path
 
 import psycopg
 
-from ._infra import Servers, progress, server_version, servers
+from benchmarks._infra import Servers, progress, server_version, servers
 
 MINUTES_PER_DAY = 1440
 DISPATCH_JOB = "reminder_dispatch"
@@ -416,12 +416,16 @@ def run(
 ) -> Result:
     from dagster import DagsterInstance
 
-    from reminder_pipeline import demo
-    from reminder_pipeline.db import make_engine
+    from reminder_pipeline.local import demo
+    from reminder_pipeline.local.dagster_processes import (
+        DagsterStack,
+        dagster_storage_url,
+        prepare_home,
+    )
+    from reminder_pipeline.local.servers import free_port
     from reminder_pipeline.messaging.kafka import ensure_topic
-    from reminder_pipeline.orchestrator import DagsterStack, dagster_storage_url, prepare_home
-    from reminder_pipeline.services import free_port
     from reminder_pipeline.store import migrate
+    from reminder_pipeline.store.engine import make_engine
 
     result = Result(days=days, keep_days=keep_days, budget_seconds=budget_seconds)
     ensure_topic(srv.kafka)
@@ -559,7 +563,7 @@ def report(result: Result) -> str:
 def projection(result: Result) -> str:
     """A year at the measured per-run sizes and deletion rate."""
     from reminder_pipeline.defs.run_retention import RUN_RETENTION_MAX_RUNTIME_SECONDS
-    from reminder_pipeline.run_retention import DEFAULT_BUDGET_SECONDS
+    from reminder_pipeline.defs.run_retention_pass import DEFAULT_BUDGET_SECONDS
 
     deleted = sum(p.metadata.get("runs_deleted", 0) for p in result.passes)
     seconds = sum(p.metadata.get("duration_seconds", 0) for p in result.passes)

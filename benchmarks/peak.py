@@ -383,9 +383,9 @@ def _table(phases: list[Phase]) -> str:
 def _start_daemon(srv: Servers) -> tuple[subprocess.Popen, str, str, object]:
     from dagster import DagsterInstance
 
-    from reminder_pipeline.db import make_engine
-    from reminder_pipeline.orchestrator import dagster_storage_url, prepare_home
+    from reminder_pipeline.local.dagster_processes import dagster_storage_url, prepare_home
     from reminder_pipeline.store import migrate
+    from reminder_pipeline.store.engine import make_engine
 
     app_db, dag_db = srv.create_database("peak"), srv.create_database("dagster")
     engine = make_engine(srv.url(app_db), pool_size=1)

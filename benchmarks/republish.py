@@ -8,7 +8,7 @@ payloads and headers, due times spread over each day), and prints:
 
 * baseline: the shipped relay (``relay_outbox``) publishing one day's rows while they are
   unpublished (read, produce, wait for acknowledgements, mark published), rows/s;
-* re-publish: ``republish_day`` of the same day once it is published, rows/s and chunks;
+* re-publish: ``resend_day`` of the same day once it is published, rows/s and chunks;
 * the live relay's wait: while the day is re-published, a relay pass every 0.2 s (as a dispatch
   cycle's would) takes the advisory lock; the longest and median wait for it.
 """
@@ -23,13 +23,12 @@ from datetime import UTC, datetime, timedelta
 
 import sqlalchemy as sa
 
-from reminder_pipeline.db import make_engine
+from benchmarks._infra import fmt_rate, progress, servers
 from reminder_pipeline.messaging.kafka import KafkaPublisher, ensure_topic
 from reminder_pipeline.messaging.relay import relay_lock, relay_outbox
-from reminder_pipeline.republish import Requester, day_window, republish_day
+from reminder_pipeline.operator_jobs.republish import Requester, day_window, resend_day
 from reminder_pipeline.store import migrate
-
-from ._infra import fmt_rate, progress, servers
+from reminder_pipeline.store.engine import make_engine
 
 SEED = """
 INSERT INTO outbox (topic, message_key, payload, headers, reminder_id, due_at, published_at)
@@ -102,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
             live.start()
             try:
                 t0 = time.monotonic()
-                report = republish_day(
+                report = resend_day(
                     engine, publisher, day, Requester("bench"), chunk_size=args.chunk_size
                 )
                 elapsed = time.monotonic() - t0
@@ -119,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(f"  baseline, relay_outbox of the day's rows:  {fmt_rate(baseline)}/s")
     print(
-        f"  republish_day:                             {fmt_rate(rate)}/s "
+        f"  resend_day:                                {fmt_rate(rate)}/s "
         f"({report.republished:,} in {elapsed:.1f} s, {report.chunks} chunks; "
         f"{rate / baseline:.2f}x the relay)"
     )

@@ -88,7 +88,7 @@ def check_number(value: object, name: str, low: float, high: float) -> float:
 
 
 def check_batch_size(value: object, name: str = "batch_size") -> int:
-    """Rows per batch (the seed's BatchSize): 1..MAX_BATCH_SIZE."""
+    """Rows per batch (the design's BatchSize): 1..MAX_BATCH_SIZE."""
     return check_int(value, name, 1, MAX_BATCH_SIZE)
 
 

@@ -14,6 +14,10 @@ from wsgiref.simple_server import WSGIServer
 from prometheus_client import CollectorRegistry, start_http_server
 
 
+class MetricsPortUnavailable(OSError):
+    """A ``/metrics`` port cannot be listened on; str() is one line naming it."""
+
+
 @dataclass
 class MetricsServer:
     """A running ``/metrics`` endpoint; :meth:`stop` ends it."""

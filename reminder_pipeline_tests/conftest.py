@@ -16,12 +16,12 @@ import psycopg
 import pytest
 from sqlalchemy.engine import Engine, make_url
 
-from reminder_pipeline import orchestrator
 from reminder_pipeline.config import KafkaSettings
-from reminder_pipeline.db import make_engine
+from reminder_pipeline.local import dagster_processes as orchestrator
+from reminder_pipeline.local.servers import EmbeddedBroker, EmbeddedPostgres, free_port
 from reminder_pipeline.messaging.kafka import KafkaPublisher, ensure_topic
-from reminder_pipeline.services import EmbeddedBroker, EmbeddedPostgres, free_port
 from reminder_pipeline.store import migrate
+from reminder_pipeline.store.engine import make_engine
 
 from .support import KafkaReader
 

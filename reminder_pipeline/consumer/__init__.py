@@ -1,5 +1,13 @@
-"""The reference notifications consumer: pin.calendar.reminder-due.v1 to notifications."""
+"""The reference notifications consumer: pin.calendar.reminder-due.v1 to notifications.
 
+Its rooms: the message read into notifications (notifications.py, texts.py, spellings.py), one
+attempt at a message (handling.py), the consumer loop and its group (runner.py), the dead-letter
+record and its producer (dead_letter_copy.py, dead_letters.py), the sinks (sinks.py), options and
+stats (options.py), a Kafka message's parts (kafka_messages.py), de-duplication (dedup.py),
+metrics (metrics.py), and the service the CLI runs (service.py: raises, never exits).
+"""
+
+from .dead_letter_copy import DLQ_TOPIC
 from .dedup import DedupStore, PostgresDedupStore, SqliteDedupStore
 from .metrics import ConsumerMetrics
 from .notifications import (
@@ -13,16 +21,10 @@ from .notifications import (
     notifications_for,
     parse_reminder,
 )
-from .runner import (
-    DLQ_TOPIC,
-    ConsumerOptions,
-    ConsumeStats,
-    DeliveryRejected,
-    NotificationSink,
-    ReminderConsumer,
-    StdoutSink,
-    consume_main,
-)
+from .options import ConsumerOptions, ConsumeStats
+from .runner import ReminderConsumer
+from .service import run_consumer
+from .sinks import DeliveryRejected, NotificationSink, StdoutSink
 from .texts import Locale
 
 __all__ = [
@@ -45,7 +47,7 @@ __all__ = [
     "ReminderDue",
     "SqliteDedupStore",
     "StdoutSink",
-    "consume_main",
     "notifications_for",
     "parse_reminder",
+    "run_consumer",
 ]

@@ -8,7 +8,7 @@ dead letter is an increase Prometheus can see (a series born at 1 is not).
 
 Latency is measured where the contract puts its promises: from the message's Kafka timestamp to
 the moment the last recipient is notified (the consumer's SLA, < 1 minute), and from DueAt
-(StartAt - OffsetMinutes) to that moment (end to end, the seed's SLO of 2 minutes).
+(StartAt - OffsetMinutes) to that moment (end to end, the design's SLO of 2 minutes).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import logging
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from ..logs import event
-from ..metrics_http import MetricsServer, serve_registry
+from ..metrics_http import MetricsPortUnavailable, MetricsServer, serve_registry
 from .notifications import MessageProblem, NotificationKind, RecipientRole
 
 log = logging.getLogger(__name__)
@@ -149,10 +149,6 @@ class ConsumerMetrics:
             self.dead_letters_refused.labels(reason.value)
         for stage in RETRY_STAGES:
             self.retries.labels(stage)
-
-
-class MetricsPortUnavailable(OSError):
-    """The metrics port cannot be listened on; str() is one line naming it."""
 
 
 def serve_metrics(metrics: ConsumerMetrics, host: str, port: int) -> MetricsServer:

@@ -1,7 +1,7 @@
 """Reminder texts per locale: the kind of event, the horizon (OffsetMinutes) and the local time.
 
-``en`` is the reference consumer's original wording; ``ru`` follows the seed, which words its
-examples in Russian: horizons such as «через сутки» (1440) and «через час» (60), and the
+``en`` is the reference consumer's original wording; ``ru`` follows docs/contract.md, which words
+its examples in Russian: horizons such as «через сутки» (1440) and «через час» (60), and the
 neutral text «событие календаря скоро начнётся» for a Kind this consumer does not know (the
 contract's fail-safe: a reminder matters more than its exact wording).
 """
@@ -105,7 +105,8 @@ _RU_UNITS = {
     "hour": ("час", "часа", "часов"),
     "minute": ("минуту", "минуты", "минут"),
 }
-#: A single unit of one reads without the numeral, as the seed words it: «через сутки», «через час».
+#: A single unit of one reads without the numeral, as docs/contract.md words it: «через сутки»,
+#: «через час».
 _RU_ONE = {
     "week": "через неделю",
     "day": "через сутки",
@@ -140,7 +141,7 @@ RU = Texts(
         "Task": "Задача начнётся {horizon}, {when}",
         "BookingDeadline": "Срок бронирования истекает {horizon}, {when}",
     },
-    # The seed's neutral words verbatim, after a lead-in that makes them a sentence.
+    # The contract's neutral words verbatim, after a lead-in that makes them a sentence.
     neutral="Напоминание: событие календаря скоро начнётся, {when}",
     horizon=horizon_ru,
     when=_when_ru,

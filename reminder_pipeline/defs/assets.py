@@ -13,25 +13,19 @@ from datetime import timedelta
 from dagster import AssetKey, AssetSpec, FreshnessPolicy
 
 from ..domain import contract
+from ..domain.model import FIGURES
 
 DISPATCH_ASSET_KEY = AssetKey(["calendar", "reminder_dispatch"])
 
 #: Numeric metadata every materialization carries (0 rather than None, so the UI plots it).
 NUMERIC_METADATA = (
-    "sent_count",
-    "skipped_count",
-    "skipped_locked_count",
-    "failed_count",
-    "published_count",
-    "publish_failed_count",
-    "time_zone_fallback_count",
+    *FIGURES.values(),
     "duration_ms",
     "backlog_remaining",
     "oldest_due_age_seconds",
     "max_lateness_seconds",
     "outbox_unpublished",
     "batch_size",
-    "batches",
 )
 
 reminder_dispatch_asset = AssetSpec(

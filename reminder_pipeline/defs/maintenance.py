@@ -1,7 +1,8 @@
 """Operator jobs' ops: poison rows (list / retry now / skip one) and outbox retention.
 
 The same plain calls as ``reminder-pipeline poison`` and ``outbox purge``
-(:mod:`reminder_pipeline.poison`, :mod:`reminder_pipeline.retention`). Safe next to a running
+(:mod:`reminder_pipeline.operator_jobs.poison`,
+:mod:`reminder_pipeline.operator_jobs.outbox_retention`). Safe next to a running
 dispatch (status predicates, SKIP LOCKED, small batches), so neither waits for the dispatch limit.
 """
 
@@ -14,8 +15,9 @@ from typing import Any
 
 from dagster import Failure, MetadataValue, Output, op
 
-from .. import poison, retention
 from ..logs import FoldingJournal
+from ..operator_jobs import outbox_retention as retention
+from ..operator_jobs import poison
 from .config import PoisonConfig, RetentionConfig
 from .resources import PostgresResource
 
@@ -78,7 +80,7 @@ def poison_rows(context, config: PoisonConfig, postgres: PostgresResource):
 def purge_outbox(context, config: RetentionConfig, postgres: PostgresResource):
     """Outbox retention; ``deleted_count`` in the output metadata."""
     started = time.monotonic()
-    deleted = retention.purge_outbox(
+    deleted = retention.purge_published(
         postgres.engine,
         timedelta(hours=config.retention_hours),
         batch_size=config.batch_size,

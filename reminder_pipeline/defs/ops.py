@@ -9,7 +9,7 @@ nothing for rows that were sent, skipped or cancelled since (docs/design.md).
 
 # No ``from __future__ import annotations``: Dagster reads the ops' annotations when defining them.
 
-from dagster import AssetMaterialization, Failure, MetadataValue, Out, Output, op
+from dagster import AssetMaterialization, DagsterType, Failure, MetadataValue, Out, Output, op
 
 from .. import cycle
 from ..logs import FoldingJournal
@@ -19,8 +19,41 @@ from .limits import refuse_overridden_limits
 from .resources import KafkaResource, PostgresResource
 
 
+def _step_record(name: str, keys: set[str], description: str) -> DagsterType:
+    """What a step hands the next: a dict of builtins with these keys (what the UI shows)."""
+    return DagsterType(
+        name=name,
+        description=description,
+        typing_type=dict,
+        type_check_fn=lambda _context, value: isinstance(value, dict) and keys <= value.keys(),
+    )
+
+
+DUE_SELECTION = _step_record(
+    "DueSelection",
+    {"cycle", "ids", "skipped_locked"},
+    "The cycle (run id, AsOf, batch size, budget), the reserved reminder ids oldest first, and "
+    "how many due rows another transaction held.",
+)
+DECIDED_SELECTION = _step_record(
+    "DecidedSelection",
+    {"cycle", "ids", "skipped_locked", "send", "skip"},
+    "The selection plus the preview: which ids would be sent and which skipped.",
+)
+WRITTEN_CYCLE = _step_record(
+    "WrittenCycle",
+    {"cycle", "run_id", "counts", "relay"},
+    "What the write step did: the cycle's counts and what its drain already published.",
+)
+CYCLE_REPORT = _step_record(
+    "CycleReport",
+    {"run_id", "as_of", "sent", "skipped", "published", "backlog_remaining"},
+    "The whole cycle: counts, what was published, the backlog left (also the asset's metadata).",
+)
+
+
 @op(
-    out=Out(dict),
+    out=Out(DUE_SELECTION),
     description="Due Pending rows, oldest first, reserved for this run in a "
     "short transaction (FOR UPDATE SKIP LOCKED).",
 )
@@ -38,7 +71,7 @@ def select_due_batch(context, config: CycleConfig, postgres: PostgresResource) -
             budget_seconds=config.budget_seconds,
             journal=journal,
         )
-        reserved = cycle.select(postgres.engine, started, journal=journal)
+        reserved = cycle.reserve(postgres.engine, started, journal=journal)
     return {
         "cycle": started.plain(),
         "ids": reserved.ids,
@@ -47,13 +80,13 @@ def select_due_batch(context, config: CycleConfig, postgres: PostgresResource) -
 
 
 @op(
-    out=Out(dict),
+    out=Out(DECIDED_SELECTION),
     description="Send for a Planned/InProgress event, skip for Cancelled/"
     "Completed, from the events' status now (a preview).",
 )
 def resolve_event_status(context, selection: dict, postgres: PostgresResource) -> dict:
     """Step 2: the decision per row; the writing step decides again on what it reads under lock."""
-    decided = cycle.resolve(postgres.engine, selection["ids"])
+    decided = cycle.preview(postgres.engine, selection["ids"])
     context.log.info(
         f"preview: {len(decided.send)} to send, {len(decided.skip)} to skip "
         "(decided again under lock by transition_and_outbox)"
@@ -62,7 +95,7 @@ def resolve_event_status(context, selection: dict, postgres: PostgresResource) -
 
 
 @op(
-    out=Out(dict),
+    out=Out(WRITTEN_CYCLE),
     description="Lock and re-read the rows, move them Sent/Skipped with one "
     "outbox row per Sent, in one transaction; drain on if configured.",
 )
@@ -85,7 +118,7 @@ def transition_and_outbox(
 
 
 @op(
-    out=Out(dict),
+    out=Out(CYCLE_REPORT),
     description="Publish unpublished outbox rows to Kafka, measure the backlog, "
     "record the run's figures on the asset.",
 )

@@ -1,7 +1,8 @@
 """The re-publish back-fill ``reminder_republish``: a run per DueAt day, picked in the UI.
 
 A partitioned op job (``DailyPartitionsDefinition``, UTC) whose one op calls
-:func:`reminder_pipeline.republish.republish_day` and records a materialization of the partition
+:func:`reminder_pipeline.operator_jobs.republish.resend_day` and records a materialization of
+the partition
 of ``calendar/reminder_due_republished`` with the day's counts. An op job rather than an
 ``@asset``: a back-fill launched from an asset's page runs Dagster's implicit asset job, which
 carries none of a job's tags, so the concurrency limit and the max runtime below would not hold;
@@ -35,10 +36,10 @@ from dagster import (
 )
 from pydantic import Field
 
-from .. import republish
 from ..config import DEFAULT_RETENTION_HOURS, check_int, check_number, check_retention_hours
 from ..domain import contract
 from ..logs import FoldingJournal
+from ..operator_jobs import republish
 from .config import CheckedConfig, checked
 from .jobs import CONCURRENCY_TAG, KIND_TAG
 from .limits import refuse_overridden_limits
@@ -138,7 +139,7 @@ def republish_day(
         if publisher is None:
             raise Failure(description=f"re-publish of {day}: {kafka.topic_error()}")
         try:
-            report = republish.republish_day(
+            report = republish.resend_day(
                 postgres.engine,
                 publisher,
                 day,

@@ -16,8 +16,8 @@ from sqlalchemy.engine import Engine
 
 from .. import logs
 from ..config import ConfigError, KafkaSettings, mask_secrets
-from ..db import DatabaseUnavailable, check_connection, make_engine
 from ..messaging.kafka import KafkaPublisher, ensure_topic
+from ..store.engine import DatabaseUnavailable, check_connection, make_engine
 
 
 def _outside_a_run(name: str) -> RuntimeError:

@@ -1,6 +1,7 @@
 """``dagster_run_retention``: Dagster's own storage kept bounded, daily.
 
-One op over :func:`reminder_pipeline.run_retention.purge_runs` (the rules are there). Its budget
+One op over :func:`reminder_pipeline.defs.run_retention_pass.purge_runs` (the rules are there).
+Its budget
 stays under the run's ``dagster/max_runtime``, so even the first pass over a year of minute runs
 ends on its own, with what is left counted; the next day's run goes on from the oldest left.
 Safe next to dispatch runs: it touches only finished runs in Dagster's storage, never the app's
@@ -28,9 +29,9 @@ from dagster import (
 )
 from pydantic import Field
 
-from .. import run_retention
 from ..config import check_int, check_number
 from ..logs import line
+from . import run_retention_pass as run_retention
 from .config import CheckedConfig, validated
 from .jobs import KIND_TAG
 

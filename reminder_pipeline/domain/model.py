@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -115,20 +115,49 @@ class PoisonRow:
     error: str
 
 
+def counter(
+    description: str, *, figure: str | None = None, ledger: bool = True, totals: bool = True
+) -> Any:
+    """A field of :class:`CycleCounts` that is a counter: summed across batches, shown and recorded.
+
+    ``figure``: its name in a run's asset metadata (the Dagster UI plots it); ``ledger``: kept
+    per cycle in the metrics ledger (``dispatch_cycles``, a column); ``totals``: also summed
+    into the ledger's totals row, which the exporter serves as a Prometheus counter. Everything
+    else that lists the counters derives the list from these fields.
+    """
+    metadata = {"counter": True, "description": description, "figure": figure}
+    return field(default=0, metadata={**metadata, "ledger": ledger, "totals": ledger and totals})
+
+
 @dataclass
 class CycleCounts:
-    """The design's cycle result plus what operators need to see; merged across batches."""
+    """The design's cycle result plus what operators need to see; merged across batches.
 
-    selected: int = 0
-    sent: int = 0
-    skipped: int = 0
-    skipped_locked: int = 0
-    failed: int = 0
-    published: int = 0
-    publish_failed: int = 0
-    batches: int = 0
-    #: Reminders sent with the fallback zone (their event's TimeZone was not a canonical IANA name).
-    time_zone_fallbacks: int = 0
+    Adding a counter is adding a field here with :func:`counter` (and its description): the
+    sums across batches, the CLI's output, the asset's metadata and the ledger derive from
+    these fields (``COUNTERS``, ``FIGURES``, ``LEDGER_COUNTERS`` below); a ledger counter also
+    needs its column in a migration.
+    """
+
+    sent: int = counter("reminders moved Pending → Sent, one outbox row each", figure="sent_count")
+    skipped: int = counter(
+        "reminders moved Pending → Skipped (event cancelled or completed)", figure="skipped_count"
+    )
+    skipped_locked: int = counter(
+        "due rows passed over because another transaction held them", figure="skipped_locked_count"
+    )
+    failed: int = counter("poison rows left Pending with a back-off", figure="failed_count")
+    published: int = counter("outbox rows the relay published", figure="published_count")
+    publish_failed: int = counter(
+        "outbox rows the relay could not publish (they stay for the next cycle)",
+        figure="publish_failed_count",
+    )
+    batches: int = counter("batches written, each one transaction", figure="batches", totals=False)
+    selected: int = counter("rows the batches' selections took", ledger=False)
+    time_zone_fallbacks: int = counter(
+        "reminders sent with the fallback zone (their event's TimeZone is not canonical IANA)",
+        figure="time_zone_fallback_count",
+    )
     duration_ms: int = 0
     max_lateness_seconds: float | None = None
     #: SentAt - DueAt of every row sent, for the lateness histogram (the SLO); floats only, so
@@ -137,15 +166,8 @@ class CycleCounts:
 
     def add(self, other: CycleCounts) -> None:
         """Accumulate another batch's counts into this one (durations are set by the caller)."""
-        self.selected += other.selected
-        self.sent += other.sent
-        self.skipped += other.skipped
-        self.skipped_locked += other.skipped_locked
-        self.failed += other.failed
-        self.published += other.published
-        self.publish_failed += other.publish_failed
-        self.batches += other.batches
-        self.time_zone_fallbacks += other.time_zone_fallbacks
+        for name in COUNTERS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
         if other.max_lateness_seconds is not None:
             self.max_lateness_seconds = max(
                 self.max_lateness_seconds or other.max_lateness_seconds, other.max_lateness_seconds
@@ -155,15 +177,26 @@ class CycleCounts:
     def as_dict(self) -> dict[str, int | float | None]:
         """The counts as a plain dict (for logs, CLI output and metadata)."""
         return {
-            "sent": self.sent,
-            "skipped": self.skipped,
-            "skipped_locked": self.skipped_locked,
-            "failed": self.failed,
-            "published": self.published,
-            "publish_failed": self.publish_failed,
-            "selected": self.selected,
-            "batches": self.batches,
-            "time_zone_fallbacks": self.time_zone_fallbacks,
+            **{name: getattr(self, name) for name in COUNTERS},
             "duration_ms": self.duration_ms,
             "max_lateness_seconds": self.max_lateness_seconds,
         }
+
+    def figures(self) -> dict[str, int]:
+        """The counters that are asset metadata, by their metadata name."""
+        return {figure: getattr(self, name) for name, figure in FIGURES.items()}
+
+
+_COUNTER_FIELDS = [f for f in fields(CycleCounts) if f.metadata.get("counter")]
+#: Every counter of a cycle, in the record's order.
+COUNTERS: tuple[str, ...] = tuple(f.name for f in _COUNTER_FIELDS)
+#: Each counter's one-line description (the CLI's help, the metrics' help, docs).
+COUNTER_DESCRIPTIONS: dict[str, str] = {f.name: f.metadata["description"] for f in _COUNTER_FIELDS}
+#: Counter → its name in a run's asset metadata.
+FIGURES: dict[str, str] = {
+    f.name: f.metadata["figure"] for f in _COUNTER_FIELDS if f.metadata["figure"]
+}
+#: The counters the metrics ledger keeps per cycle (a column each in ``dispatch_cycles``).
+LEDGER_COUNTERS: tuple[str, ...] = tuple(f.name for f in _COUNTER_FIELDS if f.metadata["ledger"])
+#: The ledger counters summed into its totals row (the exporter's Prometheus counters).
+TOTALED_COUNTERS: tuple[str, ...] = tuple(f.name for f in _COUNTER_FIELDS if f.metadata["totals"])

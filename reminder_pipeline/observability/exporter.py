@@ -16,12 +16,11 @@ database cannot be read, the scrape still answers, with ``calendar_reminder_disp
 from __future__ import annotations
 
 import logging
-import signal
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
@@ -35,9 +34,7 @@ from sqlalchemy.engine import Engine
 
 from ..config import Settings
 from ..logs import event
-from ..metrics_http import MetricsServer, serve_registry
-from ..runtime import Endpoints
-from ..services import ServiceError
+from ..metrics_http import MetricsPortUnavailable, MetricsServer, serve_registry
 from ..store import metrics_repository, repository
 from . import ledger
 
@@ -319,6 +316,12 @@ class MetricsExporter:
         event(log, logging.INFO, "metrics exporter stopped", port=self.port)
 
 
+class Endpoints(Protocol):
+    """Where the app database is (the local stack's ``Endpoints`` or any object with the URL)."""
+
+    database_url: str
+
+
 def start_exporter(
     settings: Settings,
     endpoints: Endpoints,
@@ -333,7 +336,7 @@ def start_exporter(
     ``settings.metrics_port`` (``REMINDER_METRICS_PORT``, 9464). A port in use is a one-line
     :class:`ServiceError`.
     """
-    from ..db import make_engine
+    from ..store.engine import make_engine
 
     host = host or settings.env.get("REMINDER_METRICS_HOST") or DEFAULT_HOST
     port = settings.metrics_port if port is None else port
@@ -348,22 +351,8 @@ def start_exporter(
     except OSError as exc:
         if owns_engine:
             engine.dispose()
-        raise ServiceError(
+        raise MetricsPortUnavailable(
             f"metrics exporter cannot listen on {host}:{port} (REMINDER_METRICS_PORT): {exc}"
         ) from None
     event(log, logging.INFO, "metrics exporter listening", host=host, port=port)
     return MetricsExporter(server, engine, owns_engine=owns_engine)
-
-
-def serve_forever(settings: Settings, endpoints: Endpoints) -> int:
-    """``reminder-pipeline metrics``: serve until SIGINT/SIGTERM, then stop cleanly; returns 0."""
-    exporter = start_exporter(settings, endpoints)
-    print(f"Prometheus metrics: {exporter.url}", flush=True)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    try:
-        stop.wait()
-    finally:
-        exporter.stop()
-    return 0

@@ -33,7 +33,7 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy.engine import Engine
 
-from ..domain.model import CycleCounts
+from ..domain.model import LEDGER_COUNTERS, CycleCounts
 from ..logs import event
 from ..store import metrics_repository
 from ..store.metrics_repository import CycleRecord
@@ -134,20 +134,13 @@ def build_record(
         finished_at=finished_at,
         as_of=as_of,
         succeeded=error is None,
-        sent=counts.sent,
-        skipped=counts.skipped,
-        skipped_locked=counts.skipped_locked,
-        failed=counts.failed,
-        published=counts.published,
-        publish_failed=counts.publish_failed,
-        batches=counts.batches,
+        **{name: getattr(counts, name) for name in LEDGER_COUNTERS},
         duration_seconds=duration,
         duration_buckets=bucket_counts([duration], DURATION_BUCKETS),
         lateness_sum=float(sum(lateness)),
         lateness_count=len(lateness),
         lateness_buckets=bucket_counts(lateness, LATENESS_BUCKETS),
         error_kind=_kind(error),
-        time_zone_fallbacks=counts.time_zone_fallbacks,
         clock_skew_seconds=clock_skew_seconds,
     )
 

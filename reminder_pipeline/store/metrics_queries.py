@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from sqlalchemy import text
 
+from ..domain.model import LEDGER_COUNTERS, TOTALED_COUNTERS
+
 # One roll-up at a time per database; a writer finding it taken skips it (the next one does it).
 ROLL_UP_LOCK_KEY = 7263003
 TRY_ROLL_UP_LOCK = text("SELECT pg_try_advisory_xact_lock(:key)")
@@ -20,19 +22,21 @@ SET_LOCAL_TIMEOUTS = text(
     "set_config('lock_timeout', :lock_ms, true)"
 )
 
+# The cycle's counters are listed once (domain.model.CycleCounts); the statements below name
+# their columns from that list: the ledger's per cycle, the totals row's summed.
+_LEDGER = ", ".join(LEDGER_COUNTERS)
+_LEDGER_PARAMS = ", ".join(f":{name}" for name in LEDGER_COUNTERS)
+
 INSERT_CYCLE = text(
-    """
+    f"""
     INSERT INTO dispatch_cycles (
-        run_id, started_at, finished_at, as_of, succeeded,
-        sent, skipped, skipped_locked, failed, published, publish_failed, batches,
+        run_id, started_at, finished_at, as_of, succeeded, {_LEDGER},
         duration_seconds, duration_buckets, lateness_sum, lateness_count, lateness_buckets,
-        error_kind, time_zone_fallbacks, clock_skew_seconds
+        error_kind, clock_skew_seconds
     ) VALUES (
-        :run_id, :started_at, :finished_at, :as_of, :succeeded,
-        :sent, :skipped, :skipped_locked, :failed, :published, :publish_failed, :batches,
+        :run_id, :started_at, :finished_at, :as_of, :succeeded, {_LEDGER_PARAMS},
         :duration_seconds, CAST(:duration_buckets AS bigint[]), :lateness_sum, :lateness_count,
-        CAST(:lateness_buckets AS bigint[]), :error_kind, :time_zone_fallbacks,
-        :clock_skew_seconds
+        CAST(:lateness_buckets AS bigint[]), :error_kind, :clock_skew_seconds
     )
     RETURNING id
     """
@@ -41,16 +45,16 @@ INSERT_CYCLE = text(
 # Roll-up, step 1: take the oldest detail rows out (bounded per call); their sums go to the
 # totals row in the same transaction, so a scrape sees them either here or there, never both.
 DELETE_ROLL_UP_CANDIDATES = text(
-    """
+    f"""
     DELETE FROM dispatch_cycles c
      WHERE c.id = ANY(ARRAY(
             SELECT id FROM dispatch_cycles
              WHERE finished_at < :cutoff
              ORDER BY finished_at
              LIMIT :limit))
-    RETURNING c.finished_at, c.succeeded, c.sent, c.skipped, c.skipped_locked, c.failed,
-              c.published, c.publish_failed, c.duration_seconds, c.duration_buckets,
-              c.lateness_sum, c.lateness_count, c.lateness_buckets, c.time_zone_fallbacks
+    RETURNING c.finished_at, c.succeeded, {", ".join(f"c.{n}" for n in TOTALED_COUNTERS)},
+              c.duration_seconds, c.duration_buckets,
+              c.lateness_sum, c.lateness_count, c.lateness_buckets
     """
 )
 
@@ -59,17 +63,11 @@ SELECT_TOTALS_FOR_UPDATE = text("SELECT * FROM dispatch_metric_totals WHERE id =
 SELECT_TOTALS = text("SELECT * FROM dispatch_metric_totals WHERE id = 1")
 
 UPDATE_TOTALS = text(
-    """
+    f"""
     UPDATE dispatch_metric_totals
        SET cycles = :cycles,
            cycles_failed = :cycles_failed,
-           sent = :sent,
-           skipped = :skipped,
-           skipped_locked = :skipped_locked,
-           failed = :failed,
-           published = :published,
-           publish_failed = :publish_failed,
-           time_zone_fallbacks = :time_zone_fallbacks,
+           {", ".join(f"{n} = :{n}" for n in TOTALED_COUNTERS)},
            duration_sum = :duration_sum,
            duration_buckets = CAST(:duration_buckets AS bigint[]),
            lateness_sum = :lateness_sum,
@@ -83,16 +81,10 @@ UPDATE_TOTALS = text(
 
 # The scrape: sums over the (recent) detail rows; added to the totals row by the caller.
 SUM_DETAIL = text(
-    """
+    f"""
     SELECT count(*)                                        AS cycles,
            count(*) FILTER (WHERE NOT succeeded)           AS cycles_failed,
-           coalesce(sum(sent), 0)                          AS sent,
-           coalesce(sum(skipped), 0)                       AS skipped,
-           coalesce(sum(skipped_locked), 0)                AS skipped_locked,
-           coalesce(sum(failed), 0)                        AS failed,
-           coalesce(sum(published), 0)                     AS published,
-           coalesce(sum(publish_failed), 0)                AS publish_failed,
-           coalesce(sum(time_zone_fallbacks), 0)           AS time_zone_fallbacks,
+           {", ".join(f"coalesce(sum({n}), 0) AS {n}" for n in TOTALED_COUNTERS)},
            coalesce(sum(duration_seconds), 0)              AS duration_sum,
            coalesce(sum(lateness_sum), 0)                  AS lateness_sum,
            coalesce(sum(lateness_count), 0)                AS lateness_count,

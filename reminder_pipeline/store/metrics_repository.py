@@ -9,6 +9,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from ..domain.model import TOTALED_COUNTERS
 from . import metrics_queries as q
 
 
@@ -85,18 +86,9 @@ class LedgerTotals:
     last_success_at: datetime | None = None
 
 
-_COUNTERS = (
-    "cycles",
-    "cycles_failed",
-    "sent",
-    "skipped",
-    "skipped_locked",
-    "failed",
-    "published",
-    "publish_failed",
-    "lateness_count",
-    "time_zone_fallbacks",
-)
+#: The totals row's counters: cycles first (counted per row below), then the cycle's counters
+#: kept in the totals (domain.model.CycleCounts) and the lateness observations.
+_COUNTERS = ("cycles", "cycles_failed", *TOTALED_COUNTERS, "lateness_count")
 
 
 def _later(a: datetime | None, b: datetime | None) -> datetime | None:

@@ -367,7 +367,7 @@ PURGE_PUBLISHED_OUTBOX = text(
     """
 )
 
-# --- re-publish back-fill (reminder_pipeline/republish.py) ----------------------------------
+# --- re-publish back-fill (reminder_pipeline/operator_jobs/republish.py) -----------------------
 # A day's already published messages, selected by the reminder's DueAt (outbox.due_at, filled by
 # the dispatcher; migration 0003 back-filled older rows). Read only: the back-fill never changes
 # an outbox row, and unpublished rows (published_at IS NULL) are the relay's.

@@ -5,6 +5,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 
+from ..domain.model import LEDGER_COUNTERS, TOTALED_COUNTERS
+
 metadata = sa.MetaData(
     naming_convention={
         "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -123,13 +125,8 @@ dispatch_cycles = sa.Table(
     sa.Column("finished_at", sa.DateTime(timezone=True), nullable=False, server_default=NOW),
     sa.Column("as_of", sa.DateTime(timezone=True), nullable=True),
     sa.Column("succeeded", sa.Boolean, nullable=False),
-    sa.Column("sent", sa.Integer, nullable=False, server_default="0"),
-    sa.Column("skipped", sa.Integer, nullable=False, server_default="0"),
-    sa.Column("skipped_locked", sa.Integer, nullable=False, server_default="0"),
-    sa.Column("failed", sa.Integer, nullable=False, server_default="0"),
-    sa.Column("published", sa.Integer, nullable=False, server_default="0"),
-    sa.Column("publish_failed", sa.Integer, nullable=False, server_default="0"),
-    sa.Column("batches", sa.Integer, nullable=False, server_default="0"),
+    # The cycle's counters (domain.model.CycleCounts, those kept in the ledger): a column each.
+    *(sa.Column(name, sa.Integer, nullable=False, server_default="0") for name in LEDGER_COUNTERS),
     sa.Column("duration_seconds", sa.Double, nullable=False),
     sa.Column("duration_buckets", sa.ARRAY(sa.BigInteger), nullable=False),
     sa.Column("lateness_sum", sa.Double, nullable=False, server_default="0"),
@@ -137,8 +134,6 @@ dispatch_cycles = sa.Table(
     sa.Column("lateness_buckets", sa.ARRAY(sa.BigInteger), nullable=False),
     # The exception's class name only: a message could carry data, a class name cannot.
     sa.Column("error_kind", sa.Text, nullable=True),
-    # Reminders sent with the fallback time zone (the event's was not a canonical IANA name).
-    sa.Column("time_zone_fallbacks", sa.Integer, nullable=False, server_default="0"),
     # How far the host that started the cycle was ahead of the database's clock (seconds).
     sa.Column("clock_skew_seconds", sa.Double, nullable=True),
     # Time-window reads (health checks) and the roll-up of old rows walk this index.
@@ -154,12 +149,10 @@ dispatch_metric_totals = sa.Table(
     sa.Column("id", sa.SmallInteger, primary_key=True, autoincrement=False),
     sa.Column("cycles", sa.BigInteger, nullable=False, server_default="0"),
     sa.Column("cycles_failed", sa.BigInteger, nullable=False, server_default="0"),
-    sa.Column("sent", sa.BigInteger, nullable=False, server_default="0"),
-    sa.Column("skipped", sa.BigInteger, nullable=False, server_default="0"),
-    sa.Column("skipped_locked", sa.BigInteger, nullable=False, server_default="0"),
-    sa.Column("failed", sa.BigInteger, nullable=False, server_default="0"),
-    sa.Column("published", sa.BigInteger, nullable=False, server_default="0"),
-    sa.Column("publish_failed", sa.BigInteger, nullable=False, server_default="0"),
+    *(
+        sa.Column(name, sa.BigInteger, nullable=False, server_default="0")
+        for name in TOTALED_COUNTERS
+    ),
     sa.Column("duration_sum", sa.Double, nullable=False, server_default="0"),
     sa.Column(
         "duration_buckets",
@@ -177,6 +170,5 @@ dispatch_metric_totals = sa.Table(
     ),
     sa.Column("last_success_at", sa.DateTime(timezone=True), nullable=True),
     sa.Column("rolled_up_until", sa.DateTime(timezone=True), nullable=True),
-    sa.Column("time_zone_fallbacks", sa.BigInteger, nullable=False, server_default="0"),
     sa.CheckConstraint("id = 1", name="singleton"),
 )

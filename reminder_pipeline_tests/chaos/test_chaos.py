@@ -15,7 +15,7 @@ from datetime import timedelta
 
 import pytest
 
-from reminder_pipeline.calendar import CalendarError, cancel_event, reschedule_event
+from reminder_pipeline.local.calendar import CalendarError, cancel_event, reschedule_event
 
 from ..support import utcnow
 from .harness import check_invariants, final_clean_cycles, seed_mixed, spawn_worker

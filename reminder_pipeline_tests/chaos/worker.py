@@ -17,9 +17,9 @@ import uuid
 
 from reminder_pipeline import cycle
 from reminder_pipeline.config import KafkaSettings
-from reminder_pipeline.db import make_engine
 from reminder_pipeline.messaging.kafka import KafkaPublisher
 from reminder_pipeline.messaging.relay import relay_outbox
+from reminder_pipeline.store.engine import make_engine
 
 POINTS = ("after_select", "after_decide", "before_commit", "after_commit", "after_ack")
 
@@ -45,11 +45,11 @@ def main() -> int:
         run_id = f"chaos-{uuid.uuid4()}"
         as_of = cycle.now_utc()
         with engine.begin() as conn:
-            selection = cycle.select_due_batch(conn, as_of, args.batch_size)
+            selection = cycle.lock_due_batch(conn, as_of, args.batch_size)
             crash("after_select")
-            cycle.resolve_event_status(selection.candidates)
+            cycle.decide_batch(selection.candidates)
             crash("after_decide")
-            cycle.transition_and_outbox(conn, selection.ids, as_of, correlation_id=run_id)
+            cycle.write_batch(conn, selection.ids, as_of, correlation_id=run_id)
             if selection.candidates:
                 crash("before_commit")
         if selection.candidates:

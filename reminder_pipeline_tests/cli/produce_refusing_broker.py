@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from reminder_pipeline.services import free_port
+from reminder_pipeline.local.servers import free_port
 
 PRODUCE_API_KEY = 0
 

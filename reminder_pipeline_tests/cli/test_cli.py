@@ -22,7 +22,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
-from reminder_pipeline.services import free_port
+from reminder_pipeline.local.servers import free_port
 from reminder_pipeline.store import migrate
 from reminder_pipeline.store.tables import outbox
 

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from reminder_pipeline.cli import EXIT_INTERRUPTED
-from reminder_pipeline.services import EmbeddedPostgres, free_port
+from reminder_pipeline.local.servers import EmbeddedPostgres, free_port
 
 pytestmark = pytest.mark.slow
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from reminder_pipeline.orchestrator import StackRecord
-from reminder_pipeline.services import free_port
+from reminder_pipeline.local.dagster_processes import StackRecord
+from reminder_pipeline.local.servers import free_port
 from reminder_pipeline_tests.support import error_lines, run_cli
 
 #: A "daemon": leads its own group, and has a child in it that it never waits for.

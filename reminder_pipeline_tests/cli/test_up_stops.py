@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from reminder_pipeline.services import EmbeddedBroker, EmbeddedPostgres, free_port
+from reminder_pipeline.local.servers import EmbeddedBroker, EmbeddedPostgres, free_port
 
 pytestmark = pytest.mark.slow
 

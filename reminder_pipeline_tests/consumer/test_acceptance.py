@@ -22,12 +22,10 @@ from zoneinfo import ZoneInfo
 import pytest
 from sqlalchemy.engine import Engine
 
+from reminder_pipeline.cli.consume import consume_main
 from reminder_pipeline.config import KafkaSettings, Settings
-from reminder_pipeline.consumer import (
-    NotificationKind,
-    consume_main,
-)
-from reminder_pipeline.consumer.runner import (
+from reminder_pipeline.consumer import NotificationKind
+from reminder_pipeline.consumer.dead_letter_copy import (
     HEADER_DLQ_ATTEMPTS,
     HEADER_DLQ_ERROR,
     HEADER_DLQ_GROUP,

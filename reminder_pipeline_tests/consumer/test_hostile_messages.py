@@ -17,8 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from reminder_pipeline.consumer import MessageProblem
-from reminder_pipeline.consumer.metrics import MESSAGES, RETRIES
-from reminder_pipeline.consumer.runner import (
+from reminder_pipeline.consumer.dead_letter_copy import (
     DEFAULT_DLQ_MAX_BYTES,
     HEADER_DLQ_DIGEST,
     HEADER_DLQ_OFFSET,
@@ -29,6 +28,7 @@ from reminder_pipeline.consumer.runner import (
     HEADER_DLQ_TRUNCATED,
     dead_letter_copy,
 )
+from reminder_pipeline.consumer.metrics import MESSAGES, RETRIES
 from reminder_pipeline.domain import contract
 
 from .lane import Lane, RecordingSink, a_payload, committed, headers_of, read_topic

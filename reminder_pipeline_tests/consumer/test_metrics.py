@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from reminder_pipeline.cli.consume import consume_main
 from reminder_pipeline.config import Settings
-from reminder_pipeline.consumer import Notification, consume_main
+from reminder_pipeline.consumer import Notification
 from reminder_pipeline.consumer import metrics as m
 from reminder_pipeline.domain import contract
 

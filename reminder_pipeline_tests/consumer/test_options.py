@@ -9,7 +9,9 @@ import pytest
 
 from reminder_pipeline.config import Settings
 from reminder_pipeline.consumer.notifications import notifications_for, parse_reminder
-from reminder_pipeline.consumer.runner import ConsumerOptions, StdoutSink, default_dedup_path
+from reminder_pipeline.consumer.options import ConsumerOptions
+from reminder_pipeline.consumer.service import default_dedup_path
+from reminder_pipeline.consumer.sinks import StdoutSink
 
 from .payloads import payload
 
@@ -49,7 +51,7 @@ def test_the_consume_command_takes_metrics_port_and_locale(monkeypatch) -> None:
     from reminder_pipeline.cli import main
 
     calls: list[dict] = []
-    monkeypatch.setattr(consumer, "consume_main", lambda settings, **kw: calls.append(kw) or 0)
+    monkeypatch.setattr(consumer, "run_consumer", lambda settings, **kw: calls.append(kw))
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9")  # never contacted here
     monkeypatch.delenv("REMINDER_CONSUMER_LOCALE", raising=False)
     assert main(["consume", "--metrics-port", "9465", "--locale", "ru"]) == 0
@@ -71,7 +73,7 @@ def test_the_consume_command_takes_a_shared_dedup_url_from_its_option_or_env(mon
     from reminder_pipeline.cli import main
 
     calls: list[dict] = []
-    monkeypatch.setattr(consumer, "consume_main", lambda settings, **kw: calls.append(kw) or 0)
+    monkeypatch.setattr(consumer, "run_consumer", lambda settings, **kw: calls.append(kw))
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9")  # never contacted here
     assert main(["consume", "--dedup-url", "postgresql://a@db/notifications"]) == 0
     monkeypatch.setenv("REMINDER_CONSUMER_DEDUP_URL", "postgresql://b@db/notifications")
@@ -83,7 +85,7 @@ def test_the_consume_command_takes_a_shared_dedup_url_from_its_option_or_env(mon
 
 
 def test_a_dedup_url_and_a_dedup_path_together_are_refused(tmp_path, capsys) -> None:
-    from reminder_pipeline.consumer import consume_main
+    from reminder_pipeline.cli.consume import consume_main
 
     settings = Settings.from_env({"REMINDER_PIPELINE_HOME": str(tmp_path)})
     code = consume_main(
@@ -93,3 +95,13 @@ def test_a_dedup_url_and_a_dedup_path_together_are_refused(tmp_path, capsys) -> 
     assert capsys.readouterr().err.strip() == (
         "reminder-pipeline consume: give --dedup-url or --dedup-path, not both"
     )
+
+
+def test_the_consumer_raises_and_the_command_line_decides_the_code(tmp_path, capsys) -> None:
+    from reminder_pipeline.config import ConfigError
+    from reminder_pipeline.consumer import run_consumer
+
+    settings = Settings.from_env({"REMINDER_PIPELINE_HOME": str(tmp_path)})
+    with pytest.raises(ConfigError, match="give --dedup-url or --dedup-path, not both"):
+        run_consumer(settings, dedup_path=tmp_path / "d.sqlite3", dedup_url="postgresql://a@db/n")
+    assert capsys.readouterr().err == ""  # no exit-code line: that is the CLI's (cli/exits.py)

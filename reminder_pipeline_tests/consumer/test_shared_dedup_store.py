@@ -21,12 +21,12 @@ import pytest
 from confluent_kafka import Message
 from sqlalchemy.engine import make_url
 
+from reminder_pipeline.cli.consume import consume_main
 from reminder_pipeline.config import ConfigError, Settings
 from reminder_pipeline.consumer import (
     PostgresDedupStore,
     ReminderConsumer,
     SqliteDedupStore,
-    consume_main,
 )
 from reminder_pipeline.consumer.dedup import DedupStore, DedupStoreError
 

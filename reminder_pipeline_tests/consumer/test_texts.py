@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from reminder_pipeline.cli.consume import consume_main
 from reminder_pipeline.config import Settings
-from reminder_pipeline.consumer import consume_main, notifications_for, parse_reminder
+from reminder_pipeline.consumer import notifications_for, parse_reminder
 from reminder_pipeline.consumer.texts import KNOWN_KINDS, Locale, horizon_ru, plural_ru, texts
 
 from .lane import Lane, a_payload

@@ -14,7 +14,7 @@ import sys
 from dagster import DagsterInstance
 
 from reminder_pipeline.defs.jobs import reminder_dispatch
-from reminder_pipeline_tests.defs import metadata_values, resources_for
+from reminder_pipeline_tests.defs.helpers import metadata_values, resources_for
 
 
 def main() -> int:

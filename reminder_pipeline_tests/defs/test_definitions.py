@@ -19,10 +19,10 @@ from dagster import (
 from dagster._core.instance.config import dagster_instance_config
 
 import reminder_pipeline
-from reminder_pipeline import orchestrator
 from reminder_pipeline.definitions import defs
 from reminder_pipeline.defs.assets import DISPATCH_ASSET_KEY
 from reminder_pipeline.defs.jobs import CONCURRENCY_TAG, CONCURRENCY_VALUE
+from reminder_pipeline.local import dagster_processes as orchestrator
 
 REPO_ROOT = Path(reminder_pipeline.__file__).resolve().parent.parent
 ROOT_INSTANCE_YAML = REPO_ROOT / "dagster.yaml"

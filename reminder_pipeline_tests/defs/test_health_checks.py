@@ -27,11 +27,11 @@ from reminder_pipeline.defs.checks import CHECKS
 from reminder_pipeline.defs.jobs import CONCURRENCY_TAG, HEALTH_JOB_NAME, KIND_TAG
 from reminder_pipeline.defs.resources import PostgresResource
 from reminder_pipeline.defs.sensors import reminder_health_sensor
+from reminder_pipeline.local.servers import free_port
 from reminder_pipeline.observability import health
-from reminder_pipeline.services import free_port
 from reminder_pipeline_tests.support import make_due_event
 
-from . import resources_for
+from .helpers import resources_for
 
 NAMES = [
     "dispatch_liveness",

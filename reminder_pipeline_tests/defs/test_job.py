@@ -13,7 +13,7 @@ from reminder_pipeline.defs.jobs import reminder_catch_up, reminder_dispatch
 from reminder_pipeline.domain import contract
 from reminder_pipeline_tests.support import make_due_event, outbox_rows, reminders, utcnow
 
-from . import instance_overrides, log_messages, metadata_values, resources_for
+from .helpers import instance_overrides, log_messages, metadata_values, resources_for
 
 
 @pytest.fixture
@@ -189,7 +189,7 @@ def test_a_bad_run_config_is_refused_before_anything_is_written(
 
 
 def test_an_unreachable_database_fails_the_run_naming_the_setting(kafka_settings, instance):
-    from reminder_pipeline.services import free_port
+    from reminder_pipeline.local.servers import free_port
 
     url = f"postgresql+psycopg://nobody@127.0.0.1:{free_port()}/nothing"
     result = reminder_dispatch.execute_in_process(

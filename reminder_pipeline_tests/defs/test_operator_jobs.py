@@ -37,7 +37,7 @@ from reminder_pipeline_tests.support import (
     reminders,
 )
 
-from . import instance_overrides, log_messages
+from .helpers import instance_overrides, log_messages
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from reminder_pipeline.defs.schedules import reminder_dispatch_schedule
 from reminder_pipeline.observability import health
 from reminder_pipeline_tests.support import outbox_rows, reminders, utcnow
 
-from . import instance_overrides, log_messages, metadata_values, resources_for
+from .helpers import instance_overrides, log_messages, metadata_values, resources_for
 
 BURST = 2_000
 
@@ -86,7 +86,7 @@ def _transactions(engine, what: str) -> Counter[int]:
             sa.text("SELECT txid, count(*) FROM test_row_txids WHERE what = :w GROUP BY txid"),
             {"w": what},
         )
-        return Counter(dict(rows.tuples().all()))
+        return Counter(dict(rows.all()))
 
 
 def test_one_scheduled_run_drains_a_burst_in_transactions_of_at_most_200_rows(

@@ -24,10 +24,10 @@ from dagster import (
 
 from reminder_pipeline.defs.jobs import reminder_dispatch
 from reminder_pipeline.defs.resources import KafkaResource, PostgresResource
-from reminder_pipeline.services import free_port
+from reminder_pipeline.local.servers import free_port
 from reminder_pipeline_tests.support import make_due_event, outbox_rows, reminders
 
-from . import instance_overrides, materializations, metadata_values
+from .helpers import instance_overrides, materializations, metadata_values
 
 
 def dispatch_job_with_short_kafka_timeouts():

@@ -24,8 +24,8 @@ from reminder_pipeline.defs.republish import (
     REPUBLISH_JOB_NAME,
     reminder_republish,
 )
-from reminder_pipeline.orchestrator import INSTANCE_YAML
-from reminder_pipeline.republish import HEADER_REPUBLISHED_BY_RUN
+from reminder_pipeline.local.dagster_processes import INSTANCE_YAML
+from reminder_pipeline.operator_jobs.republish import HEADER_REPUBLISHED_BY_RUN
 from reminder_pipeline_tests.support import (
     outbox_rows,
     publish_two_days,
@@ -33,7 +33,13 @@ from reminder_pipeline_tests.support import (
     wait_for_republished,
 )
 
-from . import instance_overrides, log_messages, materializations, metadata_values, resources_for
+from .helpers import (
+    instance_overrides,
+    log_messages,
+    materializations,
+    metadata_values,
+    resources_for,
+)
 
 
 @pytest.fixture

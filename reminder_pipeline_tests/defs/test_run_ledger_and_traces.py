@@ -29,13 +29,13 @@ from dagster import (
 from reminder_pipeline.defs.jobs import reminder_catch_up, reminder_dispatch
 from reminder_pipeline.defs.resources import KafkaResource, PostgresResource
 from reminder_pipeline.defs.sensors import reminder_dispatch_failure_ledger
+from reminder_pipeline.local.servers import free_port
 from reminder_pipeline.observability import health, tracing
-from reminder_pipeline.services import free_port
 from reminder_pipeline.store.tables import dispatch_cycles
-from reminder_pipeline_tests.observability import captured_spans
+from reminder_pipeline_tests.observability.helpers import captured_spans
 from reminder_pipeline_tests.support import make_due_event, outbox_rows, reminders
 
-from . import instance_overrides, resources_for
+from .helpers import instance_overrides, resources_for
 
 SHORT_KAFKA = {"topic_timeout_seconds": 2, "message_timeout_ms": 3_000}
 

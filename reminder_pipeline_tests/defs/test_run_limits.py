@@ -18,7 +18,7 @@ from reminder_pipeline.defs.limits import CONCURRENCY_TAG, MAX_RUNTIME_TAG
 from reminder_pipeline.defs.republish import reminder_republish
 from reminder_pipeline_tests.support import make_due_event, outbox_rows, reminders, utcnow
 
-from . import instance_overrides, log_messages, materializations, resources_for
+from .helpers import instance_overrides, log_messages, materializations, resources_for
 
 
 @pytest.fixture

@@ -53,8 +53,8 @@ from dagster._core.scheduler.instigation import TickStatus
 from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 from sqlalchemy.engine import make_url
 
-from reminder_pipeline import orchestrator, run_retention
 from reminder_pipeline.definitions import defs
+from reminder_pipeline.defs import run_retention_pass as run_retention
 from reminder_pipeline.defs.resources import PostgresResource
 from reminder_pipeline.defs.run_retention import (
     MAX_BUDGET_SECONDS,
@@ -64,9 +64,10 @@ from reminder_pipeline.defs.run_retention import (
     dagster_run_retention_schedule,
 )
 from reminder_pipeline.defs.sensors import reminder_health_sensor
+from reminder_pipeline.local import dagster_processes as orchestrator
 from reminder_pipeline.logs import fields_of
 
-from . import instance_overrides, log_messages
+from .helpers import instance_overrides, log_messages
 
 KEEP = timedelta(days=14)
 OLD = timedelta(days=15)

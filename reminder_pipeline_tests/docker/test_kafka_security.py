@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from reminder_pipeline.config import Settings
-from reminder_pipeline.consumer.runner import DLQ_TOPIC
+from reminder_pipeline.consumer.dead_letter_copy import DLQ_TOPIC
 from reminder_pipeline.consumer.texts import Locale
 from reminder_pipeline.domain import contract
 

@@ -19,8 +19,8 @@ import sqlalchemy as sa
 import yaml
 from sqlalchemy.engine import make_url
 
-from reminder_pipeline.db import make_engine
 from reminder_pipeline.observability.exporter import read_snapshot
+from reminder_pipeline.store.engine import make_engine
 
 from ..integration.test_least_privilege import (  # noqa: F401 - a fixture, used by name
     COMPOSE,

@@ -91,3 +91,19 @@ def test_the_readme_is_a_door():
     linked = set(LINK.findall(readme))
     pages = {f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md") if p.name != "README.md"}
     assert pages <= linked, f"docs pages the README does not link: {sorted(pages - linked)}"
+
+
+def test_nothing_a_user_reads_cites_the_seed():
+    """Users have docs/design.md and docs/contract.md, not the spec they were written from."""
+    places = [ROOT / "README.md", ROOT / "dagster.yaml"]
+    for folder in ("reminder_pipeline", "docs", "docker", "benchmarks", "sql", "scripts"):
+        places += [p for p in (ROOT / folder).rglob("*") if p.is_file() and p.suffix != ".pyc"]
+    citing = []
+    for path in places:
+        try:
+            text = path.read_text(encoding="utf-8").lower()
+        except UnicodeDecodeError:
+            continue
+        if "the seed" in text or "seed's" in text:
+            citing.append(str(path.relative_to(ROOT)))
+    assert not citing, f"these cite 'the seed' (name docs/design.md or docs/contract.md): {citing}"

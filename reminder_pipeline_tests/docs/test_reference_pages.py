@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from reminder_pipeline.cli import cli
-from reminder_pipeline.cli.output import (
+from reminder_pipeline.cli.exits import (
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -78,7 +78,8 @@ def test_the_exit_codes_table_matches_the_code():
 def test_every_setting_the_code_reads_is_in_configuration():
     configuration = section("Configuration")
     source = "".join(
-        (ROOT / "reminder_pipeline" / name).read_text() for name in ("config.py", "runtime.py")
+        (ROOT / "reminder_pipeline" / name).read_text()
+        for name in ("config.py", "local/endpoints.py")
     )
     names = set(re.findall(r'"((?:REMINDER|KAFKA|DAGSTER)_[A-Z_]+|DATABASE_URL)"', source))
     assert {"DATABASE_URL", "REMINDER_BATCH_SIZE", "KAFKA_SASL_PASSWORD"} <= names

@@ -20,9 +20,9 @@ from dagster import AssetCheckKey, DagsterInstance, DagsterRunStatus, RunsFilter
 from dagster._core.storage.tags import SCHEDULE_NAME_TAG, SCHEDULED_EXECUTION_TIME_TAG
 from dagster_graphql import DagsterGraphQLClient, DagsterGraphQLClientError
 
-from reminder_pipeline import orchestrator
 from reminder_pipeline.defs.assets import DISPATCH_ASSET_KEY
-from reminder_pipeline.services import free_port
+from reminder_pipeline.local import dagster_processes as orchestrator
+from reminder_pipeline.local.servers import free_port
 from reminder_pipeline_tests.support import make_due_event, reminders
 
 from .ui import check_ui, chromium_path

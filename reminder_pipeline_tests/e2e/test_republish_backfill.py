@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
-from reminder_pipeline import orchestrator
 from reminder_pipeline.defs.republish import REPUBLISH_ASSET_KEY, REPUBLISH_JOB_NAME
-from reminder_pipeline.republish import HEADER_REPUBLISHED_BY_RUN
-from reminder_pipeline.services import free_port
+from reminder_pipeline.local import dagster_processes as orchestrator
+from reminder_pipeline.local.servers import free_port
+from reminder_pipeline.operator_jobs.republish import HEADER_REPUBLISHED_BY_RUN
 from reminder_pipeline_tests.support import publish_two_days, utcnow, wait_for_republished
 
 from .ui import CHROMIUM_FLAGS, chromium_path

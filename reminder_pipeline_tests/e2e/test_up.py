@@ -16,7 +16,7 @@ import urllib.request
 import psutil
 import pytest
 
-from reminder_pipeline.services import free_port
+from reminder_pipeline.local.servers import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -50,11 +50,11 @@ CHILD = textwrap.dedent(
     """
     import sys
     from reminder_pipeline import cycle
-    from reminder_pipeline.db import make_engine
+    from reminder_pipeline.store.engine import make_engine
     engine = make_engine(sys.argv[1])
     with engine.begin() as conn:
-        selection = cycle.select_due_batch(conn, cycle.now_utc(), 200)
-        cycle.transition_and_outbox(conn, selection.ids, selection.as_of)
+        selection = cycle.lock_due_batch(conn, cycle.now_utc(), 200)
+        cycle.write_batch(conn, selection.ids, selection.as_of)
         print("written", len(selection.ids), flush=True)
         sys.stdin.readline()  # stopped here: inside the transaction, before commit
     """

@@ -15,7 +15,7 @@ from datetime import timedelta
 import sqlalchemy as sa
 
 from reminder_pipeline import cycle
-from reminder_pipeline.calendar import cancel_event
+from reminder_pipeline.local.calendar import cancel_event
 from reminder_pipeline.store import repository
 from reminder_pipeline.store.tables import calendar_events
 
@@ -57,12 +57,12 @@ def test_rows_locked_by_another_instance_are_skipped_and_counted(engine):
     events = [make_due_event(engine, minutes_overdue=m) for m in (5, 4, 3, 2, 1)]
     as_of = utcnow()
     with engine.begin() as holder:
-        held = cycle.select_due_batch(holder, as_of, 2)  # the two oldest stay locked
+        held = cycle.lock_due_batch(holder, as_of, 2)  # the two oldest stay locked
         assert len(held.candidates) == 2
         other = cycle.dispatch_batch(engine, as_of, 5)
         assert len(other.sent) == 3
         assert other.skipped_locked == 2
-        cycle.transition_and_outbox(holder, held.ids, as_of)
+        cycle.write_batch(holder, held.ids, as_of)
     assert all(reminders(engine, e)[0]["status"] == "Sent" for e in events)
     assert len(outbox_rows(engine)) == 5
 
@@ -71,14 +71,14 @@ def test_cancel_committed_between_read_and_write_wins(engine):
     event_id = make_due_event(engine)
     as_of = utcnow()
     with engine.begin() as conn:  # the selecting step, its own transaction (as a Dagster op)
-        selection = cycle.select_due_batch(conn, as_of, 200)
+        selection = cycle.lock_due_batch(conn, as_of, 200)
     assert len(selection.candidates) == 1
-    assert cycle.resolve_event_status(selection.candidates)[0].action.value == "send"
+    assert cycle.decide_batch(selection.candidates)[0].action.value == "send"
 
     cancel_event(engine, event_id)  # commits before the writing step
 
     with engine.begin() as conn:
-        outcome = cycle.transition_and_outbox(conn, selection.ids, as_of)
+        outcome = cycle.write_batch(conn, selection.ids, as_of)
     assert outcome.sent == [] and outcome.gone == 1
     assert reminders(engine, event_id)[0]["status"] == "Skipped"
     assert outbox_rows(engine) == []
@@ -88,11 +88,11 @@ def test_status_change_without_cascade_is_re_read_under_lock(engine):
     event_id = make_due_event(engine)
     as_of = utcnow()
     with engine.begin() as conn:
-        selection = cycle.select_due_batch(conn, as_of, 200)
+        selection = cycle.lock_due_batch(conn, as_of, 200)
     with engine.begin() as conn:  # cancelled, but its rows were left Pending (replay)
         conn.execute(sa.update(calendar_events).values(status="Cancelled"))
     with engine.begin() as conn:
-        outcome = cycle.transition_and_outbox(conn, selection.ids, as_of)
+        outcome = cycle.write_batch(conn, selection.ids, as_of)
     assert [r.reminder_id for r in outcome.skipped] == selection.ids
     assert reminders(engine, event_id)[0]["status"] == "Skipped"
     assert outbox_rows(engine) == []
@@ -142,13 +142,13 @@ def test_dispatcher_first_then_cancel_sends_once_and_cancel_waits(engine):
     event_id = make_due_event(engine)
     as_of = utcnow()
     with engine.begin() as conn:
-        selection = cycle.select_due_batch(conn, as_of, 200)
+        selection = cycle.lock_due_batch(conn, as_of, 200)
         canceller = threading.Thread(target=cancel_event, args=(engine, event_id))
         canceller.start()
         assert _wait_for_lock_wait(engine), (
             "the cancel cascade should wait for the dispatcher's lock"
         )
-        cycle.transition_and_outbox(conn, selection.ids, as_of)
+        cycle.write_batch(conn, selection.ids, as_of)
     canceller.join(timeout=30)
     assert not canceller.is_alive()
     # The dispatcher committed first: the reminder went out, the cancel followed (accepted window).
@@ -160,7 +160,7 @@ def test_dispatcher_first_then_cancel_sends_once_and_cancel_waits(engine):
 
 
 def test_reschedule_re_materialises_pending_rows(engine):
-    from reminder_pipeline.calendar import reschedule_event
+    from reminder_pipeline.local.calendar import reschedule_event
 
     start = utcnow() + timedelta(days=3)
     event_id = make_due_event(engine, offsets=(60,))

@@ -14,8 +14,8 @@ import pytest
 import sqlalchemy as sa
 
 from reminder_pipeline import cycle
-from reminder_pipeline.calendar import cancel_event, complete_event
 from reminder_pipeline.domain import contract
+from reminder_pipeline.local.calendar import cancel_event, complete_event
 from reminder_pipeline.store.tables import calendar_events
 
 from ..support import (
@@ -121,8 +121,8 @@ def test_partial_failure_excludes_the_poison_row_and_commits_the_rest(engine, pu
     assert cycle.run_cycle(engine, publisher).counts.failed == 0
     later = after["next_attempt_at"] + timedelta(seconds=1)
     with engine.begin() as conn:
-        retry = cycle.transition_and_outbox(
-            conn, cycle.select_due_batch(conn, later, 200).ids, later, now=later
+        retry = cycle.write_batch(
+            conn, cycle.lock_due_batch(conn, later, 200).ids, later, now=later
         )
     assert [p.reminder_id for p in retry.poison] == [str(poison_row["id"])]
     assert reminders(engine, poison)[0]["attempts"] == 2
@@ -258,7 +258,7 @@ def test_a_selection_holding_uuid_objects_is_written_and_counted_as_text_ids(eng
     [row] = reminders(engine, event_id)
     as_of = utcnow()
     with engine.begin() as conn:
-        outcome = cycle.transition_and_outbox(conn, [uuid.UUID(str(row["id"]))], as_of)
+        outcome = cycle.write_batch(conn, [uuid.UUID(str(row["id"]))], as_of)
     assert [r.reminder_id for r in outcome.sent] == [str(row["id"])]
     assert (outcome.skipped_locked, outcome.gone) == (0, 0)
     [out] = outbox_rows(engine)

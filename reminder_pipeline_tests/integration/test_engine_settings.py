@@ -7,8 +7,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
-from reminder_pipeline.db import DatabaseUnavailable, check_connection, make_engine
-from reminder_pipeline.services import free_port
+from reminder_pipeline.local.servers import free_port
+from reminder_pipeline.store.engine import DatabaseUnavailable, check_connection, make_engine
 
 
 def test_the_isolation_level_is_read_committed_even_when_the_database_defaults_otherwise(

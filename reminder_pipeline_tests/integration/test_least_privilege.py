@@ -27,11 +27,11 @@ from dagster import instance_for_test
 from sqlalchemy.engine import make_url
 
 from reminder_pipeline import cycle
-from reminder_pipeline.db import make_engine
 from reminder_pipeline.defs.jobs import reminder_dispatch
 from reminder_pipeline.store import migrate
+from reminder_pipeline.store.engine import make_engine
 
-from ..defs import resources_for
+from ..defs.helpers import resources_for
 from ..support import POISON_KIND, make_due_event, outbox_rows, reminders, run_cli
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,9 +10,9 @@ import pytest
 import sqlalchemy as sa
 
 from reminder_pipeline import cycle
-from reminder_pipeline.db import make_engine
-from reminder_pipeline.services import EmbeddedPostgres, free_port
+from reminder_pipeline.local.servers import EmbeddedPostgres, free_port
 from reminder_pipeline.store import migrate
+from reminder_pipeline.store.engine import make_engine
 
 from ..support import make_due_event, outbox_rows, reminders
 
@@ -37,8 +37,8 @@ def test_restart_mid_cycle_rolls_back_the_batch_and_the_next_cycle_recovers(
 
     with pytest.raises(sa.exc.OperationalError):
         with engine.begin() as conn:
-            selection = cycle.select_due_batch(conn, cycle.now_utc(), 200)
-            outcome = cycle.transition_and_outbox(conn, selection.ids, selection.as_of)
+            selection = cycle.lock_due_batch(conn, cycle.now_utc(), 200)
+            outcome = cycle.write_batch(conn, selection.ids, selection.as_of)
             assert len(outcome.sent) == 3  # written, not committed
             server.stop()  # the server goes away before the commit
             server.start()

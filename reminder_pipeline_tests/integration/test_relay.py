@@ -9,9 +9,9 @@ import pytest
 
 from reminder_pipeline import cycle
 from reminder_pipeline.config import KafkaSettings
+from reminder_pipeline.local.servers import EmbeddedBroker, free_port
 from reminder_pipeline.messaging.kafka import KafkaPublisher, ensure_topic
 from reminder_pipeline.messaging.relay import relay_outbox
-from reminder_pipeline.services import EmbeddedBroker, free_port
 
 from ..support import KafkaReader, make_due_event, outbox_rows, reminders, utcnow
 

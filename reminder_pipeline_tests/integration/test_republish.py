@@ -20,17 +20,17 @@ import pytest
 import sqlalchemy as sa
 
 from reminder_pipeline.config import KafkaSettings
+from reminder_pipeline.local.servers import free_port
 from reminder_pipeline.messaging.kafka import KafkaPublisher
 from reminder_pipeline.messaging.relay import relay_lock
-from reminder_pipeline.republish import (
+from reminder_pipeline.operator_jobs.republish import (
     HEADER_REPUBLISHED_BY_RUN,
     RepublishFailed,
     RepublishRefused,
     Requester,
     day_window,
-    republish_day,
+    resend_day,
 )
-from reminder_pipeline.services import free_port
 from reminder_pipeline.store import queries
 from reminder_pipeline_tests.support import (
     PublishedDays,
@@ -58,7 +58,7 @@ def test_two_days_go_out_again_as_stored_in_outbox_id_order(engine, publisher, k
     originals = {m.value["ReminderId"]: m for m in kafka_reader.wait_for(list(stored))}
     run_id = f"test-{uuid.uuid4()}"
     reports = [
-        republish_day(engine, publisher, day, Requester(run_id, "backfill-1")) for day in days.days
+        resend_day(engine, publisher, day, Requester(run_id, "backfill-1")) for day in days.days
     ]
 
     assert [(r.day, r.republished) for r in reports] == [
@@ -104,7 +104,7 @@ def test_a_day_past_retention_and_a_future_day_are_refused_before_anything_is_se
     run_id = f"test-{uuid.uuid4()}"
     old = (now - timedelta(days=8)).date()
     with pytest.raises(RepublishRefused) as past:
-        republish_day(engine, publisher, old, Requester(run_id), now=now)
+        resend_day(engine, publisher, old, Requester(run_id), now=now)
     message = str(past.value)
     assert message.startswith(
         f"re-publish of {old} refused: the day is past the outbox retention (168 h)"
@@ -112,7 +112,7 @@ def test_a_day_past_retention_and_a_future_day_are_refused_before_anything_is_se
     assert "\n" not in message
     # With a shorter retention, one of the days that was just re-publishable is refused too.
     with pytest.raises(RepublishRefused, match=rf"{days.days[0]} refused: .*retention \(24 h\)"):
-        republish_day(
+        resend_day(
             engine,
             publisher,
             days.days[0],
@@ -122,12 +122,12 @@ def test_a_day_past_retention_and_a_future_day_are_refused_before_anything_is_se
         )
     tomorrow = (now + timedelta(days=1)).date()
     with pytest.raises(RepublishRefused) as future:
-        republish_day(engine, publisher, tomorrow, Requester(run_id), now=now)
+        resend_day(engine, publisher, tomorrow, Requester(run_id), now=now)
     assert str(future.value).startswith(
         f"re-publish of {tomorrow} refused: the day is in the future"
     )
     # Today is a day like the others: what was published so far (nothing, here).
-    assert republish_day(engine, publisher, now.date(), Requester(run_id), now=now).republished == 0
+    assert resend_day(engine, publisher, now.date(), Requester(run_id), now=now).republished == 0
     kafka_reader.drain(idle=1.0)
     assert not [
         m for m in kafka_reader.messages if m.headers.get(HEADER_REPUBLISHED_BY_RUN) == run_id
@@ -141,7 +141,7 @@ def test_a_failed_delivery_stops_the_day_naming_how_many_went_out(engine, days):
     )
     try:
         with pytest.raises(RepublishFailed) as failed:
-            republish_day(
+            resend_day(
                 engine,
                 dead,
                 days.days[1],
@@ -180,12 +180,12 @@ def test_a_chunk_waits_for_the_relay_lock_and_gives_up_plainly(
             match=r"relay lock stayed busy for 0.5 s; 0 of the "
             r"day's 6 messages were re-published",
         ):
-            republish_day(engine, publisher, day, Requester("test-busy"), lock_wait_seconds=0.5)
+            resend_day(engine, publisher, day, Requester("test-busy"), lock_wait_seconds=0.5)
 
         outcome: dict = {}
         worker = threading.Thread(
             target=lambda: outcome.update(
-                report=republish_day(
+                report=resend_day(
                     engine,
                     publisher,
                     day,

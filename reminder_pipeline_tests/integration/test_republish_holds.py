@@ -15,10 +15,11 @@ from datetime import timedelta
 import pytest
 import sqlalchemy as sa
 
-from reminder_pipeline import calendar, cycle
+from reminder_pipeline import cycle
+from reminder_pipeline.local import calendar
 from reminder_pipeline.logs import items_of
-from reminder_pipeline.republish import RepublishRefused, Requester, republish_day
-from reminder_pipeline.retention import purge_outbox
+from reminder_pipeline.operator_jobs.outbox_retention import purge_published
+from reminder_pipeline.operator_jobs.republish import RepublishRefused, Requester, resend_day
 from reminder_pipeline_tests.support import (
     make_event_due_on,
     reminders,
@@ -44,7 +45,7 @@ def test_only_reminders_that_still_hold_are_republished(engine, publisher, kafka
 
     run_id = f"test-{uuid.uuid4()}"
     caplog.set_level("INFO")
-    result = republish_day(engine, publisher, day, Requester(run_id))
+    result = resend_day(engine, publisher, day, Requester(run_id))
 
     assert result.republished == 1
     assert result.not_republished == {"cancelled": 1, "moved": 1}
@@ -75,11 +76,11 @@ def test_a_partly_purged_day_is_refused_with_nothing_sent(engine, publisher):
             ),
             {"ids": [_reminder_id(engine, e) for e in events[:2]]},
         )
-    assert purge_outbox(engine, timedelta(hours=24)) == 2
+    assert purge_published(engine, timedelta(hours=24)) == 2
 
     with pytest.raises(RepublishRefused) as refused:
         # The job's retention says the day is whole; the rows say otherwise.
-        republish_day(
+        resend_day(
             engine, publisher, day, Requester(f"test-{uuid.uuid4()}"), retention=timedelta(days=7)
         )
     assert str(refused.value).startswith(

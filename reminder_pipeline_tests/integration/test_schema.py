@@ -12,8 +12,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy.engine import make_url
 
-from reminder_pipeline.db import make_engine
 from reminder_pipeline.store import migrate, queries
+from reminder_pipeline.store.engine import make_engine
 from reminder_pipeline.store.tables import metadata
 
 from ..support import make_due_event, reminders

@@ -21,7 +21,7 @@ from reminder_pipeline.observability import health, ledger
 from reminder_pipeline.store import metrics_repository, repository
 
 from ..support import make_due_event, reminders
-from . import exporter_settings, scrape
+from .helpers import exporter_settings, scrape
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 

@@ -19,12 +19,13 @@ import pytest
 import sqlalchemy as sa
 
 from reminder_pipeline import cycle
+from reminder_pipeline.local.servers import free_port
+from reminder_pipeline.metrics_http import MetricsPortUnavailable
 from reminder_pipeline.observability import exporter as exp
 from reminder_pipeline.observability import ledger
-from reminder_pipeline.services import ServiceError, free_port
 
 from ..support import POISON_KIND, make_due_event, reminders
-from . import exporter_settings, scrape
+from .helpers import exporter_settings, scrape
 
 
 @pytest.fixture
@@ -206,7 +207,7 @@ def test_a_port_in_use_is_a_one_line_error(database_url):
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", settings.metrics_port))
         holder.listen()
-        with pytest.raises(ServiceError, match=f"127.0.0.1:{settings.metrics_port}"):
+        with pytest.raises(MetricsPortUnavailable, match=f"127.0.0.1:{settings.metrics_port}"):
             exp.start_exporter(settings, endpoints)
 
 
@@ -226,23 +227,16 @@ def test_scrape_shows_no_row_level_data(engine, publisher, metrics):
     assert labels <= {"result", "kind", "le"}
 
 
-def test_serve_forever_serves_until_sigterm_then_exits_cleanly(engine, publisher, database_url):
-    # What `reminder-pipeline metrics` runs, in its own process, configured by the environment.
+def test_the_metrics_command_serves_until_sigterm_then_exits_cleanly(
+    engine, publisher, database_url
+):
+    # `reminder-pipeline metrics` in its own process, configured by the environment.
     make_due_event(engine, minutes_overdue=1)
     cycle.run_cycle(engine, publisher)
     port = free_port()
-    code = (
-        "import sys\n"
-        "from reminder_pipeline.config import Settings\n"
-        "from reminder_pipeline.observability.exporter import serve_forever\n"
-        "from reminder_pipeline.runtime import Endpoints\n"
-        "settings = Settings.from_env()\n"
-        "endpoints = Endpoints(settings.database_url, '', '')\n"
-        "sys.exit(serve_forever(settings, endpoints))\n"
-    )
     env = {**os.environ, "DATABASE_URL": database_url, "REMINDER_METRICS_PORT": str(port)}
     process = subprocess.Popen(
-        [sys.executable, "-c", code],
+        [sys.executable, "-m", "reminder_pipeline.cli", "metrics"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -18,7 +18,7 @@ from reminder_pipeline.observability import exporter as exp
 from reminder_pipeline.observability import tracing
 
 from ..support import POISON_KIND, make_due_event, outbox_rows, reminders
-from . import captured_json_logs, captured_spans, exporter_settings, log_lines, scrape
+from .helpers import captured_json_logs, captured_spans, exporter_settings, log_lines, scrape
 
 MARK = uuid.uuid4().hex[:10]
 SECRETS = {

@@ -18,7 +18,7 @@ from reminder_pipeline.observability import exporter as exp
 from reminder_pipeline.observability import ledger
 from reminder_pipeline.store.tables import dispatch_cycles, dispatch_metric_totals
 
-from . import exporter_settings, scrape
+from .helpers import exporter_settings, scrape
 
 
 def _cycle(engine, fallbacks: int, finished_at: datetime) -> None:

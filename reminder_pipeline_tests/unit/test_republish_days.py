@@ -6,7 +6,12 @@ from datetime import UTC, date, datetime, timedelta
 
 import pytest
 
-from reminder_pipeline.republish import RepublishRefused, check_day, day_window, oldest_day
+from reminder_pipeline.operator_jobs.republish import (
+    RepublishRefused,
+    check_day,
+    day_window,
+    oldest_day,
+)
 
 WEEK = timedelta(hours=168)
 

@@ -12,10 +12,10 @@ import importlib.util
 import logging
 from dataclasses import dataclass
 
-from .config import ConfigError, Settings
-from .db import dagster_storage_url
-from .logs import event
-from .services import EmbeddedBroker, EmbeddedPostgres
+from ..config import ConfigError, Settings
+from ..logs import event
+from ..store.engine import dagster_storage_url
+from .servers import EmbeddedBroker, EmbeddedPostgres
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy.engine import Engine
 
+from ..domain.model import EventKind, EventOrigin
+from ..logs import event
 from .calendar import NewEvent, cancel_event, complete_event, create_event
-from .domain.model import EventKind, EventOrigin
-from .logs import event
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,9 @@ SIGHUP with no handler, an EPIPE on a closed stdout end the parent before it sto
 
 - on Linux each child asks the kernel for SIGTERM when its parent dies (``PR_SET_PDEATHSIG``),
   which Dagster handles as SIGINT: a clean stop, its code servers with it;
-- everywhere, ``up`` starts a guard (``python -m reminder_pipeline.orchestrator --guard``) in a
-  session of its own that holds the read end of a pipe only ``up`` writes to: EOF means ``up``
+- everywhere, ``up`` starts a guard
+  (``python -m reminder_pipeline.local.dagster_processes --guard``) in a session of its own
+  that holds the read end of a pipe only ``up`` writes to: EOF means ``up``
   is gone, and the guard stops what the stack record (``up.json`` in the project home) names:
   the process groups of the daemon and webserver (code servers, run workers), then the embedded
   servers. ``up`` removes the record once it has stopped everything itself.
@@ -43,16 +44,16 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
-from .config import mask_secrets
-from .db import create_database, dagster_storage_url
+from ..config import mask_secrets
+from ..store.engine import create_database, dagster_storage_url
 
 # Named, not __name__: the guard runs this module as __main__.
-log = logging.getLogger("reminder_pipeline.orchestrator")
+log = logging.getLogger("reminder_pipeline.local.dagster_processes")
 
 #: The instance config shipped in the package; identical to the repository's root dagster.yaml.
-INSTANCE_YAML = Path(__file__).with_name("dagster_instance.yaml")
+INSTANCE_YAML = Path(__file__).parents[1] / "dagster_instance.yaml"
 #: The workspace shipped in the package; identical to the repository's root workspace.yaml.
-WORKSPACE_YAML = Path(__file__).with_name("dagster_workspace.yaml")
+WORKSPACE_YAML = Path(__file__).parents[1] / "dagster_workspace.yaml"
 LOCATION_NAME = "reminder_pipeline"
 REQUIRED_ENV = ("DATABASE_URL", "KAFKA_BOOTSTRAP_SERVERS", "DAGSTER_PG_URL")
 #: Where the webserver's and daemon's output goes, under DAGSTER_HOME. Never "logs": Dagster's
@@ -520,7 +521,7 @@ def start_guard(home: Path, *, keep_servers: bool) -> subprocess.Popen[bytes]:
     """
     home = Path(home).expanduser().resolve()
     (home / PROCESS_LOG_DIR).mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "reminder_pipeline.orchestrator", "--guard", str(home)]
+    argv = [sys.executable, "-m", "reminder_pipeline.local.dagster_processes", "--guard", str(home)]
     if keep_servers:
         argv.append("--keep-servers")
     with (home / PROCESS_LOG_DIR / "guard.log").open("ab") as out:
@@ -542,14 +543,14 @@ def guard(home: Path, *, keep_servers: bool, parent: IO[bytes]) -> int:
     record = StackRecord(home)
     if not record.exists():  # up stopped everything itself
         return 0
-    from .logs import configure, event
+    from ..logs import configure, event
 
     configure()
     stopped = record.stop(spare_up=True)
     event(log, logging.WARNING, "up is gone: stopped what it left running", **stopped)
     if not keep_servers:
-        from .config import Settings
-        from .runtime import stop_servers
+        from ..config import Settings
+        from .endpoints import stop_servers
 
         stop_servers(Settings.from_env())
         event(log, logging.WARNING, "up is gone: stopped the embedded servers")
@@ -557,7 +558,7 @@ def guard(home: Path, *, keep_servers: bool, parent: IO[bytes]) -> int:
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m reminder_pipeline.orchestrator")
+    parser = argparse.ArgumentParser(prog="python -m reminder_pipeline.local.dagster_processes")
     parser.add_argument("--guard", type=Path, required=True, metavar="HOME")
     parser.add_argument("--keep-servers", action="store_true")
     args = parser.parse_args(argv)

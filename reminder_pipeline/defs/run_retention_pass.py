@@ -39,7 +39,7 @@ from pathlib import Path
 
 from dagster import DagsterInstance, DagsterRun, DagsterRunStatus, RunsFilter
 
-from .logs import event
+from ..logs import event
 
 log = logging.getLogger(__name__)
 

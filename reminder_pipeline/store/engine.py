@@ -7,7 +7,7 @@ import contextlib
 from sqlalchemy import create_engine
 from sqlalchemy.engine import Engine, make_url
 
-from .config import mask_secrets, mask_url, validate_database_url
+from ..config import mask_secrets, mask_url, validate_database_url
 
 #: Pinned, not left to the server's ``default_transaction_isolation``: the cycle's correctness
 #: argument (lock, re-read under the lock, decide on that state) is made for READ COMMITTED, where

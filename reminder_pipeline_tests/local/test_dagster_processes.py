@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reminder_pipeline import db, orchestrator
+from reminder_pipeline.local import dagster_processes as orchestrator
+from reminder_pipeline.store import engine as db
 
 
 def test_storage_urls_are_moved_to_psycopg2():

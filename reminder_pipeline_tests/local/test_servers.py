@@ -13,8 +13,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-import reminder_pipeline.services as services
-from reminder_pipeline.services import (
+import reminder_pipeline.local.postgres as embedded_postgres
+from reminder_pipeline.local.servers import (
     EmbeddedBroker,
     EmbeddedPostgres,
     ServiceError,
@@ -185,7 +185,9 @@ def test_pg_on_other_port_is_refused(pg: EmbeddedPostgres) -> None:
 
 
 def test_pg_missing_binary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(services, "_postgres_bin_dir", lambda: tmp_path / "nowhere" / "bin")
+    monkeypatch.setattr(
+        embedded_postgres, "_postgres_bin_dir", lambda: tmp_path / "nowhere" / "bin"
+    )
     with pytest.raises(ServiceError, match="initdb") as info:
         EmbeddedPostgres(tmp_path / "pgdata", port=free_port()).start()
     assert "\n" not in str(info.value)
@@ -272,12 +274,12 @@ def test_servers_outlive_the_starting_process(tmp_path_factory: pytest.TempPathF
     assert pg._socket_dir() != pg.data_dir
     script = textwrap.dedent(
         f"""
-        from reminder_pipeline.services import EmbeddedBroker, EmbeddedPostgres
+        from reminder_pipeline.local.servers import EmbeddedBroker, EmbeddedPostgres
         print(EmbeddedPostgres({str(pg.data_dir)!r}, port={pg.port}).start())
         print(EmbeddedBroker({str(broker.state_dir)!r}, port={broker.port}).start())
         """
     )
-    package_root = Path(services.__file__).resolve().parent.parent
+    package_root = Path(embedded_postgres.__file__).resolve().parent.parent
     pythonpath = os.pathsep.join(filter(None, [str(package_root), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "PYTHONPATH": pythonpath}
     try:

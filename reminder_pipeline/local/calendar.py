@@ -14,8 +14,8 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy.engine import Engine
 
-from .domain.model import EventOrigin, EventStatus, ReminderStatus
-from .store import repository
+from ..domain.model import EventOrigin, EventStatus, ReminderStatus
+from ..store import repository
 
 
 class CalendarError(ValueError):

@@ -39,11 +39,11 @@ from typing import NoReturn
 
 from sqlalchemy.engine import Engine
 
-from .domain.model import ClaimedMessage
-from .logs import Journal, event
-from .messaging.relay import Publisher, relay_lock
-from .retention import DEFAULT_RETENTION
-from .store import repository
+from ..domain.model import ClaimedMessage
+from ..logs import Journal, event
+from ..messaging.relay import Publisher, relay_lock
+from ..store import repository
+from .outbox_retention import DEFAULT_RETENTION
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ def _marked(message: ClaimedMessage, run_id: str) -> ClaimedMessage:
     return ClaimedMessage(message.id, message.topic, message.message_key, message.payload, headers)
 
 
-def republish_day(
+def resend_day(
     engine: Engine,
     publisher: Publisher,
     day: date,

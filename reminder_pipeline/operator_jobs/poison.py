@@ -15,10 +15,10 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
-from .audit import audited
-from .audit import os_user as os_user
-from .logs import RunLog
-from .store import repository
+from ..audit import audited
+from ..audit import os_user as os_user
+from ..logs import RunLog
+from ..store import repository
 
 ACTIONS = ("retry", "skip")
 

@@ -1,0 +1,140 @@
+"""``dispatch`` (one cycle now) and ``relay`` (the outbox now): exit 3 on a partial publish."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+import click
+
+from ..config import DEFAULT_BATCH_SIZE, DEFAULT_MAX_BATCHES
+from ..domain.model import COUNTERS
+from .context import load_settings, open_publisher, open_servers, progress_line, require_schema
+from .exits import relay_exit
+from .options import (
+    AS_OF,
+    BATCH_SIZE,
+    MAX_BATCHES,
+    batch_size_option,
+    budget_option,
+    env_option,
+    flag,
+    json_option,
+)
+from .output import print_fields, print_json
+
+if TYPE_CHECKING:
+    from ..domain.model import CycleCounts
+
+
+@click.command()
+@batch_size_option(
+    type=BATCH_SIZE,
+    default=DEFAULT_BATCH_SIZE,
+    envvar="REMINDER_BATCH_SIZE",
+    help="Rows per batch (each batch one transaction), 1..10,000.",
+)
+@env_option(
+    "--max-batches",
+    type=MAX_BATCHES,
+    default=DEFAULT_MAX_BATCHES,
+    envvar="REMINDER_MAX_BATCHES",
+    help="Batches this cycle may drain (1 = the design's cycle), 1..10,000.",
+)
+@budget_option(help="No new batch starts after this many seconds, 1..600.")
+@env_option(
+    "--as-of",
+    type=AS_OF,
+    default=None,
+    envvar="REMINDER_AS_OF",
+    show_default="now",
+    help="AsOf: ISO-8601 with a zone (2026-11-30T10:00:00Z), never in the future.",
+)
+@flag(
+    "--no-relay",
+    envvar="REMINDER_NO_RELAY",
+    help="Write Sent rows and their outbox rows, publish nothing.",
+)
+@json_option
+def dispatch(
+    batch_size: int,
+    max_batches: int,
+    budget_seconds: float,
+    as_of: datetime | None,
+    no_relay: bool,
+    as_json: bool,
+) -> int:
+    """Run one dispatch cycle now (select, decide, transition + outbox, relay); print its counts.
+
+    Never migrates: run `db upgrade` first. Exit 3 when some outbox rows could not be published.
+    """
+    from .. import cycle
+
+    settings = load_settings()
+    endpoints, engine = open_servers(settings, broker=not no_relay)
+    try:
+        require_schema(engine)
+        publisher = None if no_relay else open_publisher(settings, endpoints.bootstrap_servers)
+        line = progress_line()
+
+        def progress(counts: CycleCounts) -> None:
+            # The backlog is counted only when a line is due (every few seconds of a drain).
+            if line.due():
+                line.rows(counts.selected, cycle.backlog_left(engine))
+
+        try:
+            report = cycle.run_cycle(
+                engine,
+                publisher,
+                as_of=as_of,
+                batch_size=batch_size,
+                max_batches=max_batches,
+                budget_seconds=budget_seconds,
+                progress=progress,
+            )
+        finally:
+            if publisher is not None:
+                publisher.close()
+    finally:
+        engine.dispose()
+    counts = report.as_dict()
+    if as_json:
+        print_json(counts)
+    else:
+        print_fields(
+            "dispatch cycle",
+            {k: counts.get(k) for k in (*COUNTERS, "duration_ms", "backlog_remaining", "run_id")},
+        )
+    return relay_exit(report.relay.failed)
+
+
+@click.command()
+@budget_option(help="Stop publishing after this many seconds, 1..600.")
+@json_option
+def relay(budget_seconds: float, as_json: bool) -> int:
+    """Publish unpublished outbox rows now. Exit 3 when some could not be published."""
+    from ..messaging.relay import relay_outbox
+
+    settings = load_settings()
+    endpoints, engine = open_servers(settings, broker=True)
+    try:
+        require_schema(engine)
+        publisher = open_publisher(settings, endpoints.bootstrap_servers)
+        try:
+            result = relay_outbox(engine, publisher, budget_seconds=budget_seconds)
+        finally:
+            publisher.close()
+    finally:
+        engine.dispose()
+    data = {
+        "published": result.published,
+        "failed": result.failed,
+        "batches": result.batches,
+        "busy": result.busy,
+        "last_error": result.last_error,
+    }
+    if as_json:
+        print_json(data)
+    else:
+        print_fields("relay", data)
+    return relay_exit(result.failed)

@@ -1,0 +1,156 @@
+"""The commands' values and the options more than one command uses, each defined once.
+
+Every value is checked by the validators in :mod:`reminder_pipeline.config`, the ones the
+environment and the Dagster run config use, so a bad value is the same one line wherever it comes
+from, naming it as the operator gave it (``--batch-size`` or ``REMINDER_BATCH_SIZE``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+from click.core import ParameterSource
+
+from ..config import (
+    DEFAULT_CYCLE_BUDGET_SECONDS,
+    ConfigError,
+    check_as_of,
+    check_batch_size,
+    check_budget_seconds,
+    check_max_batches,
+    check_number,
+    check_poison_limit,
+    check_port,
+    check_purge_batch_size,
+    check_retention_hours,
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# --- values: the shared validators behind click -----------------------------------------------
+
+
+def _given_as(param: click.Parameter, ctx: click.Context | None) -> str:
+    """The name the operator used for a value: its environment variable or its option."""
+    if (
+        ctx is not None
+        and param.name is not None
+        and isinstance(param.envvar, str)
+        and ctx.get_parameter_source(param.name) is ParameterSource.ENVIRONMENT
+    ):
+        return param.envvar
+    if isinstance(param, click.Option):
+        return max(param.opts, key=len)
+    return param.human_readable_name
+
+
+class Checked(click.ParamType):
+    """A click type that converts through one of :mod:`reminder_pipeline.config`'s validators."""
+
+    def __init__(self, check: Callable[[object, str], Any], metavar: str) -> None:
+        self.check = check
+        self.metavar = metavar
+        self.name = metavar.lower()
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        """The placeholder shown in ``--help``."""
+        return self.metavar
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        """The checked value; a bad one raises the validator's one-line ConfigError (exit 2)."""
+        name = _given_as(param, ctx) if param is not None else "value"
+        return self.check(value, name)
+
+
+BATCH_SIZE = Checked(check_batch_size, "ROWS")
+MAX_BATCHES = Checked(check_max_batches, "N")
+BUDGET_SECONDS = Checked(check_budget_seconds, "SECONDS")
+AS_OF = Checked(lambda value, name: check_as_of(value, name), "ISO-8601")
+RETENTION_HOURS = Checked(check_retention_hours, "HOURS")
+PURGE_BATCH_SIZE = Checked(check_purge_batch_size, "ROWS")
+POISON_LIMIT = Checked(check_poison_limit, "ROWS")
+PORT = Checked(check_port, "PORT")
+PROGRESS_SECONDS = Checked(lambda value, name: check_number(value, name, 0.0, 3600.0), "SECONDS")
+
+
+def _check_reminder_id(value: object, name: str) -> uuid.UUID:
+    try:
+        return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value).strip())
+    except ValueError:
+        raise ConfigError(f"{name}={value!r} is not a reminder id (a UUID)") from None
+
+
+REMINDER_ID = Checked(_check_reminder_id, "REMINDER_ID")
+
+
+# --- options: the shape every command's options share ------------------------------------------
+
+
+def env_option(*decls: str, envvar: str, **attrs: Any) -> Callable[[F], F]:
+    """An option that may also come from the environment variable ``envvar`` (shown in --help)."""
+    return click.option(*decls, envvar=envvar, show_envvar=True, **attrs)
+
+
+def flag(*decls: str, envvar: str, help: str) -> Callable[[F], F]:
+    """An on/off option, off unless given (or its environment variable is true)."""
+    return env_option(*decls, envvar=envvar, is_flag=True, default=False, help=help)
+
+
+# --- options more than one command uses ---------------------------------------------------------
+
+#: ``--json``: data for scripts instead of text.
+json_option = flag(
+    "--json",
+    "as_json",
+    envvar="REMINDER_JSON",
+    help="Print the result as JSON (data for scripts) instead of text.",
+)
+
+#: ``--force`` of ``poison retry`` and ``poison skip``: never from the environment.
+force_option = click.option(
+    "--force",
+    is_flag=True,
+    default=False,
+    help="Act on a Pending row even if it never failed. No environment variable: "
+    "it must be typed each time.",
+)
+
+#: The REMINDER_ID argument of ``poison retry`` and ``poison skip``.
+reminder_id_argument = click.argument("reminder_id", type=REMINDER_ID)
+
+
+def budget_option(help: str) -> Callable[[F], F]:
+    """``--budget-seconds`` of ``dispatch`` and ``relay`` (REMINDER_CYCLE_BUDGET_SECONDS)."""
+    return env_option(
+        "--budget-seconds",
+        type=BUDGET_SECONDS,
+        default=DEFAULT_CYCLE_BUDGET_SECONDS,
+        envvar="REMINDER_CYCLE_BUDGET_SECONDS",
+        help=help,
+    )
+
+
+def batch_size_option(
+    type: Checked,
+    default: int,
+    envvar: str,
+    help: str,
+) -> Callable[[F], F]:
+    """``--batch-size`` (``dispatch``: rows per cycle batch; ``outbox purge``: per DELETE)."""
+    return env_option("--batch-size", type=type, default=default, envvar=envvar, help=help)
+
+
+def port_option(
+    *decls: str,
+    envvar: str,
+    help: str,
+    default: int | None = None,
+    show_default: str | bool | None = None,
+) -> Callable[[F], F]:
+    """A port to serve on (``metrics --port``, ``consume --metrics-port``), 1..65,535."""
+    return env_option(
+        *decls, type=PORT, default=default, envvar=envvar, show_default=show_default, help=help
+    )

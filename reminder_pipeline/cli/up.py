@@ -1,0 +1,197 @@
+"""``up`` and its runner: everything on the embedded default, until Ctrl-C, SIGTERM or SIGHUP.
+
+The quick start (the ``embedded`` extra): servers, schema, topic, demo data, a first cycle, then
+Dagster's webserver and daemon, the exporter and the demo feeder; however it ends, what it started
+stops (a guard process stops the rest if ``up`` itself cannot).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from contextlib import suppress
+from typing import TYPE_CHECKING
+
+import click
+
+from .context import (
+    interrupt_on,
+    load_settings,
+    open_publisher,
+    open_servers,
+    progress_line,
+    stop_signals,
+)
+from .exits import EXIT_OK
+from .options import flag
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+    from ..config import Settings
+    from ..local.dagster_processes import StackRecord
+    from ..local.endpoints import Endpoints
+
+log = logging.getLogger("reminder_pipeline.cli")
+
+
+@click.command()
+@flag("--once", envvar="REMINDER_UP_ONCE", help="Stop after the first cycle (no Dagster).")
+@flag("--no-demo", envvar="REMINDER_UP_NO_DEMO", help="Neither seed nor feed demo data.")
+@flag(
+    "--keep-servers",
+    envvar="REMINDER_UP_KEEP_SERVERS",
+    help="Leave PostgreSQL and the broker running on exit.",
+)
+def up(once: bool, no_demo: bool, keep_servers: bool) -> int:
+    """Everything on the embedded default: servers, schema, topic, demo data, a cycle, Dagster.
+
+    The quick start (the `embedded` extra): the one command besides `db upgrade` that migrates.
+    """
+    from ..local.dagster_processes import StackRecord, start_guard
+    from ..local.endpoints import require_embedded
+
+    require_embedded()
+    settings = load_settings()
+    record = _take_over(StackRecord(settings.home))
+    # The guard stops what this `up` started if it ends without doing so itself (SIGKILL, ...).
+    guard = start_guard(settings.home, keep_servers=keep_servers or once)
+    record.add("up", os.getpid())
+    record.add("guard", guard.pid)
+    try:
+        return _up(settings, record, once=once, demo=not no_demo, keep_servers=keep_servers)
+    finally:
+        if guard.stdin is not None:
+            guard.stdin.close()  # EOF: the guard acts only if the record is still there
+        # It may still be stopping leftovers after that; it finishes alone.
+        with suppress(subprocess.TimeoutExpired):
+            guard.wait(30)
+
+
+def _take_over(record: StackRecord) -> StackRecord:
+    """Refuse to start beside a running ``up`` of the same home; stop what a dead one left."""
+    from ..local.dagster_processes import OrchestratorError
+
+    running = record.running()
+    if "up" in running:
+        raise OrchestratorError(
+            f"reminder-pipeline up already runs under {record.path.parent} ({record.describe()}); "
+            "stop it with `reminder-pipeline services stop`"
+        )
+    if running:
+        what = record.describe()
+        record.stop()
+        _say(f"stopped what an earlier up left running: {what}")
+    record.remove()
+    return record
+
+
+def _say(text: str) -> None:
+    """Print a status line; a closed stdout (``up | tee`` after Ctrl-C) must not stop the stop."""
+    try:
+        print(text, flush=True)
+    except OSError:  # EPIPE: nobody reads; send the rest of our output nowhere
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
+def _up(
+    settings: Settings, record: StackRecord, *, once: bool, demo: bool, keep_servers: bool
+) -> int:
+    """``up``'s work, once the guard is there."""
+    from .. import cycle
+    from ..local import demo as demo_data
+    from ..store import migrate
+
+    print(f"reminder-pipeline: starting under {settings.home}", flush=True)
+    endpoints, engine = open_servers(settings, broker=True)
+    migrate.upgrade(engine)
+    publisher = open_publisher(settings, endpoints.bootstrap_servers)
+    if demo:
+        demo_data.seed(engine)
+    report = cycle.run_cycle(engine, publisher, batch_size=settings.batch_size)
+    publisher.close()
+    counts = report.as_dict()
+    print(
+        "first dispatch cycle: sent={sent} skipped={skipped} skipped_locked={skipped_locked} "
+        "failed={failed} published={published} duration_ms={duration_ms} "
+        "backlog_remaining={backlog_remaining}".format(**counts),
+        flush=True,
+    )
+    if once:
+        engine.dispose()
+        record.remove()  # the servers stay up by design; nothing else was started
+        return EXIT_OK
+    return _run_dagster(
+        settings, endpoints, engine, record=record, demo=demo, keep_servers=keep_servers
+    )
+
+
+def _run_dagster(
+    settings: Settings,
+    endpoints: Endpoints,
+    engine: Engine,
+    *,
+    record: StackRecord,
+    demo: bool,
+    keep_servers: bool,
+) -> int:
+    """Dagster webserver + daemon, the exporter and the demo feeder until stopped; then stop all.
+
+    Stopped by Ctrl-C (SIGINT), SIGTERM or the terminal's SIGHUP. Each step of the stop runs
+    even if one before failed; the record is removed only when all of them succeeded (else the
+    guard stops the rest when we exit).
+    """
+    from ..local import demo as demo_data
+    from ..local.dagster_processes import DagsterStack
+    from ..local.endpoints import stop_servers
+    from ..observability.exporter import start_exporter
+
+    env = {**os.environ, **endpoints.env(), "REMINDER_PIPELINE_HOME": str(settings.home)}
+    stack = DagsterStack(
+        home=settings.home / "dagster_home", env=env, port=settings.webserver_port, record=record
+    )
+    feeder = demo_data.DemoFeeder(engine) if demo else None
+    exporter = None
+    try:
+        # Ctrl-C (or SIGHUP, SIGTERM) while Dagster loads interrupts the start, which stops
+        # what it started.
+        with interrupt_on(signal.SIGHUP, signal.SIGTERM):
+            stack.start(progress=progress_line().tick)
+            exporter = start_exporter(settings, endpoints)
+            if feeder:
+                feeder.start()
+        print(f"Dagster UI: {stack.url}  (schedule reminder_dispatch_schedule runs every minute)")
+        print(f"Prometheus metrics: {exporter.url}")
+        print(
+            "Watch reminders arrive: reminder-pipeline consume   |   Ctrl-C stops everything",
+            flush=True,
+        )
+        with stop_signals(signal.SIGHUP) as stop:
+            stop.wait()
+    finally:
+        _say("stopping...")
+        steps: list[Callable[[], object]] = []
+        if feeder:
+            steps.append(feeder.stop)
+        if exporter is not None:
+            steps.append(exporter.stop)
+        steps += [stack.stop, engine.dispose]
+        if not keep_servers:
+            steps.append(lambda: stop_servers(settings))
+        failed = 0
+        for step in steps:
+            try:
+                step()
+            except Exception:  # the next steps still run; the guard gets what is left
+                log.exception("stopping up: a step failed")
+                failed += 1
+        if not failed:
+            record.remove()
+        _say("stopped")
+    return EXIT_OK

@@ -1,0 +1,62 @@
+"""What the consumer reads off a consumed Kafka message: headers, position, ids for logs, timing."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
+
+from ..domain import contract
+
+
+def headers(message: Message) -> dict[str, str]:
+    """The message's headers as text (the last value of a repeated name wins)."""
+    result: dict[str, str] = {}
+    for name, value in raw_headers(message):
+        result[name] = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+    return result
+
+
+def raw_headers(message: Message) -> list[tuple[str, str | bytes | None]]:
+    """The message's headers as (name, value) pairs, in order (names may repeat)."""
+    return [(str(h[0]), h[1]) for h in message.headers() or []]
+
+
+def position(message: Message) -> tuple[str, int, int]:
+    """(topic, partition, offset) of a consumed message (always set for those)."""
+    topic, partition, offset = message.topic(), message.partition(), message.offset()
+    assert topic is not None and partition is not None and offset is not None
+    return topic, partition, offset
+
+
+def where(message: Message) -> dict[str, Any]:
+    """Identifiers of a message for logs: position and the ids the producer put in headers."""
+    found = headers(message)
+    topic, partition, offset = position(message)
+    result: dict[str, Any] = {"topic": topic, "partition": partition, "offset": offset}
+    for name, header in (
+        ("reminder_id", contract.HEADER_REMINDER_ID),
+        ("correlation_id", contract.HEADER_CORRELATION_ID),
+    ):
+        if found.get(header):
+            result[name] = found[header][:64]
+    return result
+
+
+def one_line(error: BaseException) -> str:
+    """An error as one short line for logs and dead-letter headers: its type and message."""
+    return " ".join(f"{type(error).__name__}: {error}".split())[:300]
+
+
+def message_time(message: Message) -> datetime | None:
+    """The message's Kafka timestamp (producer create time or log append time), if it has one."""
+    kind, millis = message.timestamp()
+    if kind == TIMESTAMP_NOT_AVAILABLE or millis is None or millis <= 0:
+        return None
+    return datetime.fromtimestamp(millis / 1000, UTC)
+
+
+def seconds_since(moment: datetime | None, now: datetime) -> float | None:
+    """Seconds from ``moment`` to ``now`` (ms precision), or None without a moment."""
+    return None if moment is None else round((now - moment).total_seconds(), 3)

@@ -1,0 +1,78 @@
+"""One dispatch cycle: the four steps of the design, owned here; the CLI and the ops adapt it.
+
+The Dagster job's steps are ``select_due_batch → resolve_event_status → transition_and_outbox →
+relay_outbox`` (the op names). Each is one plain call here, taking and returning plain records
+(:mod:`.records`), so a step re-executed from the UI in another process reads them back:
+
+* :func:`start` - the cycle's settings and clock, the database's (``cycle started``);
+* :func:`reserve` - step 1 as an op: due rows reserved for the run in a short transaction of their
+  own, so concurrent runs take disjoint batches;
+* :func:`preview` - step 2 as an op: the reserved rows' event status, send or skip (a preview);
+* :func:`write` - step 3: lock and re-read, decide on that state, write set-based; then, while
+  rows are due and the budget lasts, go on draining (each batch one transaction);
+* :func:`finish` - step 4: publish what is unpublished, measure the backlog, record the cycle
+  (``cycle completed``, the metrics ledger);
+* :func:`run_cycle` - all of it in one process (CLI, demo, tests).
+
+Underneath, one batch in the caller's transaction (:mod:`.batch`): :func:`lock_due_batch`
+(``FOR UPDATE SKIP LOCKED``), :func:`decide_batch` (pure), :func:`write_batch` (lock again,
+re-read, decide, one set-based statement), :func:`dispatch_batch` (those three in one
+transaction, logged after commit); and :func:`drain` (:mod:`.drain`), batch after batch.
+"""
+
+from .batch import decide_batch, dispatch_batch, lock_due_batch, report_batch, write_batch
+from .clock import CLOCK_SKEW_WARN_SECONDS, as_of_or_now, database_now, now_utc, read_clock
+from .drain import RELAY_QUEUE_ROWS, drain
+from .records import (
+    BatchOutcome,
+    Cycle,
+    CycleReport,
+    Decisions,
+    Progress,
+    Selection,
+    Written,
+)
+from .steps import (
+    MIN_RELAY_SECONDS,
+    RESERVATION_SECONDS,
+    backlog_left,
+    fail,
+    finish,
+    preview,
+    reserve,
+    run_cycle,
+    start,
+    write,
+)
+
+__all__ = [
+    "CLOCK_SKEW_WARN_SECONDS",
+    "MIN_RELAY_SECONDS",
+    "RELAY_QUEUE_ROWS",
+    "RESERVATION_SECONDS",
+    "BatchOutcome",
+    "Cycle",
+    "CycleReport",
+    "Decisions",
+    "Progress",
+    "Selection",
+    "Written",
+    "as_of_or_now",
+    "backlog_left",
+    "database_now",
+    "decide_batch",
+    "dispatch_batch",
+    "drain",
+    "fail",
+    "finish",
+    "lock_due_batch",
+    "now_utc",
+    "preview",
+    "read_clock",
+    "report_batch",
+    "reserve",
+    "run_cycle",
+    "start",
+    "write",
+    "write_batch",
+]

@@ -1,0 +1,167 @@
+"""The plain records a cycle hands from step to step (what Dagster steps store between ops)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+from ..domain.model import (
+    ClaimedMessage,
+    CycleCounts,
+    DueReminder,
+    PoisonRow,
+)
+from ..messaging.relay import RelayResult
+from .clock import CLOCK_SKEW_WARN_SECONDS
+
+#: What a batch progress callback receives: the cycle's counts so far.
+Progress = Callable[[CycleCounts], None]
+
+
+@dataclass(frozen=True)
+class Cycle:
+    """One cycle's settings and start (wall clock: a re-executed step runs in another process)."""
+
+    run_id: str
+    as_of: datetime
+    batch_size: int
+    max_batches: int = 1
+    budget_seconds: float = 30.0
+    started_at: float = field(default_factory=time.time)
+    #: How far the starting host's clock was ahead of the database's (seconds; + = fast).
+    clock_skew_seconds: float = 0.0
+
+    def plain(self) -> dict[str, Any]:
+        """As builtins."""
+        return {**asdict(self), "as_of": self.as_of.isoformat()}
+
+    @classmethod
+    def from_plain(cls, data: Mapping[str, Any]) -> Cycle:
+        """From :meth:`plain`."""
+        return cls(**{**data, "as_of": datetime.fromisoformat(data["as_of"])})
+
+
+@dataclass(frozen=True)
+class Decisions:
+    """Step 2's preview: which selected rows would be sent and which skipped."""
+
+    send: list[str]
+    skip: list[str]
+
+
+@dataclass
+class Written:
+    """What step 3 did in run ``run_id``: its counts, and what it already published."""
+
+    run_id: str
+    counts: CycleCounts
+    relay: RelayResult = field(default_factory=RelayResult)
+
+    def plain(self) -> dict[str, Any]:
+        """As builtins."""
+        return {"run_id": self.run_id, "counts": asdict(self.counts), "relay": self.relay.plain()}
+
+    @classmethod
+    def from_plain(cls, data: Mapping[str, Any]) -> Written:
+        """From :meth:`plain`."""
+        return cls(data["run_id"], CycleCounts(**data["counts"]), RelayResult(**data["relay"]))
+
+
+@dataclass
+class CycleReport:
+    """A whole cycle: counts, the relay's result, and what is left behind."""
+
+    run_id: str
+    as_of: datetime
+    batch_size: int
+    counts: CycleCounts
+    relay: RelayResult
+    backlog_remaining: int
+    oldest_due_age_seconds: float | None
+    outbox_unpublished: int = 0
+    #: How far the host that started the cycle was ahead of the database's clock (seconds).
+    clock_skew_seconds: float = 0.0
+    #: A step re-executed from the UI that only relayed: the sends were the parent run's.
+    reexecuted_relay_only: bool = False
+
+    def figures(self) -> dict[str, int | float | bool]:
+        """The cycle's figures as numbers, never None (what the asset plots over runs)."""
+        c = self.counts
+        return {
+            **c.figures(),
+            "duration_ms": c.duration_ms,
+            "backlog_remaining": self.backlog_remaining,
+            "oldest_due_age_seconds": float(self.oldest_due_age_seconds or 0),
+            "max_lateness_seconds": float(c.max_lateness_seconds or 0),
+            "outbox_unpublished": self.outbox_unpublished,
+            "batch_size": self.batch_size,
+            "clock_skew_seconds": round(self.clock_skew_seconds, 3),
+            "clock_skewed": abs(self.clock_skew_seconds) > CLOCK_SKEW_WARN_SECONDS,
+            "reexecuted_relay_only": self.reexecuted_relay_only,
+        }
+
+    def as_dict(self) -> dict[str, Any]:
+        """Flat dict for the CLI, logs and metadata."""
+        data: dict[str, Any] = self.counts.as_dict()
+        data.update(
+            run_id=self.run_id,
+            as_of=self.as_of.isoformat(),
+            batch_size=self.batch_size,
+            backlog_remaining=self.backlog_remaining,
+            oldest_due_age_seconds=self.oldest_due_age_seconds,
+            outbox_unpublished=self.outbox_unpublished,
+            clock_skew_seconds=round(self.clock_skew_seconds, 3),
+        )
+        return data
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Step 1 in the caller's transaction: the candidates, oldest first, locked by it."""
+
+    as_of: datetime
+    batch_size: int
+    candidates: list[DueReminder]
+    skipped_locked: int = 0
+
+    @property
+    def ids(self) -> list[str]:
+        """Candidate reminder ids, oldest first."""
+        return [c.reminder_id for c in self.candidates]
+
+
+@dataclass
+class BatchOutcome:
+    """What :func:`write_batch` wrote for one batch."""
+
+    sent: list[DueReminder] = field(default_factory=list)
+    skipped: list[DueReminder] = field(default_factory=list)
+    poison: list[PoisonRow] = field(default_factory=list)
+    time_zone_fallbacks: list[DueReminder] = field(default_factory=list)
+    #: Candidates still Pending that another transaction (or another run's reservation) holds.
+    skipped_locked: int = 0
+    #: Candidates no longer Pending or due (sent, skipped or deleted since they were selected).
+    gone: int = 0
+    #: Rows the selection of this batch took (a short batch ends a drain).
+    selected: int = 0
+    outbox_rows: int = 0
+    lateness_seconds: list[float] = field(default_factory=list)
+    #: The outbox rows written, as the relay publishes them (a drain hands them to its relay).
+    messages: list[ClaimedMessage] = field(default_factory=list, repr=False)
+
+    def counts(self) -> CycleCounts:
+        """This batch as cycle counts."""
+        return CycleCounts(
+            selected=len(self.sent) + len(self.skipped) + len(self.poison),
+            sent=len(self.sent),
+            skipped=len(self.skipped),
+            skipped_locked=self.skipped_locked,
+            failed=len(self.poison),
+            batches=1,
+            time_zone_fallbacks=len(self.time_zone_fallbacks),
+            max_lateness_seconds=max(self.lateness_seconds, default=None),
+            lateness_seconds=list(self.lateness_seconds),
+        )

@@ -1,0 +1,355 @@
+"""A cycle step by step (the Dagster ops adapt these) and whole in one process (the CLI)."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+
+from sqlalchemy.engine import Engine
+
+from ..domain.model import (
+    Action,
+    CycleCounts,
+)
+from ..domain.transitions import action_for
+from ..logs import Journal
+from ..messaging.relay import Publisher, RelayResult, relay_outbox
+from ..observability import ledger, tracing
+from ..store import repository
+from .batch import report_batch, write_batch
+from .clock import CLOCK_SKEW_WARN_SECONDS, as_of_or_now, read_clock
+from .drain import drain
+from .records import Cycle, CycleReport, Decisions, Progress, Written
+
+#: How long the rows a Dagster run selected stay reserved for its writing step. The write
+#: follows the selection within seconds; a run that dies in between releases its rows by
+#: itself, before the next minute's tick selects again.
+RESERVATION_SECONDS = 30.0
+
+
+RESERVATION_SECONDS = 30.0
+#: The relay always gets at least this long, even when the drain spent the budget: a few seconds
+#: past the budget beat a "publish failed" for messages the broker was about to acknowledge.
+MIN_RELAY_SECONDS = 5.0
+
+
+def start(
+    run_id: str,
+    *,
+    engine: Engine,
+    as_of: datetime | str | None = None,
+    batch_size: int,
+    max_batches: int = 1,
+    budget_seconds: float = 30.0,
+    journal: Journal | None = None,
+) -> Cycle:
+    """A new cycle on the database's clock, read once: AsOf defaults to it and is never after it.
+
+    ``as_of`` may be an operator's ISO-8601 text. The host's clock only times the cycle (its
+    budget, its duration); a host more than :data:`CLOCK_SKEW_WARN_SECONDS` off the database's
+    is logged (``host clock differs from the database's``) and counted in the cycle's figures.
+    """
+    journal = journal or Journal()
+    started = time.time()
+    now, skew = read_clock(engine)
+    cycle = Cycle(
+        run_id, as_of_or_now(as_of, now), batch_size, max_batches, budget_seconds, started, skew
+    )
+    if abs(skew) > CLOCK_SKEW_WARN_SECONDS:
+        journal.event(
+            logging.WARNING,
+            "host clock differs from the database's; the database's is used",
+            run_id=run_id,
+            clock_skew_seconds=round(skew, 3),
+            threshold_seconds=CLOCK_SKEW_WARN_SECONDS,
+        )
+    journal.event(
+        logging.INFO,
+        "cycle started",
+        run_id=run_id,
+        as_of=cycle.as_of.isoformat(),
+        batch_size=batch_size,
+        max_batches=max_batches,
+    )
+    return cycle
+
+
+def reserve(
+    engine: Engine, cycle: Cycle, *, journal: Journal | None = None
+) -> repository.Reservation:
+    """Step 1: the cycle's batch of due rows, reserved for its run (committed before returning)."""
+    with engine.begin() as conn:
+        reserved = repository.reserve_due(
+            conn, cycle.as_of, cycle.batch_size, cycle.run_id, RESERVATION_SECONDS
+        )
+    (journal or Journal()).event(
+        logging.INFO,
+        "batch selected",
+        run_id=cycle.run_id,
+        count=len(reserved.ids),
+        skipped_locked=reserved.skipped_locked,
+    )
+    return reserved
+
+
+def preview(engine: Engine, ids: Sequence[str]) -> Decisions:
+    """Step 2: each selected row's event status, read without a lock, as send or skip."""
+    with engine.connect() as conn:
+        statuses = repository.event_statuses(conn, ids)
+    decided = Decisions([], [])
+    for reminder_id in ids:
+        action = action_for(statuses.get(reminder_id))
+        (decided.send if action is Action.SEND else decided.skip).append(reminder_id)
+    return decided
+
+
+def write(
+    engine: Engine,
+    cycle: Cycle,
+    ids: Sequence[str],
+    *,
+    run_id: str,
+    skipped_locked: int = 0,
+    publisher: Publisher | None = None,
+    journal: Journal | None = None,
+    progress: Progress | None = None,
+) -> Written:
+    """Step 3: write the selected rows (re-locked and re-read); drain on if the cycle may.
+
+    ``run_id`` is the run writing: it may differ from ``cycle.run_id`` when the step is
+    re-executed from the UI, days later maybe; then the budget starts afresh, and the rows
+    reserved by the selecting run are still its to write.
+    """
+    journal = journal or Journal()
+    started = cycle.started_at if cycle.run_id == run_id else time.time()
+    with tracing.cycle_span(
+        run_id,
+        as_of=cycle.as_of.isoformat(),
+        batch_size=cycle.batch_size,
+        max_batches=cycle.max_batches,
+    ):
+        try:
+            with engine.begin() as conn:
+                outcome = write_batch(
+                    conn, ids, cycle.as_of, correlation_id=run_id, reserved_by=cycle.run_id
+                )
+        except BaseException as error:
+            journal.event(
+                logging.WARNING, "batch rolled back", run_id=run_id, error_kind=type(error).__name__
+            )
+            raise
+        outcome.skipped_locked += skipped_locked
+        report_batch(journal, outcome, run_id)
+        counts = outcome.counts()
+        if progress is not None:
+            progress(counts)
+        relay = RelayResult()
+        if (
+            cycle.max_batches > 1
+            and len(ids) >= cycle.batch_size
+            and time.time() - started < cycle.budget_seconds
+        ):
+            more, relay = drain(
+                engine,
+                cycle.as_of,
+                cycle.batch_size,
+                max_batches=cycle.max_batches - 1,
+                budget_seconds=cycle.budget_seconds,
+                correlation_id=run_id,
+                publisher=publisher,
+                started=started,
+                journal=journal,
+                progress=(lambda c: progress(_plus(counts, c))) if progress else None,
+                continuing=True,
+            )
+            counts.add(more)
+            # The step's summary: in a run's event log a drain's batches are folded.
+            journal.event(
+                logging.INFO,
+                "batches written",
+                run_id=run_id,
+                batches=counts.batches,
+                sent=counts.sent,
+                skipped=counts.skipped,
+                failed=counts.failed,
+                skipped_locked=counts.skipped_locked,
+                published=relay.published,
+            )
+        tracing.set_attributes(**counts.as_dict())
+    return Written(run_id, counts, relay)
+
+
+def _plus(first: CycleCounts, more: CycleCounts) -> CycleCounts:
+    total = CycleCounts()
+    total.add(first)
+    total.add(more)
+    return total
+
+
+def finish(
+    engine: Engine,
+    cycle: Cycle,
+    written: Written,
+    *,
+    run_id: str,
+    publisher: Publisher | None = None,
+    publisher_error: str | None = None,
+    journal: Journal | None = None,
+) -> CycleReport:
+    """Step 4: publish what the outbox holds, measure what is left, record the cycle.
+
+    ``publisher_error``: why there is no publisher (the broker is unreachable): every
+    unpublished row then counts as a failed publish. A broker outage is a publish failure, not a
+    failed cycle: the rows were dispatched, so the ledger records the cycle as succeeded (the
+    dispatcher's liveness) with its ``publish_failed`` count, and the outbox backlog tells the
+    rest. A re-executed relay (``run_id`` differs from the run that wrote) reports only what it
+    published; the sends were counted by the run that made them.
+    """
+    journal = journal or Journal()
+    own = written.run_id == run_id
+    started = cycle.started_at if own else time.time()
+    counts = written.counts if own else CycleCounts()
+    relay = RelayResult().merge(written.relay) if own else RelayResult()
+    if publisher is not None:
+        remaining = max(started + cycle.budget_seconds - time.time(), MIN_RELAY_SECONDS)
+        relay.merge(
+            relay_outbox(engine, publisher, budget_seconds=remaining, correlation_id=run_id)
+        )
+    elif publisher_error is not None:
+        with engine.connect() as conn:
+            waiting = repository.outbox_lag(conn).unpublished
+        relay.merge(RelayResult(failed=waiting, last_error=publisher_error))
+        journal.event(
+            logging.ERROR,
+            "outbox publish failed; rows stay unpublished",
+            run_id=run_id,
+            failed=waiting,
+            published=0,
+            error=publisher_error,
+        )
+    with engine.connect() as conn:
+        left = repository.backlog(conn, repository.database_clock(conn))
+        lag = repository.outbox_lag(conn)
+    counts.published = relay.published
+    counts.publish_failed = relay.failed
+    counts.duration_ms = int((time.time() - started) * 1000)
+    journal.event(
+        logging.INFO,
+        "cycle completed",
+        run_id=run_id,
+        sent=counts.sent,
+        skipped=counts.skipped,
+        skipped_locked=counts.skipped_locked,
+        failed=counts.failed,
+        published=relay.published,
+        publish_failed=relay.failed,
+        time_zone_fallbacks=counts.time_zone_fallbacks,
+        duration_ms=counts.duration_ms,
+        backlog_remaining=left.count,
+        outbox_unpublished=lag.unpublished,
+    )
+    ledger.record_cycle(
+        engine,
+        run_id,
+        counts,
+        started_at=started,
+        as_of=cycle.as_of,
+        clock_skew_seconds=cycle.clock_skew_seconds if own else None,
+    )
+    return CycleReport(
+        run_id,
+        cycle.as_of,
+        cycle.batch_size,
+        counts,
+        relay,
+        left.count,
+        left.oldest_due_age_seconds,
+        lag.unpublished,
+        clock_skew_seconds=cycle.clock_skew_seconds,
+        reexecuted_relay_only=not own,
+    )
+
+
+def fail(
+    engine: Engine,
+    run_id: str,
+    started_at: float,
+    as_of: datetime | None,
+    error: BaseException,
+    *,
+    journal: Journal | None = None,
+) -> None:
+    """Record a cycle that failed (``cycle failed``, a failed row in the ledger)."""
+    (journal or Journal()).event(
+        logging.ERROR, "cycle failed", run_id=run_id, error_kind=type(error).__name__
+    )
+    ledger.record_cycle(engine, run_id, None, started_at=started_at, as_of=as_of, error=error)
+
+
+def backlog_left(engine: Engine) -> int:
+    """Due Pending rows not yet processed (for progress lines)."""
+    with engine.connect() as conn:
+        return repository.backlog(conn, repository.database_clock(conn)).count
+
+
+def run_cycle(
+    engine: Engine,
+    publisher: Publisher | None,
+    *,
+    as_of: datetime | None = None,
+    batch_size: int = 200,
+    max_batches: int = 1,
+    budget_seconds: float = 30.0,
+    run_id: str | None = None,
+    journal: Journal | None = None,
+    progress: Progress | None = None,
+) -> CycleReport:
+    """One whole cycle: each batch selected and written in one transaction, then the relay.
+
+    In one trace span, recorded in the metrics ledger afterwards; a failed cycle is recorded as
+    an error, then the exception propagates.
+    """
+    journal = journal or Journal()
+    cycle = start(
+        run_id or str(uuid.uuid4()),
+        engine=engine,
+        as_of=as_of,
+        batch_size=batch_size,
+        max_batches=max_batches,
+        budget_seconds=budget_seconds,
+        journal=journal,
+    )
+    with tracing.cycle_span(
+        cycle.run_id, as_of=cycle.as_of.isoformat(), batch_size=batch_size, max_batches=max_batches
+    ):
+        try:
+            counts, relay = drain(
+                engine,
+                cycle.as_of,
+                batch_size,
+                max_batches=max_batches,
+                budget_seconds=budget_seconds,
+                correlation_id=cycle.run_id,
+                publisher=publisher,
+                started=cycle.started_at,
+                journal=journal,
+                progress=progress,
+            )
+            report = finish(
+                engine,
+                cycle,
+                Written(cycle.run_id, counts, relay),
+                run_id=cycle.run_id,
+                publisher=publisher,
+                journal=journal,
+            )
+        except Exception as error:
+            fail(engine, cycle.run_id, cycle.started_at, cycle.as_of, error, journal=journal)
+            raise
+        tracing.set_attributes(
+            **report.counts.as_dict(), backlog_remaining=report.backlog_remaining
+        )
+    return report

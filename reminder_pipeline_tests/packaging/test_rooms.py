@@ -1,0 +1,74 @@
+"""The package's rooms: every module sits in a layer of the import contract, the root stays small,
+no module grows past a page a newcomer can read, and only defs/ imports Dagster."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "reminder_pipeline"
+#: Modules allowed at the package root besides __init__ and definitions: the foundation.
+ROOT_MODULES = {"__init__", "definitions", "audit", "config", "logs", "metrics_http"}
+MAX_LINES = 600
+
+
+def _contracts() -> list[dict]:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+
+
+def _modules() -> list[str]:
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        if "migrations" in path.parts:
+            continue  # Alembic's scripts: loaded by Alembic, imported by nothing
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        found.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return sorted(found)
+
+
+def _layer_containers() -> set[str]:
+    (layers,) = [c for c in _contracts() if c["type"] == "layers"]
+    return {
+        name.strip() for layer in layers["layers"] for name in layer.replace("|", ":").split(":")
+    }
+
+
+def test_every_module_sits_in_a_layer_of_the_contract():
+    containers = _layer_containers()
+    outside = [
+        module
+        for module in _modules()
+        if module != "reminder_pipeline"
+        and not any(module == c or module.startswith(c + ".") for c in containers)
+    ]
+    assert not outside, f"modules in no layer of pyproject.toml's contract: {outside}"
+
+
+def test_the_root_keeps_only_the_foundation():
+    at_root = {p.stem for p in PACKAGE.glob("*.py")}
+    assert at_root <= ROOT_MODULES, f"modules at the package root: {sorted(at_root - ROOT_MODULES)}"
+
+
+def test_no_module_is_longer_than_a_page():
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in PACKAGE.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
+    assert not long, f"modules over {MAX_LINES} lines: {long}"
+
+
+def test_only_defs_and_definitions_may_import_dagster():
+    (dagster,) = [
+        c
+        for c in _contracts()
+        if "dagster" in c.get("forbidden_modules", []) and "Dagster shell" in c["name"]
+    ]
+    covered = set(dagster["source_modules"])
+    tops = {m.split(".")[1] for m in _modules() if m.count(".") >= 1}
+    expected = {f"reminder_pipeline.{t}" for t in tops} - {
+        "reminder_pipeline.defs",
+        "reminder_pipeline.definitions",
+    }
+    assert expected <= covered, f"not held by the Dagster contract: {sorted(expected - covered)}"
