@@ -23,7 +23,7 @@ from benchmarks._seed import seed_backlog
 from reminder_pipeline import cycle, logs
 from reminder_pipeline.domain.model import CycleCounts
 from reminder_pipeline.messaging.kafka import KafkaPublisher, ensure_topic
-from reminder_pipeline.messaging.relay import relay_outbox
+from reminder_pipeline.messaging.relay import publish_outbox
 from reminder_pipeline.store import migrate
 from reminder_pipeline.store.engine import make_engine
 
@@ -76,7 +76,7 @@ def main() -> int:
         if not args.no_cprofile:
             profiler.enable()
         if args.relay_only:
-            relayed = relay_outbox(engine, publisher, budget_seconds=3600)
+            relayed = publish_outbox(engine, publisher, budget_seconds=3600)
             c = CycleCounts(sent=relayed.published, published=relayed.published)
         elif args.dagster:
             c = _dagster_run(

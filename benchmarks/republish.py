@@ -25,7 +25,7 @@ import sqlalchemy as sa
 
 from benchmarks._infra import fmt_rate, progress, servers
 from reminder_pipeline.messaging.kafka import KafkaPublisher, ensure_topic
-from reminder_pipeline.messaging.relay import relay_lock, relay_outbox
+from reminder_pipeline.messaging.relay import publish_outbox, relay_lock
 from reminder_pipeline.operator_jobs.republish import Requester, day_window, resend_day
 from reminder_pipeline.store import migrate
 from reminder_pipeline.store.engine import make_engine
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
         publisher = KafkaPublisher(srv.kafka)
         try:
             t0 = time.monotonic()
-            relayed = relay_outbox(engine, publisher, batch_size=1000, budget_seconds=3600)
+            relayed = publish_outbox(engine, publisher, batch_size=1000, budget_seconds=3600)
             baseline = relayed.published / (time.monotonic() - t0)
             progress(f"baseline relay: {relayed.published:,} rows at {fmt_rate(baseline)}/s")
 
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
         f"one day of {args.per_day:,} messages ({args.days} days in the outbox), "
         f"chunk {args.chunk_size}"
     )
-    print(f"  baseline, relay_outbox of the day's rows:  {fmt_rate(baseline)}/s")
+    print(f"  baseline, publish_outbox of the day's rows: {fmt_rate(baseline)}/s")
     print(
         f"  resend_day:                                {fmt_rate(rate)}/s "
         f"({report.republished:,} in {elapsed:.1f} s, {report.chunks} chunks; "

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from datetime import time as clock_time
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -409,3 +410,24 @@ def error_lines(result: subprocess.CompletedProcess[str]) -> list[str]:
     return [
         line for line in result.stderr.splitlines() if line.startswith("reminder-pipeline: error")
     ]
+
+
+def up_env(home: Path, **more: str) -> dict[str, str]:
+    """The environment of a real ``reminder-pipeline up`` under ``home``: its own embedded servers,
+    webserver and exporter on free ports, none of the test session's server settings."""
+    from reminder_pipeline.local.servers import free_port
+
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DATABASE_URL", "KAFKA_BOOTSTRAP_SERVERS", "DAGSTER_PG_URL", "DAGSTER_HOME")
+    }
+    env.update(
+        REMINDER_PIPELINE_HOME=str(home),
+        REMINDER_EMBEDDED_PG_PORT=str(free_port()),
+        REMINDER_EMBEDDED_BROKER_PORT=str(free_port()),
+        DAGSTER_WEBSERVER_PORT=str(free_port()),
+        REMINDER_METRICS_PORT=str(free_port()),
+        **more,
+    )
+    return env

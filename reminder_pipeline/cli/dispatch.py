@@ -113,7 +113,7 @@ def dispatch(
 @json_option
 def relay(budget_seconds: float, as_json: bool) -> int:
     """Publish unpublished outbox rows now. Exit 3 when some could not be published."""
-    from ..messaging.relay import relay_outbox
+    from ..messaging.relay import publish_outbox
 
     settings = load_settings()
     endpoints, engine = open_servers(settings, broker=True)
@@ -121,7 +121,7 @@ def relay(budget_seconds: float, as_json: bool) -> int:
         require_schema(engine)
         publisher = open_publisher(settings, endpoints.bootstrap_servers)
         try:
-            result = relay_outbox(engine, publisher, budget_seconds=budget_seconds)
+            result = publish_outbox(engine, publisher, budget_seconds=budget_seconds)
         finally:
             publisher.close()
     finally:

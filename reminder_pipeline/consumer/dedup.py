@@ -23,7 +23,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import TracebackType
-from typing import Protocol, Self
+from typing import Any, Protocol, Self
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -89,7 +89,30 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
-class SqliteDedupStore:
+class _Closing:
+    """A store's connection closed under its lock, and the store as a context manager."""
+
+    _lock: threading.Lock
+    _conn: Any
+
+    def close(self) -> None:
+        """Close the store's connection (the SQLite file, the PostgreSQL session)."""
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class SqliteDedupStore(_Closing):
     """:class:`DedupStore` in a SQLite file (created on first use, schema included)."""
 
     def __init__(self, path: Path | str, *, retention: timedelta = DEFAULT_RETENTION) -> None:
@@ -208,22 +231,6 @@ class SqliteDedupStore:
             deliveries = self._conn.execute("SELECT count(*) FROM deliveries").fetchone()[0]
         return int(reminders), int(deliveries)
 
-    def close(self) -> None:
-        """Close the file."""
-        with self._lock:
-            self._conn.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
 
 #: The shared store's table (docker/postgres/initdb/20-notifications-dedup.sh creates it). One
 #: row per recipient notified, and one per reminder fully handled, whose recipient is the nil
@@ -241,7 +248,7 @@ def psycopg_dsn(url: str) -> str:
     return urlunsplit(("postgresql", *parts[1:]))
 
 
-class PostgresDedupStore:
+class PostgresDedupStore(_Closing):
     """:class:`DedupStore` in a PostgreSQL table shared by consumers on any number of hosts."""
 
     def __init__(self, url: str, *, retention: timedelta = DEFAULT_RETENTION) -> None:
@@ -319,19 +326,3 @@ class PostgresDedupStore:
             ).fetchone()
         assert row is not None
         return int(row[0]), int(row[1])
-
-    def close(self) -> None:
-        """Close the connection."""
-        with self._lock:
-            self._conn.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

@@ -16,7 +16,7 @@ from ..domain.model import (
 )
 from ..domain.transitions import action_for
 from ..logs import Journal
-from ..messaging.relay import Publisher, RelayResult, relay_outbox
+from ..messaging.relay import Publisher, RelayResult, publish_outbox
 from ..observability import ledger, tracing
 from ..store import repository
 from .batch import report_batch, write_batch
@@ -216,7 +216,7 @@ def finish(
     if publisher is not None:
         remaining = max(started + cycle.budget_seconds - time.time(), MIN_RELAY_SECONDS)
         relay.merge(
-            relay_outbox(engine, publisher, budget_seconds=remaining, correlation_id=run_id)
+            publish_outbox(engine, publisher, budget_seconds=remaining, correlation_id=run_id)
         )
     elif publisher_error is not None:
         with engine.connect() as conn:

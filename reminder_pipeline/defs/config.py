@@ -20,15 +20,27 @@ from .. import config as settings
 
 
 class CheckedConfig(Config):
-    """Run config whose values pass the plain validators in ``checks`` (field -> check)."""
+    """Run config whose values pass the plain validators in ``checks`` (field -> check).
+
+    Checked where :func:`checked` builds it: at launch through the job's config mapping, or, for
+    a partitioned job (which cannot take a config mapping), first thing in its op, which takes the
+    class as its typed ``config`` like every other op (``checked_when_built = False``: Dagster's
+    own construction of the op's config then leaves the refusal to that one line).
+    """
 
     checks: ClassVar[Mapping[str, Callable[[Any], Any]]] = {}
+    checked_when_built: ClassVar[bool] = True
 
     @model_validator(mode="before")
     @classmethod
     def _checked(cls, values: Any) -> Any:
-        if not isinstance(values, Mapping):
+        if not isinstance(values, Mapping) or not cls.checked_when_built:
             return values
+        return cls.apply_checks(values)
+
+    @classmethod
+    def apply_checks(cls, values: Mapping[str, Any]) -> dict[str, Any]:
+        """``values`` through their checks (a bad one raises the check's one-line error)."""
         return {
             k: cls.checks[k](v) if k in cls.checks and v is not None else v
             for k, v in values.items()
@@ -48,6 +60,14 @@ def describe_validation_error(error: pydantic.ValidationError) -> str:
 
 def checked(job_name: str, config_cls: type[Config], values: Mapping[str, Any]) -> Config:
     """``values`` as ``config_cls``, or the job's one-line refusal."""
+    if issubclass(config_cls, CheckedConfig) and not config_cls.checked_when_built:
+        # Built unchecked by Dagster (a partitioned job's op): the same checks, the same line.
+        try:
+            values = config_cls.apply_checks(values)
+        except ValueError as error:
+            raise DagsterInvalidConfigError(
+                f"{job_name} run config refused: {error}", [], dict(values)
+            ) from None
     try:
         return config_cls(**values)
     except pydantic.ValidationError as error:

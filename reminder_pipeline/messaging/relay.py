@@ -357,7 +357,7 @@ class OutboxRelay:
         return False
 
 
-def relay_outbox(
+def publish_outbox(
     engine: Engine,
     publisher: Publisher,
     *,

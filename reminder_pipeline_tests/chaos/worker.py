@@ -18,7 +18,7 @@ import uuid
 from reminder_pipeline import cycle
 from reminder_pipeline.config import KafkaSettings
 from reminder_pipeline.messaging.kafka import KafkaPublisher
-from reminder_pipeline.messaging.relay import relay_outbox
+from reminder_pipeline.messaging.relay import publish_outbox
 from reminder_pipeline.store.engine import make_engine
 
 POINTS = ("after_select", "after_decide", "before_commit", "after_commit", "after_ack")
@@ -54,7 +54,7 @@ def main() -> int:
                 crash("before_commit")
         if selection.candidates:
             crash("after_commit")
-        relay_outbox(
+        publish_outbox(
             engine,
             publisher,
             correlation_id=run_id,

@@ -19,7 +19,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from reminder_pipeline.local.servers import EmbeddedBroker, EmbeddedPostgres, free_port
+from reminder_pipeline.local.servers import EmbeddedBroker, EmbeddedPostgres
+
+from ..support import up_env
 
 pytestmark = pytest.mark.slow
 
@@ -28,20 +30,7 @@ STOP_SECONDS = 30
 
 
 def _env(home: Path) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("DATABASE_URL", "KAFKA_BOOTSTRAP_SERVERS", "DAGSTER_PG_URL", "DAGSTER_HOME")
-    }
-    env.update(
-        REMINDER_PIPELINE_HOME=str(home),
-        REMINDER_EMBEDDED_PG_PORT=str(free_port()),
-        REMINDER_EMBEDDED_BROKER_PORT=str(free_port()),
-        DAGSTER_WEBSERVER_PORT=str(free_port()),
-        REMINDER_METRICS_PORT=str(free_port()),
-        REMINDER_LOG_LEVEL="WARNING",
-    )
-    return env
+    return up_env(home, REMINDER_LOG_LEVEL="WARNING")
 
 
 def _started(proc: subprocess.Popen[str], env: dict[str, str]) -> list[psutil.Process]:

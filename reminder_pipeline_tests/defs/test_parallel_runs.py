@@ -14,7 +14,7 @@ import subprocess
 import sys
 from collections import Counter
 
-from reminder_pipeline.messaging.relay import relay_outbox
+from reminder_pipeline.messaging.relay import publish_outbox
 from reminder_pipeline_tests.support import bulk_due, outbox_rows, reminders
 
 
@@ -57,7 +57,8 @@ def test_four_runs_started_together_take_disjoint_batches(
     # No row was taken twice: the runs' counts add up, and one outbox row per Sent row.
     rows = outbox_rows(engine)
     assert len(rows) == len({o["reminder_id"] for o in rows}) == len(moved)
-    relay_outbox(engine, publisher)  # what a relay that found the lock busy left for the next pass
+    # What a relay that found the lock busy left for the next pass.
+    publish_outbox(engine, publisher)
     ids = [r["id"] for r in moved]
     messages = kafka_reader.wait_for(ids, timeout=60)
     kafka_reader.drain()

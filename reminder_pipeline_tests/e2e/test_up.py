@@ -12,29 +12,18 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import psutil
 import pytest
 
-from reminder_pipeline.local.servers import free_port
+from ..support import up_env
 
 pytestmark = pytest.mark.slow
 
 
-def _env(home) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("DATABASE_URL", "KAFKA_BOOTSTRAP_SERVERS", "DAGSTER_PG_URL", "DAGSTER_HOME")
-    }
-    env.update(
-        REMINDER_PIPELINE_HOME=str(home),
-        REMINDER_EMBEDDED_PG_PORT=str(free_port()),
-        REMINDER_EMBEDDED_BROKER_PORT=str(free_port()),
-        DAGSTER_WEBSERVER_PORT=str(free_port()),
-        REMINDER_METRICS_PORT=str(free_port()),
-    )
-    return env
+def _env(home: Path) -> dict[str, str]:
+    return up_env(home)
 
 
 def _read_until(proc: subprocess.Popen, needle: str, timeout: float) -> list[str]:

@@ -11,7 +11,7 @@ from reminder_pipeline import cycle
 from reminder_pipeline.config import KafkaSettings
 from reminder_pipeline.local.servers import EmbeddedBroker, free_port
 from reminder_pipeline.messaging.kafka import KafkaPublisher, ensure_topic
-from reminder_pipeline.messaging.relay import relay_outbox
+from reminder_pipeline.messaging.relay import publish_outbox
 
 from ..support import KafkaReader, make_due_event, outbox_rows, reminders, utcnow
 
@@ -37,7 +37,7 @@ def test_relay_survives_a_broker_that_is_down_then_publishes_everything(engine, 
     assert report.relay.published == 0 and report.relay.failed >= 3
     assert report.relay.last_error
     assert all(o["published_at"] is None for o in outbox_rows(engine))
-    second = relay_outbox(engine, down, budget_seconds=5)
+    second = publish_outbox(engine, down, budget_seconds=5)
     assert second.published == 0
     # Every message still queued in the old producer expires (message.timeout.ms) before the
     # broker comes back, so nothing from the outage window can arrive late as a duplicate.
@@ -47,7 +47,7 @@ def test_relay_survives_a_broker_that_is_down_then_publishes_everything(engine, 
     own_broker.start()  # memory storage: the topic is created again, as on a fresh cluster
     ensure_topic(settings)
     up = KafkaPublisher(settings)
-    result = relay_outbox(engine, up, budget_seconds=30)
+    result = publish_outbox(engine, up, budget_seconds=30)
     up.close()
     assert result.published == 3 and result.failed == 0
     rows = outbox_rows(engine)
@@ -86,7 +86,7 @@ def test_concurrent_relays_publish_each_row_once_in_outbox_order(
 
     publishers = [KafkaPublisher(kafka_settings) for _ in range(2)]
     with ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(lambda p: relay_outbox(engine, p, batch_size=7), publishers))
+        results = list(pool.map(lambda p: publish_outbox(engine, p, batch_size=7), publishers))
     for p in publishers:
         p.close()
     assert sum(r.published for r in results) == 80
@@ -115,7 +115,7 @@ def test_a_slow_broker_is_a_delivery_not_a_failed_publish(engine, tmp_path):
         events = [make_due_event(engine, minutes_overdue=m) for m in (3, 2, 1)]
         cycle.drain(engine, utcnow(), 200)  # written to the outbox, not yet published
         slow = KafkaPublisher(settings, message_timeout_ms=20_000)
-        result = relay_outbox(engine, slow, budget_seconds=0.5)
+        result = publish_outbox(engine, slow, budget_seconds=0.5)
         slow.close()
         assert (result.published, result.failed) == (3, 0)
         rows = outbox_rows(engine)
@@ -154,7 +154,7 @@ def test_a_message_the_producer_refuses_at_once_is_a_failed_row_not_a_crash(
             },
         )
 
-    result = relay_outbox(engine, publisher, budget_seconds=30)
+    result = publish_outbox(engine, publisher, budget_seconds=30)
 
     assert (result.published, result.failed) == (1, 1)
     good, huge = outbox_rows(engine)
