@@ -171,12 +171,7 @@ def write(
                 logging.INFO,
                 "batches written",
                 run_id=run_id,
-                batches=counts.batches,
-                sent=counts.sent,
-                skipped=counts.skipped,
-                failed=counts.failed,
-                skipped_locked=counts.skipped_locked,
-                published=relay.published,
+                **{**counts.counters(), "published": relay.published},
             )
         tracing.set_attributes(**counts.as_dict())
     return Written(run_id, counts, relay)
@@ -240,13 +235,7 @@ def finish(
         logging.INFO,
         "cycle completed",
         run_id=run_id,
-        sent=counts.sent,
-        skipped=counts.skipped,
-        skipped_locked=counts.skipped_locked,
-        failed=counts.failed,
-        published=relay.published,
-        publish_failed=relay.failed,
-        time_zone_fallbacks=counts.time_zone_fallbacks,
+        **counts.counters(),
         duration_ms=counts.duration_ms,
         backlog_remaining=left.count,
         outbox_unpublished=lag.unpublished,

@@ -177,10 +177,14 @@ class CycleCounts:
     def as_dict(self) -> dict[str, int | float | None]:
         """The counts as a plain dict (for logs, CLI output and metadata)."""
         return {
-            **{name: getattr(self, name) for name in COUNTERS},
+            **self.counters(),
             "duration_ms": self.duration_ms,
             "max_lateness_seconds": self.max_lateness_seconds,
         }
+
+    def counters(self) -> dict[str, int]:
+        """Every counter by its name (log lines, the CLI)."""
+        return {name: getattr(self, name) for name in COUNTERS}
 
     def figures(self) -> dict[str, int]:
         """The counters that are asset metadata, by their metadata name."""
