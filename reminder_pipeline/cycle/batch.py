@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+import orjson
+import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from ..domain import contract
@@ -24,8 +26,8 @@ from ..domain.model import (
     DueReminder,
     ReminderStatus,
 )
-from ..domain.plan import plan_batch
-from ..domain.transitions import decide_all
+from ..domain.plan import is_sendable, message_headers, plan_batch
+from ..domain.transitions import LIVE_EVENT_STATUSES, decide_all
 from ..logs import Journal
 from ..observability import tracing
 from ..store import repository
@@ -118,6 +120,14 @@ def write_batch(
     return outcome
 
 
+class _RowByRow(Exception):
+    """The one-statement batch wrote a row it cannot vouch for: write this batch row by row."""
+
+    def __init__(self, **fields: str) -> None:
+        super().__init__(fields)
+        self.fields = fields
+
+
 def dispatch_batch(
     engine: Engine,
     as_of: datetime,
@@ -128,16 +138,32 @@ def dispatch_batch(
 ) -> BatchOutcome:
     """Select and write one batch in one transaction (locks held from select to commit).
 
-    Its log lines and span events follow the commit; a batch that rolls back logs that it did,
-    and never "reminder sent".
+    First as one statement (:func:`write_due_batch`); when that batch holds a row it cannot
+    vouch for (a payload that breaks the contract, a time zone that is not canonical, data the
+    database refuses), its transaction rolls back and the batch is written the row-by-row way
+    (:func:`lock_due_batch` then :func:`write_batch`: poison rows isolated, fallback zones
+    applied), in a new transaction. Its log lines and span events follow the commit; a batch
+    that rolls back logs that it did, and never "reminder sent".
     """
     journal = journal or Journal()
     try:
-        with engine.begin() as conn:
-            selection = lock_due_batch(conn, as_of, batch_size)
-            outcome = write_batch(
-                conn, selection.ids, as_of, held=selection.candidates, correlation_id=correlation_id
+        try:
+            with engine.begin() as conn:
+                outcome = write_due_batch(conn, as_of, batch_size, correlation_id=correlation_id)
+        except _RowByRow as why:
+            journal.event(
+                logging.DEBUG, "batch written row by row", run_id=correlation_id, **why.fields
             )
+            with engine.begin() as conn:
+                selection = lock_due_batch(conn, as_of, batch_size)
+                outcome = write_batch(
+                    conn,
+                    selection.ids,
+                    as_of,
+                    held=selection.candidates,
+                    correlation_id=correlation_id,
+                )
+            outcome.skipped_locked += selection.skipped_locked
     except BaseException as error:
         journal.event(
             logging.WARNING,
@@ -146,13 +172,64 @@ def dispatch_batch(
             error_kind=type(error).__name__,
         )
         raise
-    outcome.skipped_locked += selection.skipped_locked
     report_batch(
         journal,
         outcome,
         correlation_id,
-        selected=(len(selection.candidates), selection.skipped_locked),
+        selected=(outcome.selected, outcome.skipped_locked),
     )
+    return outcome
+
+
+def write_due_batch(
+    conn: Connection,
+    as_of: datetime,
+    batch_size: int,
+    *,
+    correlation_id: str | None = None,
+) -> BatchOutcome:
+    """Steps 1-3 for one batch as one statement in ``conn``'s transaction (docs/design.md).
+
+    The same selection, lock, decision and write as :func:`lock_due_batch` + :func:`write_batch`,
+    with the payloads built by the statement; each one is checked against the contract here,
+    before the caller commits. Raises :class:`_RowByRow` (the caller rolls back) when one fails
+    the check or the database refuses a row's data.
+    """
+    trace = tracing.trace_headers()
+    headers = message_headers("", correlation_id, trace)
+    try:
+        batch = repository.dispatch_due_batch(
+            conn, as_of, batch_size, topic=contract.TOPIC, headers=headers, live=LIVE_EVENT_STATUSES
+        )
+    except sa.exc.DBAPIError as error:
+        sqlstate = repository.data_error(error)
+        if sqlstate is None:
+            raise
+        raise _RowByRow(reason="data error", sqlstate=sqlstate) from error
+    outcome = BatchOutcome(selected=batch.selected, skipped_locked=batch.skipped_locked)
+    for row in batch.rows:
+        if row.status is not ReminderStatus.SENT:
+            outcome.skipped.append(row)
+            continue
+        if (
+            row.outbox_id is None
+            or row.payload is None
+            or not is_sendable(orjson.loads(row.payload))
+        ):
+            raise _RowByRow(reason="payload not sendable as built", reminder_id=row.reminder_id)
+        outcome.sent.append(row)
+        if row.lateness_seconds is not None:
+            outcome.lateness_seconds.append(row.lateness_seconds)
+        outcome.messages.append(
+            ClaimedMessage(
+                row.outbox_id,
+                contract.TOPIC,
+                row.event_id,
+                row.payload,
+                {**headers, contract.HEADER_REMINDER_ID: row.reminder_id},
+            )
+        )
+    outcome.outbox_rows = len(outcome.messages)
     return outcome
 
 

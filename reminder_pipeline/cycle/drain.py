@@ -19,9 +19,11 @@ from .memory import young_generation
 from .records import Progress
 
 CLOCK_SKEW_WARN_SECONDS = ledger.CLOCK_SKEW_WARN_SECONDS
-#: Rows a drain may have handed to its relay and not yet published: two batches of 1,000, or
-#: ten of 200 (the relay publishes what queued up in one round; memory stays bounded).
-RELAY_QUEUE_ROWS = 2000
+#: Rows a drain may have handed to its relay and not yet published: ten batches of 1,000, or
+#: fifty of 200 (the relay publishes what queued up in rounds of its batch size; ~12 MB at
+#: most). Enough that a fresh idempotent producer (ready 0.5-1 s after it is created: librdkafka
+#: waits for its producer id) does not hold the first batches of a drain back.
+RELAY_QUEUE_ROWS = 10_000
 
 
 def drain(

@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from ..domain.model import (
     ClaimedMessage,
@@ -133,12 +133,27 @@ class Selection:
         return [c.reminder_id for c in self.candidates]
 
 
+class Moved(Protocol):
+    """A reminder a batch moved out of Pending, as its log lines name it (ids, no PII)."""
+
+    @property
+    def reminder_id(self) -> str: ...
+    @property
+    def event_id(self) -> str: ...
+    @property
+    def tenant_id(self) -> str: ...
+    @property
+    def offset_minutes(self) -> int: ...
+    @property
+    def event_status(self) -> str: ...
+
+
 @dataclass
 class BatchOutcome:
-    """What :func:`write_batch` wrote for one batch."""
+    """What :func:`write_batch` (or :func:`write_due_batch`) wrote for one batch."""
 
-    sent: list[DueReminder] = field(default_factory=list)
-    skipped: list[DueReminder] = field(default_factory=list)
+    sent: list[Moved] = field(default_factory=list)
+    skipped: list[Moved] = field(default_factory=list)
     poison: list[PoisonRow] = field(default_factory=list)
     time_zone_fallbacks: list[DueReminder] = field(default_factory=list)
     #: Candidates still Pending that another transaction (or another run's reservation) holds.

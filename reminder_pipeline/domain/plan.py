@@ -43,8 +43,30 @@ def message_for(
     publishes it a consumer continues the cycle's trace.
     """
     payload = build_payload(reminder)
-    headers = {**contract.headers(payload["ReminderId"], correlation_id), **trace}
+    headers = message_headers(payload["ReminderId"], correlation_id, trace)
     return OutboxMessage(message_key=payload["EventId"], payload=payload, headers=headers)
+
+
+def message_headers(
+    reminder_id: str, correlation_id: str | None, trace: Mapping[str, str]
+) -> dict[str, str]:
+    """The headers stored with a row's outbox message: the contract's, then the trace context."""
+    return {**contract.headers(reminder_id, correlation_id), **trace}
+
+
+def is_sendable(payload: object) -> bool:
+    """Whether a payload built elsewhere (in SQL, by the one-statement batch) may be sent as is.
+
+    It must satisfy the contract and carry a canonical time zone: a row whose zone is not
+    canonical is sent with the fallback zone, which only :func:`plan_batch` applies and counts.
+    """
+    if not isinstance(payload, dict):
+        return False
+    try:
+        contract.validate(payload)
+    except contract.ContractViolation:
+        return False
+    return time_zones.is_canonical(payload["TimeZone"])
 
 
 def plan_batch(

@@ -229,6 +229,93 @@ APPLY_TRANSITIONS = text(
     """
 )
 
+# The payload of contract v1 built from a due row {p} (the _DUE_COLUMNS names): the fields of
+# domain/payload.py's build_payload, spelled the same way (ids as canonical text, StartAt in UTC
+# with a Z and microseconds only when present, OffsetMinutes a number). TimeZone is the event's
+# as stored: the caller checks every payload against the contract, and that the zone is canonical,
+# before its transaction commits; a row that fails either is written the row-by-row way instead.
+# A property test holds this equal to build_payload's (integration/test_one_statement_batch.py).
+_PAYLOAD = """
+    jsonb_build_object(
+        'ReminderId', {p}.reminder_id, 'EventId', {p}.event_id, 'TenantId', {p}.tenant_id,
+        'OwnerUserId', {p}.owner_user_id, 'ClientUserId', {p}.client_user_id, 'Kind', {p}.kind,
+        'StartAt', to_char({p}.start_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS')
+                   || CASE WHEN date_trunc('second', {p}.start_at) = {p}.start_at THEN ''
+                           ELSE to_char({p}.start_at AT TIME ZONE 'UTC', '.US') END
+                   || 'Z',
+        'TimeZone', {p}.time_zone, 'OffsetMinutes', {p}.offset_minutes,
+        'AppointmentId', {p}.appointment_id)
+"""
+
+# A drain's batch in one statement (docs/design.md, "One statement a batch"): step 1's selection
+# (the same rows, the same lock, the same exact skipped_locked count), the decision on the event
+# status read with the row under that lock (:live: the statuses that send), and step 3's write
+# (Pending -> Sent/Skipped, one outbox row per Sent row, its payload built here, its headers
+# :headers with the row's reminder-id). One row per reminder that moved (the ids its log lines
+# name, its status and lateness: no timestamps to parse), oldest first, then one row per outbox
+# row written (the reminder's id, the outbox id and the stored payload; two row sets, not a join
+# of the two CTEs, whose row estimates of 1 made the planner pick a nested loop of 1,000 x
+# 1,000), each with the batch's counts; when nothing was taken, one row of NULLs with the counts.
+DISPATCH_DUE_BATCH = text(
+    f"""
+    WITH picked AS (
+        SELECT {_DUE_COLUMNS}, r.due_at AS row_due_at, r.id AS row_id
+          FROM event_reminders r
+          JOIN calendar_events e ON e.id = r.calendar_event_id
+         WHERE {_DUE.format(r="r")}
+           AND {_FREE}
+         ORDER BY r.due_at, r.id
+         LIMIT :batch_size
+           FOR UPDATE OF r SKIP LOCKED
+    ),{_LAST_TAKEN},
+    moved AS (
+        UPDATE event_reminders r
+           SET status = CASE WHEN p.event_status = ANY(CAST(:live AS text[]))
+                             THEN 'Sent' ELSE 'Skipped' END,
+               sent_at = CASE WHEN p.event_status = ANY(CAST(:live AS text[]))
+                              THEN GREATEST(now(), CAST(:as_of AS timestamptz)) END,
+               updated_at = now(),
+               last_error = NULL,
+               next_attempt_at = NULL,
+               reserved_by = NULL,
+               reserved_until = NULL
+          FROM picked p
+         WHERE r.id = ANY(ARRAY(SELECT row_id FROM picked))
+           AND p.row_id = r.id
+           AND r.status = 'Pending'
+        RETURNING r.id, r.status, r.sent_at, r.due_at
+    ),
+    published AS (
+        INSERT INTO outbox (topic, message_key, payload, headers, reminder_id, due_at)
+        SELECT :topic, p.event_id, {_PAYLOAD.format(p="p")},
+               jsonb_set(CAST(:headers AS jsonb), '{{reminder-id}}', to_jsonb(p.reminder_id)),
+               m.id, m.due_at
+          FROM moved m JOIN picked p ON p.row_id = m.id
+         WHERE m.status = 'Sent'
+         ORDER BY m.due_at, m.id
+        RETURNING id, reminder_id, CAST(payload AS text) AS payload
+    )
+    SELECT w.reminder_id, w.event_id, w.tenant_id, w.offset_minutes, w.event_status, w.status,
+           w.lateness_seconds, w.outbox_id, w.payload, counts.selected, counts.skipped_locked
+      FROM (SELECT (SELECT count(*) FROM picked) AS selected, passed.skipped_locked
+              FROM ({_PASSED_OVER}) AS passed) AS counts
+      LEFT JOIN (
+          SELECT p.reminder_id, p.event_id, p.tenant_id, p.offset_minutes, p.event_status,
+                 m.status,
+                 CAST(EXTRACT(EPOCH FROM (m.sent_at - m.due_at)) AS float8) AS lateness_seconds,
+                 CAST(NULL AS bigint) AS outbox_id, CAST(NULL AS text) AS payload,
+                 p.row_due_at, p.row_id
+            FROM picked p
+            JOIN moved m ON m.id = p.row_id
+          UNION ALL
+          SELECT CAST(o.reminder_id AS text), NULL, NULL, NULL, NULL, NULL, NULL, o.id, o.payload,
+                 NULL, NULL
+            FROM published o
+      ) AS w ON true
+     ORDER BY w.row_due_at, w.row_id, w.outbox_id
+    """
+)
+
 # A poison row stays Pending (docs/design.md) but backs off exponentially, so a head of poison rows
 # can never starve the healthy rows behind it: 30 s, 60 s, 120 s, ... capped at :cap_seconds.
 # Counted from the database's clock (:now NULL), like the AsOf the back-off is compared with.

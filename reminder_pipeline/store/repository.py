@@ -139,7 +139,7 @@ Transition = tuple[DueReminder, ReminderStatus, OutboxMessage | None]
 _DATA_ERROR_CLASSES = ("22", "23")
 
 
-def _data_error(error: sa.exc.DBAPIError) -> str | None:
+def data_error(error: sa.exc.DBAPIError) -> str | None:
     """The SQLSTATE of a data error (the row's fault), None for anything else."""
     sqlstate = getattr(error.orig, "sqlstate", None) or ""
     return sqlstate if sqlstate[:2] in _DATA_ERROR_CLASSES else None
@@ -168,7 +168,7 @@ def apply_transitions(
         return Applied(rows, sum(1 for a in rows if a.outbox_id is not None), [])
     except sa.exc.DBAPIError as error:
         savepoint.rollback()
-        if _data_error(error) is None:
+        if data_error(error) is None:
             raise
     applied, refused = [], []
     for transition in transitions:
@@ -178,7 +178,7 @@ def apply_transitions(
             savepoint.commit()
         except sa.exc.DBAPIError as error:
             savepoint.rollback()
-            sqlstate = _data_error(error)
+            sqlstate = data_error(error)
             if sqlstate is None:
                 raise
             reminder = transition[0]
@@ -216,6 +216,74 @@ def _apply(
         {"batch": orjson.dumps(batch).decode(), **sent_at, "topic": topic},
     ).all()
     return [AppliedTransition(r[0], _STATUS[r[1]], _finite(r[2]), r[3], r[4]) for r in rows]
+
+
+@dataclass(slots=True, frozen=True)
+class DispatchedRow:
+    """One reminder a one-statement batch moved out of Pending, with its outbox row if Sent."""
+
+    reminder_id: str
+    event_id: str
+    tenant_id: str
+    offset_minutes: int
+    event_status: str
+    status: ReminderStatus
+    lateness_seconds: float | None
+    outbox_id: int | None
+    payload: str | None
+
+
+@dataclass(frozen=True)
+class DispatchedBatch:
+    """What :func:`dispatch_due_batch` wrote, oldest first, and the batch's counts."""
+
+    rows: list[DispatchedRow]
+    selected: int
+    skipped_locked: int
+
+
+def dispatch_due_batch(
+    conn: Connection,
+    as_of: datetime,
+    batch_size: int,
+    *,
+    topic: str,
+    headers: dict[str, str],
+    live: Iterable[str],
+) -> DispatchedBatch:
+    """Select, decide and write one batch in one statement (see DISPATCH_DUE_BATCH).
+
+    Nothing is checked here: the caller checks each stored payload before its transaction
+    commits. A data error (SQLSTATE class 22/23) propagates like any other; :func:`data_error`
+    tells it apart.
+    """
+    rows = conn.execute(
+        queries.DISPATCH_DUE_BATCH,
+        {
+            "as_of": as_of,
+            "batch_size": batch_size,
+            "topic": topic,
+            "headers": orjson.dumps(headers).decode(),
+            "live": sorted(live),
+        },
+    ).all()
+    # Rows with a status moved; the others are outbox rows (or the counts of an empty batch).
+    stored = {r[0]: (r[7], r[8]) for r in rows if r[5] is None and r[0] is not None}
+    moved = [
+        DispatchedRow(
+            r[0],
+            r[1],
+            r[2],
+            r[3],
+            r[4],
+            _STATUS[r[5]],
+            _finite(r[6]),
+            *stored.get(r[0], (None, None)),
+        )
+        for r in rows
+        if r[5] is not None
+    ]
+    return DispatchedBatch(moved, int(rows[0][-2]), int(rows[0][-1]))
 
 
 def record_poison(
