@@ -251,12 +251,8 @@ def dispatch_due_batch(
     headers: dict[str, str],
     live: Iterable[str],
 ) -> DispatchedBatch:
-    """Select, decide and write one batch in one statement (see DISPATCH_DUE_BATCH).
-
-    Nothing is checked here: the caller checks each stored payload before its transaction
-    commits. A data error (SQLSTATE class 22/23) propagates like any other; :func:`data_error`
-    tells it apart.
-    """
+    """Select, decide and write one batch in one statement (DISPATCH_DUE_BATCH); unchecked: the
+    caller checks each stored payload before it commits. Errors propagate (:func:`data_error`)."""
     rows = conn.execute(
         queries.DISPATCH_DUE_BATCH,
         {

@@ -35,6 +35,8 @@ def test_bench_quick_prints_the_table() -> None:
         "catchup,dueq",
         "--backlog",
         "2000",
+        "--catchup-rounds",
+        "1",
         "--rows",
         "20000",
         "--due",

@@ -112,7 +112,12 @@ def test_the_metrics_endpoint_counts_what_the_consumer_did(lane: Lane, tmp_path:
         assert sink.done.is_set(), "the consumer did not notify the four reminders"
 
         def dead_lettered() -> bool:
-            return scrape(port).get((m.DEAD_LETTERS, (("reason", "incompatible"),))) == 1
+            # The dead letter is counted before its partition is released: wait for both.
+            samples = scrape(port)
+            return (
+                samples.get((m.DEAD_LETTERS, (("reason", "incompatible"),))) == 1
+                and samples.get((m.HELD_PARTITIONS, ())) == 0
+            )
 
         wait_until(dead_lettered, then=lambda: None, timeout=60)
         samples = scrape(port)
