@@ -82,7 +82,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--catchup-rounds",
         type=int,
         help="rounds of the catch-up figure (run_cycle and the Dagster run between raw runs), "
-        "judged on the median round (default 3; --quick 1)",
+        "judged on the median round (default 5; --quick 1)",
     )
     p.add_argument(
         "--parallel-backlog", type=int, help="backlog of the parallel figure (default 50,000)"
@@ -117,7 +117,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "due": 500 if quick else 5_000,
         "executions": 100 if quick else 500,
         "backlog": 2_000 if quick else 100_000,
-        "catchup_rounds": 1 if quick else 3,
+        "catchup_rounds": 1 if quick else 5,
         "steady_minutes": 2.0 if quick else 10.0,
         "idle_ticks": 2 if quick else 3,
     }
