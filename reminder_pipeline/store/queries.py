@@ -247,15 +247,16 @@ _PAYLOAD = """
         'AppointmentId', {p}.appointment_id)
 """
 
-# A drain's batch in one statement (docs/design.md, "One statement a batch"): step 1's selection
-# (the same rows, the same lock, the same exact skipped_locked count), the decision on the event
-# status read with the row under that lock (:live: the statuses that send), and step 3's write
-# (Pending -> Sent/Skipped, one outbox row per Sent row, its payload built here, its headers
-# :headers with the row's reminder-id). One row per reminder that moved (the ids its log lines
-# name, its status and lateness: no timestamps to parse), oldest first, then one row per outbox
-# row written (the reminder's id, the outbox id and the stored payload; two row sets, not a join
-# of the two CTEs, whose row estimates of 1 made the planner pick a nested loop of 1,000 x
-# 1,000), each with the batch's counts; when nothing was taken, one row of NULLs with the counts.
+# A drain's batch in one statement (docs/design.md, "A drain's batches: one statement each"):
+# step 1's selection (the same rows, the same lock, the same exact skipped_locked count), the
+# decision on the event status read with the row under that lock (:live: the statuses that
+# send), and step 3's write (Pending -> Sent/Skipped, one outbox row per Sent row, its payload
+# built here, its headers :headers with the row's reminder-id). It returns one row per reminder
+# that moved (the ids its log lines name, its status and lateness: no timestamps to parse),
+# oldest first, then one row per outbox row written (the reminder's id, the outbox id and the
+# stored payload): two row sets, not a join of the two CTEs, whose row estimates of 1 made the
+# planner pick a nested loop of 1,000 x 1,000. Every row carries the batch's counts; when
+# nothing was taken, one row of NULLs carries them.
 DISPATCH_DUE_BATCH = text(
     f"""
     WITH picked AS (
