@@ -431,3 +431,47 @@ def up_env(home: Path, **more: str) -> dict[str, str]:
         **more,
     )
     return env
+
+
+def insert_as_another_writer(conn: sa.Connection, spec: dict[str, Any]) -> uuid.UUID:
+    """An event and its one reminder inserted straight into the tables, as another writer could.
+
+    ``spec``: kind, status, client / appointment (bools: an id or NULL), start_at (a datetime or
+    a PostgreSQL timestamptz literal such as 'infinity'), time_zone, offset, due (a timedelta
+    ago or a literal); origin, title, description and location are optional.
+    """
+    event_id, reminder_id = uuid.uuid4(), uuid.uuid4()
+    start = spec["start_at"]
+    conn.execute(
+        sa.text(
+            "INSERT INTO calendar_events (id, tenant_id, owner_user_id, client_user_id, kind, status, "
+            "origin, appointment_id, start_at, time_zone, title, description, location) VALUES "
+            "(:id, :tenant, :owner, :client, :kind, :status, :origin, :appointment, "
+            "CAST(:start AS timestamptz), :tz, :title, :description, :location)"
+        ),
+        {
+            "id": event_id,
+            "tenant": uuid.uuid4(),
+            "owner": uuid.uuid4(),
+            "client": uuid.uuid4() if spec["client"] else None,
+            "appointment": uuid.uuid4() if spec["appointment"] else None,
+            "kind": spec["kind"],
+            "status": spec["status"],
+            "origin": spec.get("origin", "Manual"),
+            "start": start.isoformat() if isinstance(start, datetime) else start,
+            "tz": spec["time_zone"],
+            "title": spec.get("title"),
+            "description": spec.get("description"),
+            "location": spec.get("location"),
+        },
+    )
+    due = spec["due"]
+    due_value = (datetime.now(UTC) - due).isoformat() if isinstance(due, timedelta) else due
+    conn.execute(
+        sa.text(
+            "INSERT INTO event_reminders (id, calendar_event_id, offset_minutes, due_at) "
+            "VALUES (:id, :event, :offset, CAST(:due AS timestamptz))"
+        ),
+        {"id": reminder_id, "event": event_id, "offset": spec["offset"], "due": due_value},
+    )
+    return reminder_id

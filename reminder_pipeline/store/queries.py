@@ -93,13 +93,10 @@ _DUE_NAMES = ", ".join(
     )
 )
 
-# Step 1 of the cycle (docs/design.md): due rows, oldest first, at most :batch_size, each locked
-# FOR UPDATE; rows locked by another instance (or by an event's cancel/reschedule cascade in
-# flight) are skipped without waiting, and counted. One row per taken reminder (the DueReminder
-# columns, then the count); when nothing was taken, one row of NULLs carrying the count.
-SELECT_DUE_FOR_UPDATE_SKIP_LOCKED = text(
-    f"""
-    WITH picked AS (
+# The due rows a batch takes, with their event's payload fields, each locked (picked), and the
+# last of a full batch (last_taken): the CTEs step 1 and a drain's one-statement batch share.
+_PICKED = f"""
+    picked AS (
         SELECT {_DUE_COLUMNS}, r.due_at AS row_due_at, r.id AS row_id
           FROM event_reminders r
           JOIN calendar_events e ON e.id = r.calendar_event_id
@@ -108,7 +105,15 @@ SELECT_DUE_FOR_UPDATE_SKIP_LOCKED = text(
          ORDER BY r.due_at, r.id
          LIMIT :batch_size
            FOR UPDATE OF r SKIP LOCKED
-    ),{_LAST_TAKEN}
+    ),{_LAST_TAKEN}"""
+
+# Step 1 of the cycle (docs/design.md): due rows, oldest first, at most :batch_size, each locked
+# FOR UPDATE; rows locked by another instance (or by an event's cancel/reschedule cascade in
+# flight) are skipped without waiting, and counted. One row per taken reminder (the DueReminder
+# columns, then the count); when nothing was taken, one row of NULLs carrying the count.
+SELECT_DUE_FOR_UPDATE_SKIP_LOCKED = text(
+    f"""
+    WITH {_PICKED}
     SELECT {_DUE_NAMES.format(t="picked")}, passed.skipped_locked
       FROM ({_PASSED_OVER}) AS passed
       LEFT JOIN picked ON true
@@ -259,16 +264,7 @@ _PAYLOAD = """
 # nothing was taken, one row of NULLs carries them.
 DISPATCH_DUE_BATCH = text(
     f"""
-    WITH picked AS (
-        SELECT {_DUE_COLUMNS}, r.due_at AS row_due_at, r.id AS row_id
-          FROM event_reminders r
-          JOIN calendar_events e ON e.id = r.calendar_event_id
-         WHERE {_DUE.format(r="r")}
-           AND {_FREE}
-         ORDER BY r.due_at, r.id
-         LIMIT :batch_size
-           FOR UPDATE OF r SKIP LOCKED
-    ),{_LAST_TAKEN},
+    WITH {_PICKED},
     moved AS (
         UPDATE event_reminders r
            SET status = CASE WHEN p.event_status = ANY(CAST(:live AS text[]))

@@ -8,7 +8,6 @@ runs on real PostgreSQL.
 from __future__ import annotations
 
 import json
-import uuid
 from datetime import UTC, datetime, timedelta
 
 import sqlalchemy as sa
@@ -18,6 +17,7 @@ from hypothesis import strategies as st
 from reminder_pipeline import cycle
 from reminder_pipeline.domain import contract
 from reminder_pipeline.store.tables import event_reminders
+from reminder_pipeline_tests.support import insert_as_another_writer
 
 MARK = "PII-MARK-7f3a"
 
@@ -71,44 +71,6 @@ events = st.fixed_dictionaries(
 )
 
 
-def _insert(conn, spec: dict) -> uuid.UUID:
-    event_id, reminder_id = uuid.uuid4(), uuid.uuid4()
-    start = spec["start_at"]
-    conn.execute(
-        sa.text(
-            "INSERT INTO calendar_events (id, tenant_id, owner_user_id, client_user_id, kind, status, "
-            "origin, appointment_id, start_at, time_zone, title, description, location) VALUES "
-            "(:id, :tenant, :owner, :client, :kind, :status, :origin, :appointment, "
-            "CAST(:start AS timestamptz), :tz, :title, :description, :location)"
-        ),
-        {
-            "id": event_id,
-            "tenant": uuid.uuid4(),
-            "owner": uuid.uuid4(),
-            "client": uuid.uuid4() if spec["client"] else None,
-            "appointment": uuid.uuid4() if spec["appointment"] else None,
-            "kind": spec["kind"],
-            "status": spec["status"],
-            "origin": spec["origin"],
-            "start": start.isoformat() if isinstance(start, datetime) else start,
-            "tz": spec["time_zone"],
-            "title": spec["title"],
-            "description": spec["description"],
-            "location": spec["location"],
-        },
-    )
-    due = spec["due"]
-    due_value = (datetime.now(UTC) - due).isoformat() if isinstance(due, timedelta) else due
-    conn.execute(
-        sa.text(
-            "INSERT INTO event_reminders (id, calendar_event_id, offset_minutes, due_at) "
-            "VALUES (:id, :event, :offset, CAST(:due AS timestamptz))"
-        ),
-        {"id": reminder_id, "event": event_id, "offset": spec["offset"], "due": due_value},
-    )
-    return reminder_id
-
-
 @settings(
     max_examples=30,
     deadline=None,
@@ -122,7 +84,7 @@ def _insert(conn, spec: dict) -> uuid.UUID:
 def test_arbitrary_rows_never_crash_break_the_contract_or_leak(engine, batch):
     with engine.begin() as conn:
         conn.exec_driver_sql("TRUNCATE outbox, event_reminders, calendar_events")
-        ids = [_insert(conn, spec) for spec in batch]
+        ids = [insert_as_another_writer(conn, spec) for spec in batch]
 
     outcome = cycle.dispatch_batch(engine, cycle.now_utc(), 500)
 

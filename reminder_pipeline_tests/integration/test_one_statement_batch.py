@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import uuid
 from datetime import UTC, datetime, timedelta
 
 import sqlalchemy as sa
@@ -23,6 +22,7 @@ from reminder_pipeline.domain import time_zones
 from reminder_pipeline.domain.payload import build_payload
 from reminder_pipeline.domain.plan import message_headers
 from reminder_pipeline.store import repository
+from reminder_pipeline_tests.support import insert_as_another_writer
 
 ROW_BY_ROW = "batch written row by row"
 
@@ -48,38 +48,8 @@ well_formed = st.fixed_dictionaries(
 
 
 def _insert(conn: sa.Connection, spec: dict) -> str:
-    event_id, reminder_id = uuid.uuid4(), uuid.uuid4()
-    conn.execute(
-        sa.text(
-            "INSERT INTO calendar_events (id, tenant_id, owner_user_id, client_user_id, kind, "
-            "status, appointment_id, start_at, time_zone) VALUES (:id, :tenant, :owner, :client, "
-            ":kind, :status, :appointment, :start, :tz)"
-        ),
-        {
-            "id": event_id,
-            "tenant": uuid.uuid4(),
-            "owner": uuid.uuid4(),
-            "client": uuid.uuid4() if spec["client"] else None,
-            "appointment": uuid.uuid4() if spec["appointment"] else None,
-            "kind": spec["kind"],
-            "status": spec["status"],
-            "start": spec["start_at"],
-            "tz": spec["time_zone"],
-        },
-    )
-    conn.execute(
-        sa.text(
-            "INSERT INTO event_reminders (id, calendar_event_id, offset_minutes, due_at) "
-            "VALUES (:id, :event, :offset, now() - make_interval(secs => :ago))"
-        ),
-        {
-            "id": reminder_id,
-            "event": event_id,
-            "offset": spec["offset"],
-            "ago": spec["due_seconds_ago"],
-        },
-    )
-    return str(reminder_id)
+    due = timedelta(seconds=spec["due_seconds_ago"])
+    return str(insert_as_another_writer(conn, {**spec, "due": due}))
 
 
 def _expected(engine: sa.Engine, as_of: datetime) -> dict[str, dict]:
@@ -203,3 +173,34 @@ def test_a_start_outside_the_representable_range_is_poison_not_a_crash(engine):
     assert [r.reminder_id for r in outcome.sent] == [good]
     assert [p.reminder_id for p in outcome.poison] == [far]
     assert set(_outbox(engine)) == {good}
+
+
+def test_data_the_database_refuses_sends_the_batch_row_by_row_and_isolates_the_row(engine, caplog):
+    with engine.begin() as conn:
+        good = [_due_event(conn) for _ in range(3)]
+        refused = _due_event(conn)
+        # The outbox refuses this one row's message with a data error (a check violation).
+        conn.exec_driver_sql(
+            "CREATE FUNCTION refuse_one() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN "
+            f"IF NEW.reminder_id = '{refused}' THEN RAISE EXCEPTION 'refused' "
+            "USING ERRCODE = '23514'; END IF; RETURN NEW; END$$"
+        )
+        conn.exec_driver_sql(
+            "CREATE TRIGGER refuse_one BEFORE INSERT ON outbox "
+            "FOR EACH ROW EXECUTE FUNCTION refuse_one()"
+        )
+
+    with caplog.at_level(logging.DEBUG, logger="reminder_pipeline"):
+        outcome = cycle.dispatch_batch(engine, cycle.now_utc(), 500)
+
+    [line] = [r for r in caplog.records if r.getMessage() == ROW_BY_ROW]
+    assert line.fields == {"run_id": None, "reason": "data error", "sqlstate": "23514"}
+    assert {r.reminder_id for r in outcome.sent} == set(good)
+    assert [p.reminder_id for p in outcome.poison] == [refused]
+    assert set(_outbox(engine)) == set(good)  # each once: the statement's writes rolled back
+    with engine.connect() as conn:
+        status, attempts = conn.execute(
+            sa.text("SELECT status, attempts FROM event_reminders WHERE id = :id"),
+            {"id": refused},
+        ).one()
+    assert (status, attempts) == ("Pending", 1)
