@@ -22,7 +22,10 @@ from sqlalchemy.engine import Engine
 
 from reminder_pipeline.config import KafkaSettings
 from reminder_pipeline.domain import contract
+from reminder_pipeline.domain.model import CycleCounts
 from reminder_pipeline.local.calendar import NewEvent, create_event
+from reminder_pipeline.observability import ledger
+from reminder_pipeline.store import metrics_repository
 from reminder_pipeline.store.tables import calendar_events, event_reminders, outbox
 
 PII_TITLE = "Secret deal with Ivanov"
@@ -36,6 +39,27 @@ POISON_KIND = "K" * 65
 def utcnow() -> datetime:
     """The clock, UTC."""
     return datetime.now(UTC)
+
+
+def record_cycle_at(
+    engine: Engine, run_id: str, counts: CycleCounts | None, finished_at: datetime, **record: Any
+) -> None:
+    """A ledger row for a cycle that finished at ``finished_at`` (no roll-up runs).
+
+    The ledger stamps its rows with the database's clock; a test that needs cycles at chosen
+    moments writes the row as the ledger does and moves it, in one transaction.
+    """
+    row = ledger.build_record(run_id, counts, **record)
+    with engine.begin() as conn:
+        stamped = metrics_repository.insert_cycle(conn, row)
+        conn.execute(
+            sa.text(
+                "UPDATE dispatch_cycles SET finished_at = :at, "
+                "started_at = started_at + (:at - finished_at) "
+                "WHERE run_id = :run_id AND finished_at = :stamped"
+            ),
+            {"at": finished_at, "run_id": run_id, "stamped": stamped},
+        )
 
 
 def make_event(

@@ -103,8 +103,7 @@ def write_batch(
         outcome.sent.append(reminder)
         if row.reminder_id in fallbacks:
             outcome.time_zone_fallbacks.append(reminder)
-        if row.lateness_seconds is not None:
-            outcome.lateness_seconds.append(row.lateness_seconds)
+        outcome.lateness.observe(row.lateness_seconds)
         message = messages[row.reminder_id]
         if row.outbox_id is not None:
             outcome.messages.append(
@@ -218,8 +217,7 @@ def write_due_batch(
         ):
             raise _RowByRow(reason="payload not sendable as built", reminder_id=row.reminder_id)
         outcome.sent.append(row)
-        if row.lateness_seconds is not None:
-            outcome.lateness_seconds.append(row.lateness_seconds)
+        outcome.lateness.observe(row.lateness_seconds)
         outcome.messages.append(
             ClaimedMessage(
                 row.outbox_id,

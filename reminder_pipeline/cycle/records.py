@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from typing import Any, Protocol
 
+from ..domain.lateness import Lateness
 from ..domain.model import (
     ClaimedMessage,
     CycleCounts,
@@ -67,7 +68,9 @@ class Written:
     @classmethod
     def from_plain(cls, data: Mapping[str, Any]) -> Written:
         """From :meth:`plain`."""
-        return cls(data["run_id"], CycleCounts(**data["counts"]), RelayResult(**data["relay"]))
+        return cls(
+            data["run_id"], CycleCounts.from_plain(data["counts"]), RelayResult(**data["relay"])
+        )
 
 
 @dataclass
@@ -163,7 +166,8 @@ class BatchOutcome:
     #: Rows the selection of this batch took (a short batch ends a drain).
     selected: int = 0
     outbox_rows: int = 0
-    lateness_seconds: list[float] = field(default_factory=list)
+    #: SentAt - DueAt of the rows sent, summarised (count, sum, largest, histogram).
+    lateness: Lateness = field(default_factory=Lateness)
     #: The outbox rows written, as the relay publishes them (a drain hands them to its relay).
     messages: list[ClaimedMessage] = field(default_factory=list, repr=False)
 
@@ -177,6 +181,5 @@ class BatchOutcome:
             failed=len(self.poison),
             batches=1,
             time_zone_fallbacks=len(self.time_zone_fallbacks),
-            max_lateness_seconds=max(self.lateness_seconds, default=None),
-            lateness_seconds=list(self.lateness_seconds),
+            lateness=replace(self.lateness, buckets=list(self.lateness.buckets)),
         )

@@ -244,7 +244,6 @@ def finish(
         engine,
         run_id,
         counts,
-        started_at=started,
         as_of=cycle.as_of,
         clock_skew_seconds=cycle.clock_skew_seconds if own else None,
     )
@@ -275,7 +274,9 @@ def fail(
     (journal or Journal()).event(
         logging.ERROR, "cycle failed", run_id=run_id, error_kind=type(error).__name__
     )
-    ledger.record_cycle(engine, run_id, None, started_at=started_at, as_of=as_of, error=error)
+    # The ledger's times are the database's; this host's clock gives only the duration.
+    duration = time.time() - started_at
+    ledger.record_cycle(engine, run_id, None, duration_seconds=duration, as_of=as_of, error=error)
 
 
 def backlog_left(engine: Engine) -> int:

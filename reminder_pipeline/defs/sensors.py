@@ -14,7 +14,7 @@ moves and the daemon retries it.
 
 # No ``from __future__ import annotations``: Dagster reads the resource annotation.
 
-from datetime import UTC, datetime
+import time
 
 from dagster import (
     DagsterEventType,
@@ -64,12 +64,13 @@ def failure_kind(context: RunFailureSensorContext) -> str:
     return RUN_FAILED
 
 
-def _started_at(instance: DagsterInstance, run_id: str) -> datetime:
+def _duration_seconds(instance: DagsterInstance, run_id: str) -> float:
+    # How long the run ran, by Dagster's record of it; the ledger's times are the database's.
     record = instance.get_run_record_by_id(run_id)
-    if record is not None and record.start_time is not None:
-        return datetime.fromtimestamp(record.start_time, UTC)
-    # Never started (resources, launch): the cycle is the moment it was created.
-    return record.create_timestamp if record is not None else datetime.now(UTC)
+    if record is None or record.start_time is None:
+        return 0.0  # never started (resources, launch)
+    end = record.end_time if record.end_time is not None else time.time()
+    return max(end - record.start_time, 0.0)
 
 
 @run_failure_sensor(
@@ -93,7 +94,11 @@ def reminder_dispatch_failure_ledger(
         return
     kind = failure_kind(context)
     written = ledger.record_cycle(
-        postgres.engine, run_id, None, started_at=_started_at(context.instance, run_id), error=kind
+        postgres.engine,
+        run_id,
+        None,
+        duration_seconds=_duration_seconds(context.instance, run_id),
+        error=kind,
     )
     context.log.info(
         f"run {run_id} failed ({kind}): {'recorded' if written else 'NOT recorded'} in the ledger"

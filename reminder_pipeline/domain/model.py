@@ -7,6 +7,8 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from .lateness import Lateness
+
 
 class ReminderStatus(StrEnum):
     """Lifecycle of an ``event_reminders`` row; Sent and Skipped are terminal."""
@@ -159,20 +161,31 @@ class CycleCounts:
         figure="time_zone_fallback_count",
     )
     duration_ms: int = 0
-    max_lateness_seconds: float | None = None
-    #: SentAt - DueAt of every row sent, for the lateness histogram (the SLO); floats only, so
-    #: a long drain keeps no per-row objects for the garbage collector to walk.
-    lateness_seconds: list[float] = field(default_factory=list, repr=False)
+    #: SentAt - DueAt of the rows sent, for the lateness histogram (the SLO): a fixed-size
+    #: summary, so a long drain's counts stay a few hundred bytes (a Dagster step's output).
+    lateness: Lateness = field(default_factory=Lateness, repr=False)
+
+    @property
+    def max_lateness_seconds(self) -> float | None:
+        """The largest lateness of the rows sent (None when none was sent)."""
+        return self.lateness.largest
 
     def add(self, other: CycleCounts) -> None:
         """Accumulate another batch's counts into this one (durations are set by the caller)."""
         for name in COUNTERS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        if other.max_lateness_seconds is not None:
-            self.max_lateness_seconds = max(
-                self.max_lateness_seconds or other.max_lateness_seconds, other.max_lateness_seconds
-            )
-        self.lateness_seconds.extend(other.lateness_seconds)
+        self.lateness.add(other.lateness)
+
+    @classmethod
+    def from_plain(cls, data: dict[str, Any]) -> CycleCounts:
+        """From ``dataclasses.asdict`` of one; also a step output stored before the summary
+        (``lateness_seconds``, one float per row), so an old run's step can be re-executed."""
+        data = dict(data)
+        data.pop("max_lateness_seconds", None)
+        values = data.pop("lateness_seconds", None)
+        plain = data.pop("lateness", None)
+        lateness = Lateness.from_plain(plain) if plain is not None else Lateness.of(values or ())
+        return cls(**data, lateness=lateness)
 
     def as_dict(self) -> dict[str, int | float | None]:
         """The counts as a plain dict (for logs, CLI output and metadata)."""

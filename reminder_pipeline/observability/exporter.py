@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry
@@ -100,8 +100,10 @@ class Snapshot:
 
 
 def read_snapshot(engine: Engine, now: datetime | None = None) -> Snapshot:
-    """Ledger totals and live gauges in one short read-only REPEATABLE READ transaction."""
-    now = now or datetime.now(UTC)
+    """Ledger totals and live gauges in one short read-only REPEATABLE READ transaction.
+
+    ``now`` defaults to the database's clock (the ledger's and the rows' one clock).
+    """
     with (
         engine.connect().execution_options(
             isolation_level="REPEATABLE READ", postgresql_readonly=True
@@ -109,6 +111,7 @@ def read_snapshot(engine: Engine, now: datetime | None = None) -> Snapshot:
         conn.begin(),
     ):
         metrics_repository.set_local_timeouts(conn, SCRAPE_STATEMENT_TIMEOUT_MS, 1_000)
+        now = now or repository.database_clock(conn)
         totals = metrics_repository.ledger_totals(
             conn, len(ledger.DURATION_BUCKETS) + 1, len(ledger.LATENESS_BUCKETS) + 1
         )

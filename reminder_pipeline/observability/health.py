@@ -9,7 +9,7 @@ happens at all, which is what liveness means. The Prometheus rules in
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy.engine import Engine
 
@@ -309,6 +309,12 @@ ASSERTIONS: dict[str, tuple[str, str]] = {
 
 
 def evaluate(engine: Engine, now: datetime | None = None) -> list[HealthCheck]:
-    """Every check, in a fixed order: liveness, overdue, errors, outbox, lateness, clock skew."""
-    now = now or datetime.now(UTC)
+    """Every check, in a fixed order: liveness, overdue, errors, outbox, lateness, clock skew.
+
+    ``now`` defaults to the database's clock, the one the ledger's rows are stamped with: the
+    host that evaluates the checks may run fast or slow (docs/design.md, "One clock").
+    """
+    if now is None:
+        with engine.connect() as conn:
+            now = repository.database_clock(conn)
     return [check(engine, now) for check in CHECKS]

@@ -15,24 +15,27 @@ Why a ledger table, not in-process counters or a Pushgateway:
 
 The write is its own short transaction *after* the cycle, never inside the dispatch
 transaction (a row lock on the ledger must not extend the reminder row locks), with tight
-statement/lock time-outs; if it fails it is logged and the cycle is not failed. Histograms are
-stored as per-bucket counts with the bounds fixed here (changing them needs the totals reset).
+statement/lock time-outs; if it fails it is logged and the cycle is not failed. Its times
+(``started_at``, ``finished_at``) are the database's, stamped by the statement that writes the
+row: this host's clock only measures the cycle's duration (docs/design.md, "One clock").
+Histograms are stored as per-bucket counts with fixed bounds (here, and the lateness ones in
+``domain/lateness.py``; changing them needs the totals reset).
 
-Retention: detail rows older than :data:`DETAIL_RETENTION` are rolled up into the single totals
-row by the writer itself (bounded per call, one roller at a time), so a scrape reads at most a
-day of rows (~1,440 per dispatcher) whatever the age of the system.
+Retention: detail rows older than :data:`DETAIL_RETENTION` by the database's clock are rolled
+up into the single totals row by the writer itself (bounded per call, one roller at a time), so
+a scrape reads at most a day of rows (~1,440 per dispatcher) whatever the age of the system.
 """
 
 from __future__ import annotations
 
-import bisect
 import logging
 import math
-from collections.abc import Iterable, Sequence
-from datetime import UTC, datetime, timedelta
+from collections.abc import Sequence
+from datetime import datetime, timedelta
 
 from sqlalchemy.engine import Engine
 
+from ..domain.lateness import LATENESS_BUCKETS, bucket_counts
 from ..domain.model import LEDGER_COUNTERS, CycleCounts
 from ..logs import event
 from ..store import metrics_repository
@@ -40,8 +43,6 @@ from ..store.metrics_repository import CycleRecord
 
 log = logging.getLogger(__name__)
 
-#: Upper bounds (seconds) of the lateness histogram: dense around the design's 120 s SLO.
-LATENESS_BUCKETS: tuple[float, ...] = (1, 5, 10, 30, 60, 66, 75, 90, 120, 180, 300, 600)
 #: Upper bounds (seconds) of the cycle duration histogram: the design's target is < 30 s a cycle.
 DURATION_BUCKETS: tuple[float, ...] = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 30, 60, 120)
 
@@ -57,15 +58,6 @@ DETAIL_RETENTION = timedelta(days=1)
 #: Time-outs of the ledger write: it is a side channel and must never hold up a cycle.
 WRITE_STATEMENT_TIMEOUT_MS = 5_000
 WRITE_LOCK_TIMEOUT_MS = 2_000
-
-
-def bucket_counts(values: Iterable[float], bounds: Sequence[float]) -> list[int]:
-    """Per-bucket (non-cumulative) counts of ``values``; the last element is the +Inf bucket."""
-    counts = [0] * (len(bounds) + 1)
-    for value in values:
-        # Prometheus buckets are "less than or equal": a value on a bound belongs to that bucket.
-        counts[bisect.bisect_left(bounds, value)] += 1
-    return counts
 
 
 def cumulative(counts: Sequence[int]) -> list[int]:
@@ -98,11 +90,6 @@ def quantile(q: float, counts: Sequence[int], bounds: Sequence[float]) -> float 
     return float(bounds[-1])
 
 
-def _moment(value: datetime | float) -> datetime:
-    # A Dagster op carries its start as epoch seconds (wall clock, across step processes).
-    return value if isinstance(value, datetime) else datetime.fromtimestamp(value, UTC)
-
-
 def _kind(error: BaseException | str | None) -> str | None:
     if error is None:
         return None
@@ -113,33 +100,31 @@ def build_record(
     run_id: str,
     counts: CycleCounts | None,
     *,
-    started_at: datetime | float,
-    finished_at: datetime | None = None,
+    duration_seconds: float | None = None,
     as_of: datetime | None = None,
     error: BaseException | str | None = None,
     clock_skew_seconds: float | None = None,
 ) -> CycleRecord:
-    """The ledger row for one cycle (pure; ``error`` set means the cycle failed)."""
+    """The ledger row for one cycle (pure; ``error`` set means the cycle failed).
+
+    It holds no moment of this host's: the database stamps ``finished_at`` (and ``started_at``,
+    that less the duration) in the statement that writes the row.
+    """
     counts = counts or CycleCounts()
-    started_at = _moment(started_at)
-    finished_at = finished_at or datetime.now(UTC)
-    if counts.duration_ms:
-        duration = counts.duration_ms / 1000
-    else:  # a caller that did not time the cycle (a Dagster op): the wall clock between the two
-        duration = max((finished_at - started_at).total_seconds(), 0.0)
-    lateness = [v for v in counts.lateness_seconds if v is not None and math.isfinite(v)]
+    # A caller that did not time the cycle itself (a failed run) passes its own measurement.
+    duration = counts.duration_ms / 1000 if counts.duration_ms else (duration_seconds or 0.0)
+    duration = max(duration, 0.0) if math.isfinite(duration) else 0.0
+    lateness = counts.lateness
     return CycleRecord(
         run_id=run_id,
-        started_at=started_at,
-        finished_at=finished_at,
         as_of=as_of,
         succeeded=error is None,
         **{name: getattr(counts, name) for name in LEDGER_COUNTERS},
         duration_seconds=duration,
         duration_buckets=bucket_counts([duration], DURATION_BUCKETS),
-        lateness_sum=float(sum(lateness)),
-        lateness_count=len(lateness),
-        lateness_buckets=bucket_counts(lateness, LATENESS_BUCKETS),
+        lateness_sum=lateness.total,
+        lateness_count=lateness.count,
+        lateness_buckets=list(lateness.buckets),
         error_kind=_kind(error),
         clock_skew_seconds=clock_skew_seconds,
     )
@@ -150,8 +135,7 @@ def record_cycle(
     run_id: str,
     counts: CycleCounts | None,
     *,
-    started_at: datetime | float,
-    finished_at: datetime | None = None,
+    duration_seconds: float | None = None,
     as_of: datetime | None = None,
     error: BaseException | str | None = None,
     clock_skew_seconds: float | None = None,
@@ -159,17 +143,17 @@ def record_cycle(
     """Write one cycle to the ledger in its own transaction; never raises. True when written.
 
     Call it once per cycle, after the dispatch transaction committed (or failed): from
-    ``run_cycle`` and from the Dagster op that ends a run. ``started_at`` is a datetime or epoch
-    seconds; ``counts.duration_ms`` is used when set, otherwise ``finished_at - started_at``.
-    An ``error`` (exception or its class name) marks the cycle failed and counts in
+    ``run_cycle`` and from the Dagster op that ends a run. The row's times are the database's
+    (docs/design.md, "One clock"); this host's clock only measured the duration:
+    ``counts.duration_ms`` when set, otherwise ``duration_seconds``. An ``error`` (exception or
+    its class name) marks the cycle failed and counts in
     ``calendar_reminder_dispatch_errors_total{kind="cycle"}``; only the class name is kept.
     """
     try:
         record = build_record(
             run_id,
             counts,
-            started_at=started_at,
-            finished_at=finished_at,
+            duration_seconds=duration_seconds,
             as_of=as_of,
             error=error,
             clock_skew_seconds=clock_skew_seconds,
@@ -188,23 +172,28 @@ def record_cycle(
             error_kind=type(exc).__name__,
         )
         return False
-    roll_up(engine, before=record.finished_at - DETAIL_RETENTION)
+    roll_up(engine)
     return True
 
 
-def roll_up(engine: Engine, *, before: datetime) -> int:
-    """Fold ledger rows finished before ``before`` into the totals row; never raises."""
+def roll_up(engine: Engine, *, retention: timedelta = DETAIL_RETENTION) -> int:
+    """Fold ledger rows finished over ``retention`` ago, by the database's clock; never raises.
+
+    The cutoff is the database's clock, read in the statement, never a host's: a host whose
+    clock runs ahead cannot fold rows newer than the window (nor a slow one keep old rows).
+    """
+    seconds = max(retention.total_seconds(), 0.0)
     try:
         with engine.begin() as conn:
             metrics_repository.set_local_timeouts(
                 conn, WRITE_STATEMENT_TIMEOUT_MS, WRITE_LOCK_TIMEOUT_MS
             )
             moved = metrics_repository.roll_up(
-                conn, before, len(DURATION_BUCKETS) + 1, len(LATENESS_BUCKETS) + 1
+                conn, seconds, len(DURATION_BUCKETS) + 1, len(LATENESS_BUCKETS) + 1
             )
     except Exception as exc:  # noqa: BLE001 - retried by the next cycle's write
         event(log, logging.WARNING, "metrics ledger roll-up failed", error_kind=type(exc).__name__)
         return 0
     if moved:
-        event(log, logging.INFO, "metrics ledger rolled up", rows=moved, before=before.isoformat())
+        event(log, logging.INFO, "metrics ledger rolled up", rows=moved, retention_seconds=seconds)
     return moved

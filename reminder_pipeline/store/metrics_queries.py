@@ -27,29 +27,35 @@ SET_LOCAL_TIMEOUTS = text(
 _LEDGER = ", ".join(LEDGER_COUNTERS)
 _LEDGER_PARAMS = ", ".join(f":{name}" for name in LEDGER_COUNTERS)
 
+# One cycle's row, stamped with the database's clock read once here: ``finished_at`` is now and
+# ``started_at`` that less the duration the host measured. A host's clock never gives the ledger
+# a moment, so liveness, the windows of the checks and the roll-up all read one clock.
 INSERT_CYCLE = text(
     f"""
     INSERT INTO dispatch_cycles (
         run_id, started_at, finished_at, as_of, succeeded, {_LEDGER},
         duration_seconds, duration_buckets, lateness_sum, lateness_count, lateness_buckets,
         error_kind, clock_skew_seconds
-    ) VALUES (
-        :run_id, :started_at, :finished_at, :as_of, :succeeded, {_LEDGER_PARAMS},
-        :duration_seconds, CAST(:duration_buckets AS bigint[]), :lateness_sum, :lateness_count,
-        CAST(:lateness_buckets AS bigint[]), :error_kind, :clock_skew_seconds
     )
-    RETURNING id
+    SELECT :run_id, clock.now - make_interval(secs => CAST(:duration_seconds AS float8)),
+           clock.now, :as_of, :succeeded, {_LEDGER_PARAMS},
+           :duration_seconds, CAST(:duration_buckets AS bigint[]), :lateness_sum, :lateness_count,
+           CAST(:lateness_buckets AS bigint[]), :error_kind, :clock_skew_seconds
+      FROM (SELECT clock_timestamp() AS now) AS clock
+    RETURNING finished_at
     """
 )
 
 # Roll-up, step 1: take the oldest detail rows out (bounded per call); their sums go to the
 # totals row in the same transaction, so a scrape sees them either here or there, never both.
+# The cutoff is the database's clock (the transaction's start) less the retention, never a
+# host's: a host whose clock runs ahead would otherwise fold rows newer than the window.
 DELETE_ROLL_UP_CANDIDATES = text(
     f"""
     DELETE FROM dispatch_cycles c
      WHERE c.id = ANY(ARRAY(
             SELECT id FROM dispatch_cycles
-             WHERE finished_at < :cutoff
+             WHERE finished_at < now() - make_interval(secs => CAST(:retention_seconds AS float8))
              ORDER BY finished_at
              LIMIT :limit))
     RETURNING c.finished_at, c.succeeded, {", ".join(f"c.{n}" for n in TOTALED_COUNTERS)},

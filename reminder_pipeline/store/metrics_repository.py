@@ -15,11 +15,13 @@ from . import metrics_queries as q
 
 @dataclass(frozen=True)
 class CycleRecord:
-    """One dispatch cycle as the ledger stores it: ids, counts and histogram bucket counts only."""
+    """One dispatch cycle as the ledger stores it: ids, counts and histogram bucket counts only.
+
+    No moment of the writing host's: the database stamps the row's ``finished_at`` (and
+    ``started_at``, that less ``duration_seconds``) when it writes it.
+    """
 
     run_id: str
-    started_at: datetime
-    finished_at: datetime
     as_of: datetime | None
     succeeded: bool
     sent: int
@@ -41,10 +43,11 @@ class CycleRecord:
     clock_skew_seconds: float | None = None
 
 
-def insert_cycle(conn: Connection, record: CycleRecord) -> int:
-    """Insert one ledger row; returns its id."""
+def insert_cycle(conn: Connection, record: CycleRecord) -> datetime:
+    """Insert one ledger row at the database's clock; returns its ``finished_at``."""
     params = {f.name: getattr(record, f.name) for f in fields(record)}
-    return int(conn.execute(q.INSERT_CYCLE, params).scalar_one())
+    finished: datetime = conn.execute(q.INSERT_CYCLE, params).scalar_one()
+    return finished
 
 
 def set_local_timeouts(conn: Connection, statement_ms: int, lock_ms: int) -> None:
@@ -131,9 +134,14 @@ def ledger_totals(conn: Connection, duration_size: int, lateness_size: int) -> L
 
 
 def roll_up(
-    conn: Connection, cutoff: datetime, duration_size: int, lateness_size: int, limit: int = 5000
+    conn: Connection,
+    retention_seconds: float,
+    duration_size: int,
+    lateness_size: int,
+    limit: int = 5000,
 ) -> int:
-    """Move detail rows finished before ``cutoff`` into the totals row; returns how many moved.
+    """Move detail rows finished over ``retention_seconds`` ago (the database's clock) into the
+    totals row; returns how many moved.
 
     Call it in its own transaction; it does nothing (returns 0) when another roll-up holds the
     lock. Totals + detail stay the same before and after, so no served counter steps back.
@@ -141,7 +149,9 @@ def roll_up(
     if not conn.execute(q.TRY_ROLL_UP_LOCK, {"key": q.ROLL_UP_LOCK_KEY}).scalar_one():
         return 0
     totals = _totals_row(conn, for_update=True)
-    moved = conn.execute(q.DELETE_ROLL_UP_CANDIDATES, {"cutoff": cutoff, "limit": limit}).all()
+    moved = conn.execute(
+        q.DELETE_ROLL_UP_CANDIDATES, {"retention_seconds": retention_seconds, "limit": limit}
+    ).all()
     if not moved:
         return 0
     new: dict[str, Any] = {name: int(totals[name]) for name in _COUNTERS}

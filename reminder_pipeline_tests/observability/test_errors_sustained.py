@@ -17,10 +17,10 @@ import sqlalchemy as sa
 from reminder_pipeline import cycle
 from reminder_pipeline.domain.model import CycleCounts
 from reminder_pipeline.observability import exporter as exp
-from reminder_pipeline.observability import health, ledger
+from reminder_pipeline.observability import health
 from reminder_pipeline.store import metrics_repository, repository
 
-from ..support import make_due_event, reminders
+from ..support import make_due_event, record_cycle_at, reminders
 from .helpers import exporter_settings, scrape
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -37,12 +37,12 @@ def _poison_attempt(engine) -> None:
 def _record(engine, finished_at: datetime, **counts: int) -> None:
     """A ledger row for a cycle that finished at ``finished_at`` with these counts."""
     error = counts.pop("error", None)
-    ledger.record_cycle(
+    record_cycle_at(
         engine,
         f"run-{finished_at:%H%M%S}",
         CycleCounts(**counts),
-        started_at=finished_at - timedelta(seconds=5),
-        finished_at=finished_at,
+        finished_at,
+        duration_seconds=5.0,
         error=RuntimeError("x") if error else None,
     )
 

@@ -174,7 +174,7 @@ def test_a_ledger_roll_up_never_moves_a_counter(engine, publisher, metrics):
     cycle.run_cycle(engine, publisher)
     before = scrape(metrics)
 
-    moved = ledger.roll_up(engine, before=datetime.now(UTC) + timedelta(minutes=1))
+    moved = ledger.roll_up(engine, retention=timedelta(0))
     assert moved == 3
     with engine.connect() as conn:
         assert conn.execute(sa.text("SELECT count(*) FROM dispatch_cycles")).scalar_one() == 0

@@ -13,6 +13,7 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from reminder_pipeline import cycle
+from reminder_pipeline.domain.lateness import Lateness
 from reminder_pipeline.domain.model import CycleCounts
 from reminder_pipeline.observability import health, ledger
 
@@ -55,7 +56,7 @@ def test_liveness_passes_after_a_cycle_and_fails_five_minutes_later(engine, publ
 
 def test_a_failed_cycle_does_not_count_as_live(engine):
     now = datetime.now(UTC)
-    ledger.record_cycle(engine, "failed-run", None, started_at=now, error=RuntimeError("x"))
+    ledger.record_cycle(engine, "failed-run", None, error=RuntimeError("x"))
     assert not health.liveness(engine, now).passed
 
 
@@ -78,7 +79,7 @@ def test_errors_in_two_cycles_are_not_yet_sustained(engine, publisher):
     make_due_event(engine, minutes_overdue=1, kind=POISON_KIND)
     cycle.run_cycle(engine, publisher)  # one poison row, failing once: one cycle with an error
     now = datetime.now(UTC)
-    ledger.record_cycle(engine, "failing-run", None, started_at=now, error=RuntimeError("x"))
+    ledger.record_cycle(engine, "failing-run", None, error=RuntimeError("x"))
     check = health.errors(engine, now)
     assert check.passed
     assert check.metadata["failed_items"] == 1 and check.metadata["cycles_with_errors"] == 2
@@ -110,8 +111,8 @@ def test_lateness_p95_over_the_slo_fails_the_slo_check(engine, publisher):
     assert within.metadata["sent_in_window"] == 3
     assert within.metadata["lateness_p95_seconds"] <= 120
 
-    late = CycleCounts(sent=20, lateness_seconds=[200.0] * 20)
-    ledger.record_cycle(engine, "late-run", late, started_at=now, finished_at=now)
+    late = CycleCounts(sent=20, lateness=Lateness.of([200.0] * 20))
+    ledger.record_cycle(engine, "late-run", late)
     burnt = health.lateness_slo(engine, now)
     assert not burnt.passed
     assert burnt.metadata["lateness_p95_seconds"] > 120

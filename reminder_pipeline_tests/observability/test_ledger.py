@@ -7,20 +7,26 @@ database and reads the ledger table back.
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
 import sqlalchemy as sa
 
 from reminder_pipeline import cycle
+from reminder_pipeline.domain.lateness import Lateness
 from reminder_pipeline.domain.model import CycleCounts
 from reminder_pipeline.observability import ledger
 from reminder_pipeline.store import metrics_repository, repository
 from reminder_pipeline.store.tables import dispatch_cycles, dispatch_metric_totals
 
-from ..support import make_due_event, reminders
+from ..support import make_due_event, record_cycle_at, reminders
 
 LATE = ledger.LATENESS_BUCKETS
+
+
+def _database_now(engine):
+    with engine.connect() as conn:
+        return repository.database_clock(conn)
 
 
 def _rows(engine) -> list[dict]:
@@ -60,7 +66,9 @@ def test_each_cycle_writes_one_row_with_its_counts_and_histograms(engine, publis
     assert (row["sent"], row["skipped"], row["failed"]) == (2, 1, 0)
     assert (row["published"], row["publish_failed"], row["batches"]) == (2, 0, 1)
     assert row["as_of"] == report.as_of
-    assert row["started_at"] <= report.as_of <= row["finished_at"]
+    # Both times are the database's: finished when written, started that less the duration.
+    assert report.as_of <= row["finished_at"]
+    assert abs(row["started_at"] - report.as_of) < timedelta(seconds=5)
     assert row["duration_seconds"] == pytest.approx(report.counts.duration_ms / 1000)
     assert sum(row["duration_buckets"]) == 1
     lateness = sorted(
@@ -111,37 +119,34 @@ def test_a_failed_dispatch_is_recorded_in_its_own_transaction(engine, publisher,
     assert row["sent"] == 0
 
 
-def test_record_cycle_for_a_dagster_op_times_the_cycle_from_its_start(engine):
-    started = datetime.now(UTC) - timedelta(seconds=4)
+def test_record_cycle_stamps_the_database_clock_and_keeps_the_hosts_duration(engine):
     counts = CycleCounts(
-        sent=3, skipped=1, batches=2, published=3, lateness_seconds=[10.0, 20.0, 200.0]
+        sent=3, skipped=1, batches=2, published=3, lateness=Lateness.of([10.0, 20.0, 200.0])
     )
-
-    # The ops carry their start as epoch seconds (wall clock, across step processes).
-    assert (
-        ledger.record_cycle(
-            engine, "dagster-run-1", counts, started_at=started.timestamp(), as_of=started
-        )
-        is True
-    )
+    before = _database_now(engine)
+    # A failed run's sensor passes the duration it measured; the ledger's times are the database's.
+    assert ledger.record_cycle(engine, "dagster-run-1", counts, duration_seconds=4.0) is True
+    after = _database_now(engine)
     [row] = _rows(engine)
 
-    assert 4 <= row["duration_seconds"] < 10
+    assert before <= row["finished_at"] <= after
+    assert row["finished_at"] - row["started_at"] == timedelta(seconds=4)
+    assert row["duration_seconds"] == 4.0
     assert row["lateness_buckets"] == ledger.bucket_counts([10.0, 20.0, 200.0], LATE)
+    assert (row["lateness_count"], row["lateness_sum"]) == (3, 230.0)
     assert (row["sent"], row["batches"]) == (3, 2)
 
 
 def test_roll_up_folds_old_rows_into_the_totals_and_keeps_recent_ones(engine):
-    now = datetime.now(UTC)
+    now = _database_now(engine)
     for days_ago, error in ((3, None), (2, "OperationalError"), (0, None)):
         at = now - timedelta(days=days_ago)
-        counts = CycleCounts(sent=2, lateness_seconds=[5, 50])
-        ledger.record_cycle(
-            engine, f"run-{days_ago}", counts, started_at=at, finished_at=at, error=error
-        )
+        counts = CycleCounts(sent=2, lateness=Lateness.of([5, 50]))
+        record_cycle_at(engine, f"run-{days_ago}", counts, at, error=error)
 
-    # Each write already rolled up what was older than the retention (1 day).
-    assert [r["run_id"] for r in _rows(engine)] == ["run-0"]
+    # The next write rolls up what was older than the retention (1 day) by the database's clock.
+    assert ledger.record_cycle(engine, "run-now", CycleCounts()) is True
+    assert [r["run_id"] for r in _rows(engine)] == ["run-0", "run-now"]
     with engine.connect() as conn:
         totals = dict(conn.execute(sa.select(dispatch_metric_totals)).one()._mapping)
         assert totals["cycles"] == 2 and totals["cycles_failed"] == 1 and totals["sent"] == 4
@@ -151,5 +156,5 @@ def test_roll_up_folds_old_rows_into_the_totals_and_keeps_recent_ones(engine):
         merged = metrics_repository.ledger_totals(
             conn, len(ledger.DURATION_BUCKETS) + 1, len(LATE) + 1
         )
-    assert (merged.cycles, merged.cycles_failed, merged.sent, merged.lateness_count) == (3, 1, 6, 6)
-    assert merged.last_success_at == now
+    assert (merged.cycles, merged.cycles_failed, merged.sent, merged.lateness_count) == (4, 1, 6, 6)
+    assert merged.last_success_at > now

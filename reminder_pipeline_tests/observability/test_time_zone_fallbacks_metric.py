@@ -18,22 +18,19 @@ from reminder_pipeline.observability import exporter as exp
 from reminder_pipeline.observability import ledger
 from reminder_pipeline.store.tables import dispatch_cycles, dispatch_metric_totals
 
+from ..support import record_cycle_at
 from .helpers import exporter_settings, scrape
 
 
 def _cycle(engine, fallbacks: int, finished_at: datetime) -> None:
     counts = CycleCounts(sent=fallbacks + 1, time_zone_fallbacks=fallbacks)
-    assert ledger.record_cycle(
-        engine, "run-tz", counts, started_at=finished_at, finished_at=finished_at
-    )
+    record_cycle_at(engine, "run-tz", counts, finished_at)
 
 
 def test_build_record_carries_the_cycles_fallback_count():
-    record = ledger.build_record(
-        "r", CycleCounts(sent=3, time_zone_fallbacks=2), started_at=datetime.now(UTC)
-    )
+    record = ledger.build_record("r", CycleCounts(sent=3, time_zone_fallbacks=2))
     assert record.time_zone_fallbacks == 2
-    assert ledger.build_record("r", None, started_at=0.0).time_zone_fallbacks == 0
+    assert ledger.build_record("r", None).time_zone_fallbacks == 0
 
 
 def test_fallbacks_are_counted_per_cycle_and_survive_a_roll_up(engine, database_url):
@@ -58,7 +55,7 @@ def test_fallbacks_are_counted_per_cycle_and_survive_a_roll_up(engine, database_
         assert before.value(exp.TIME_ZONE_FALLBACKS) == 3
         assert before.families[exp.TIME_ZONE_FALLBACKS.removesuffix("_total")].type == "counter"
 
-        assert ledger.roll_up(engine, before=now + timedelta(seconds=1)) == 3
+        assert ledger.roll_up(engine, retention=timedelta(0)) == 3
         with engine.connect() as conn:
             left = conn.execute(sa.select(sa.func.count()).select_from(dispatch_cycles)).scalar()
             totals = conn.execute(sa.select(dispatch_metric_totals.c.time_zone_fallbacks)).scalar()
