@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
+import sqlalchemy as sa
 from dagster import DagsterInstance, DagsterInvalidConfigError, instance_for_test
 
 from reminder_pipeline.defs.assets import DISPATCH_ASSET_KEY, NUMERIC_METADATA
 from reminder_pipeline.defs.jobs import reminder_catch_up, reminder_dispatch
 from reminder_pipeline.domain import contract
-from reminder_pipeline_tests.support import make_due_event, outbox_rows, reminders, utcnow
+from reminder_pipeline.domain.lateness import LATENESS_BUCKETS, bucket_counts
+from reminder_pipeline_tests.support import (
+    bulk_due,
+    make_due_event,
+    outbox_rows,
+    reminders,
+    utcnow,
+)
 
 from .helpers import instance_overrides, log_messages, metadata_values, resources_for
 
@@ -145,6 +154,43 @@ def test_catch_up_drains_the_backlog_in_batches_in_one_run(
     assert meta["batches"] == 4  # 2+2+2+1: the short batch ends the drain
     assert meta["max_lateness_seconds"] >= 54 * 60
     assert result.dagster_run.tags["reminder_pipeline/kind"] == "catch-up"
+
+
+def test_a_large_drains_step_output_is_a_summary_not_a_float_per_row(
+    engine, database_url, kafka_settings, instance
+):
+    # The write step's output is stored for every run (14 days): its size must not grow with
+    # the rows it sent (1.27 MB for a 140,600-row drain when it carried a float per row).
+    rows = 5_000
+    bulk_due(engine, rows)
+
+    result = reminder_catch_up.execute_in_process(
+        run_config={"batch_size": 500},
+        instance=instance,
+        resources=resources_for(database_url, kafka_settings),
+    )
+
+    assert result.success
+    written = result.output_for_node("transition_and_outbox")
+    assert written["counts"]["sent"] == rows
+    assert len(pickle.dumps(written)) < 2_000
+    # What the relay step makes of it: the ledger's histogram and the largest lateness, exact.
+    with engine.connect() as conn:
+        lateness = (
+            conn.execute(
+                sa.text(
+                    "SELECT EXTRACT(EPOCH FROM sent_at - due_at)::float8 FROM event_reminders "
+                    "WHERE status = 'Sent'"
+                )
+            )
+            .scalars()
+            .all()
+        )
+        [row] = conn.execute(sa.text("SELECT * FROM dispatch_cycles")).mappings().all()
+    assert row["lateness_count"] == rows
+    assert row["lateness_buckets"] == bucket_counts(lateness, LATENESS_BUCKETS)
+    meta = metadata_values(result.asset_materializations_for_node("relay_outbox")[0])
+    assert meta["max_lateness_seconds"] == pytest.approx(max(lateness), abs=1e-6)
 
 
 def test_as_of_in_the_past_only_takes_rows_due_before_it(
