@@ -436,7 +436,9 @@ OUTBOX_LAG = text(
 )
 
 # Retention: published rows older than the retention, a small batch per transaction so the
-# purge never holds many locks or a long snapshot. Oldest ids first: they are the published ones.
+# purge never holds many locks or a long snapshot. Oldest published first, on the partial index
+# ix_outbox_published_at: each call reads its batch's entries and stops, and the last call (the
+# one that finds nothing old enough) reads a few pages instead of walking the whole outbox.
 PURGE_PUBLISHED_OUTBOX = text(
     """
     DELETE FROM outbox
@@ -444,7 +446,7 @@ PURGE_PUBLISHED_OUTBOX = text(
         SELECT id FROM outbox
          WHERE published_at IS NOT NULL
            AND published_at < now() - make_interval(secs => :retention_seconds)
-         ORDER BY id
+         ORDER BY published_at
          LIMIT :limit
            FOR UPDATE SKIP LOCKED
      )

@@ -105,6 +105,12 @@ outbox = sa.Table(
     sa.UniqueConstraint("reminder_id", name="uq_outbox_reminder_id"),
     sa.Index("ix_outbox_unpublished", "id", postgresql_where=sa.text("published_at IS NULL")),
     sa.Index("ix_outbox_due_at", "due_at"),
+    # The purge: published rows by age (migration 0005); unpublished rows have no entry.
+    sa.Index(
+        "ix_outbox_published_at",
+        "published_at",
+        postgresql_where=sa.text("published_at IS NOT NULL"),
+    ),
 )
 
 # --- dispatch metrics ledger (observability) ----------------------------------------------

@@ -102,6 +102,64 @@ def test_due_query_plan_uses_the_status_due_at_index(engine):
     assert {n["Index Name"] for n in scans} == {"ix_event_reminders_status_due_at"}
 
 
+def _fill_outbox(conn, rows: int, published_ago: str) -> None:
+    """``rows`` published outbox rows with a realistic payload, published ``published_ago``."""
+    conn.execute(
+        sa.text(
+            """
+            INSERT INTO outbox (topic, message_key, payload, published_at, reminder_id, due_at)
+            SELECT 'pin.calendar.reminder-due.v1', gen_random_uuid()::text,
+                   jsonb_build_object('ReminderId', gen_random_uuid(), 'EventId', gen_random_uuid(),
+                                      'Kind', 'Meeting', 'StartAt', now(), 'TimeZone', 'UTC'),
+                   now() - CAST(:ago AS interval), gen_random_uuid(), now()
+              FROM generate_series(1, :rows)
+            """
+        ),
+        {"rows": rows, "ago": published_ago},
+    )
+
+
+def _purge_plan(conn, retention_hours: float) -> dict:
+    """EXPLAIN ANALYZE of one purge call (rolled back: the test keeps its rows)."""
+    sql = queries.PURGE_PUBLISHED_OUTBOX.text
+    sql = sql.replace(":retention_seconds", str(retention_hours * 3600)).replace(":limit", "1000")
+    with conn.begin() as tx:
+        [plan] = conn.exec_driver_sql("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql).scalar_one()
+        tx.rollback()
+    return plan
+
+
+@pytest.mark.parametrize("old_rows", [0, 5_000], ids=["nothing-old-enough", "old-rows-first"])
+def test_the_outbox_purge_reads_its_batch_not_the_whole_outbox(engine, old_rows):
+    # 60,000 rows published recently: a purge with a 7-day retention has nothing to delete among
+    # them. Its last call (the one that finds nothing old enough) once walked the whole outbox.
+    with engine.begin() as conn:
+        if old_rows:
+            _fill_outbox(conn, old_rows, "10 days")
+        _fill_outbox(conn, 60_000, "1 hour")
+        conn.exec_driver_sql("ANALYZE outbox")
+    with engine.connect() as conn:
+        pages = conn.exec_driver_sql(
+            "SELECT relpages FROM pg_class WHERE relname = 'outbox'"
+        ).scalar_one()
+        conn.rollback()
+        plan = _purge_plan(conn, retention_hours=7 * 24)
+
+    scans = [n for n in _nodes(plan["Plan"]) if n.get("Relation Name") == "outbox"]
+    assert {n.get("Index Name") for n in scans if "Index" in n["Node Type"]} >= {
+        "ix_outbox_published_at"
+    }
+    root = plan["Plan"]
+    assert root["Actual Rows"] == 0  # a DELETE returns nothing; what it deleted:
+    deleted = min(old_rows, 1000)
+    [select] = [n for n in scans if n.get("Index Name") == "ix_outbox_published_at"]
+    assert select["Actual Rows"] == deleted
+    # The buffers read grow with the batch, not with the outbox (once: every page of it).
+    buffers = root["Shared Hit Blocks"] + root["Shared Read Blocks"]
+    assert pages > 2_000
+    assert buffers < 100 + 10 * deleted, (buffers, pages)
+
+
 def _nodes(node: dict):
     yield node
     for child in node.get("Plans", []):
