@@ -11,7 +11,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 
 from sqlalchemy.engine import make_url
@@ -104,8 +104,12 @@ def check_budget_seconds(
     return check_number(value, name, MIN_BUDGET_SECONDS, high)
 
 
-def check_as_of(value: object, name: str = "as_of", now: datetime | None = None) -> datetime | None:
-    """AsOf: ISO-8601 text (or a datetime) with a zone, not in the future; None/empty means now."""
+def parse_as_of(value: object, name: str = "as_of") -> datetime | None:
+    """AsOf's form: ISO-8601 text (or a datetime) with a zone; None/empty means now.
+
+    Whether it is in the future is :func:`check_as_of`'s, against the database's clock: the
+    option and the run config are parsed on a host whose clock may be off.
+    """
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
     if isinstance(value, datetime):
@@ -125,7 +129,13 @@ def check_as_of(value: object, name: str = "as_of", now: datetime | None = None)
         raise ConfigError(
             f"{name}={parsed.isoformat()!r} has no time zone (e.g. 2026-11-30T10:00:00Z)"
         )
-    if parsed > (now or datetime.now(UTC)):
+    return parsed
+
+
+def check_as_of(value: object, name: str = "as_of", *, now: datetime) -> datetime | None:
+    """AsOf (:func:`parse_as_of`) not after ``now``, the database's clock; None means now."""
+    parsed = parse_as_of(value, name)
+    if parsed is not None and parsed > now:
         raise ConfigError(f"{name}={parsed.isoformat()!r} is in the future; it must be <= now")
     return parsed
 

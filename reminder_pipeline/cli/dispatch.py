@@ -19,6 +19,7 @@ from .options import (
     budget_option,
     env_option,
     flag,
+    given_as,
     json_option,
 )
 from .output import print_fields, print_json
@@ -74,6 +75,8 @@ def dispatch(
     endpoints, engine = open_servers(settings, broker=not no_relay)
     try:
         require_schema(engine)
+        # Not after the database's clock (this host's may be off): the same one line, exit 2.
+        as_of = cycle.check_as_of(engine, as_of, given_as("as_of"))
         publisher = None if no_relay else open_publisher(settings, endpoints.bootstrap_servers)
         line = progress_line()
 

@@ -17,7 +17,6 @@ from click.core import ParameterSource
 from ..config import (
     DEFAULT_CYCLE_BUDGET_SECONDS,
     ConfigError,
-    check_as_of,
     check_batch_size,
     check_budget_seconds,
     check_max_batches,
@@ -26,6 +25,7 @@ from ..config import (
     check_port,
     check_purge_batch_size,
     check_retention_hours,
+    parse_as_of,
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -45,6 +45,13 @@ def _given_as(param: click.Parameter, ctx: click.Context | None) -> str:
     if isinstance(param, click.Option):
         return max(param.opts, key=len)
     return param.human_readable_name
+
+
+def given_as(name: str) -> str:
+    """How the operator gave the running command's value ``name``: its option or its variable."""
+    ctx = click.get_current_context()
+    [param] = [p for p in ctx.command.params if p.name == name]
+    return _given_as(param, ctx)
 
 
 class Checked(click.ParamType):
@@ -68,7 +75,9 @@ class Checked(click.ParamType):
 BATCH_SIZE = Checked(check_batch_size, "ROWS")
 MAX_BATCHES = Checked(check_max_batches, "N")
 BUDGET_SECONDS = Checked(check_budget_seconds, "SECONDS")
-AS_OF = Checked(lambda value, name: check_as_of(value, name), "ISO-8601")
+#: AsOf's form only: whether it is in the future is checked against the database's clock, once the
+#: command is connected (``cycle.check_as_of``), never against this host's.
+AS_OF = Checked(parse_as_of, "ISO-8601")
 RETENTION_HOURS = Checked(check_retention_hours, "HOURS")
 PURGE_BATCH_SIZE = Checked(check_purge_batch_size, "ROWS")
 POISON_LIMIT = Checked(check_poison_limit, "ROWS")

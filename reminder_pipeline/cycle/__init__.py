@@ -21,7 +21,14 @@ transaction, logged after commit); and :func:`drain` (:mod:`.drain`), batch afte
 """
 
 from .batch import decide_batch, dispatch_batch, lock_due_batch, report_batch, write_batch
-from .clock import CLOCK_SKEW_WARN_SECONDS, as_of_or_now, database_now, now_utc, read_clock
+from .clock import (
+    CLOCK_SKEW_WARN_SECONDS,
+    as_of_or_now,
+    check_as_of,
+    database_now,
+    now_utc,
+    read_clock,
+)
 from .drain import RELAY_QUEUE_ROWS, drain
 from .records import (
     BatchOutcome,
@@ -59,6 +66,7 @@ __all__ = [
     "Written",
     "as_of_or_now",
     "backlog_left",
+    "check_as_of",
     "database_now",
     "decide_batch",
     "dispatch_batch",

@@ -40,7 +40,20 @@ def read_clock(engine: Engine) -> tuple[datetime, float]:
     return now, (before + after) / 2 - now.timestamp()
 
 
-def as_of_or_now(as_of: object, now: datetime | None = None) -> datetime:
-    """Default ``as_of`` to now; refuse a naive or future one (``config.check_as_of``'s lines)."""
-    now = now or now_utc()
-    return settings.check_as_of(as_of, now=now) or now
+def as_of_or_now(as_of: object, now: datetime, name: str = "as_of") -> datetime:
+    """Default ``as_of`` to ``now`` (the database's clock); refuse a naive or future one.
+
+    The refusal is ``config.check_as_of``'s one line, naming the value as ``name``.
+    """
+    return settings.check_as_of(as_of, name, now=now) or now
+
+
+def check_as_of(engine: Engine, as_of: object, name: str = "as_of") -> datetime | None:
+    """An operator's AsOf checked against the database's clock (None: now, at the cycle's start).
+
+    Where it is given (the CLI, the run config) the host's clock may be off either way; a slow
+    host must not refuse an AsOf the database's clock accepts, nor a fast one take a future one.
+    """
+    if as_of is None:
+        return None
+    return settings.check_as_of(as_of, name, now=database_now(engine))

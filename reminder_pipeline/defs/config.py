@@ -90,8 +90,9 @@ def validated(job_name: str, config_cls: type[Config], op_def: OpDefinition) -> 
 
 
 def _as_of(value: str) -> Optional[str]:
-    # Checked again when the run starts, against the database's clock: a queued run may start later.
-    return None if settings.check_as_of(value) is None else value.strip()
+    # Its form only: whether it is in the future is checked when the run starts, against the
+    # database's clock (select_due_batch), never against the clock of the host that creates it.
+    return None if settings.parse_as_of(value) is None else value.strip()
 
 
 class CycleConfig(CheckedConfig):

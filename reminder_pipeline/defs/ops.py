@@ -12,6 +12,7 @@ nothing for rows that were sent, skipped or cancelled since (docs/design.md).
 from dagster import AssetMaterialization, DagsterType, Failure, MetadataValue, Out, Output, op
 
 from .. import cycle
+from ..config import ConfigError
 from ..logs import FoldingJournal
 from .assets import DISPATCH_ASSET_KEY
 from .config import CycleConfig
@@ -61,16 +62,19 @@ def select_due_batch(context, config: CycleConfig, postgres: PostgresResource) -
     """Step 1: the due rows this run takes; concurrent runs take disjoint batches."""
     refuse_overridden_limits(context)
     with FoldingJournal(context.log) as journal:
-        # AsOf is checked here against the database's clock: a queued run may start later.
-        started = cycle.start(
-            context.run_id,
-            engine=postgres.engine,
-            batch_size=config.batch_size,
-            as_of=config.as_of,
-            max_batches=config.max_batches,
-            budget_seconds=config.budget_seconds,
-            journal=journal,
-        )
+        try:
+            started = cycle.start(
+                context.run_id,
+                engine=postgres.engine,
+                batch_size=config.batch_size,
+                as_of=config.as_of,
+                max_batches=config.max_batches,
+                budget_seconds=config.budget_seconds,
+                journal=journal,
+            )
+        except ConfigError as error:
+            # AsOf after the database's clock: the run config's one line, before any row is taken.
+            raise Failure(description=f"{context.job_name} run config refused: {error}") from None
         reserved = cycle.reserve(postgres.engine, started, journal=journal)
     return {
         "cycle": started.plain(),

@@ -135,6 +135,12 @@ def test_defaults_and_a_valid_config_are_accepted():
 
 
 @pytest.mark.usefixtures("env")
+def test_the_run_config_leaves_the_future_to_the_database_clock():
+    # Its form is checked at launch; "not after now" when the run starts, on the database's
+    # clock (defs/test_job.py): the host creating the run may be off either way.
+    validate_run_config(defs.get_job_def("reminder_dispatch"), {"as_of": "2999-01-01T00:00:00Z"})
+
+
 @pytest.mark.parametrize(
     ("job", "run_config", "message"),
     [
@@ -156,11 +162,6 @@ def test_defaults_and_a_valid_config_are_accepted():
             "reminder_dispatch",
             {"budget_seconds": float("nan")},
             "budget_seconds=nan is not a finite number",
-        ),
-        (
-            "reminder_dispatch",
-            {"as_of": "2999-01-01T00:00:00Z"},
-            "as_of='2999-01-01T00:00:00+00:00' is in the future; it must be <= now",
         ),
         (
             "reminder_dispatch",

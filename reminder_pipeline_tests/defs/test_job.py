@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 import sqlalchemy as sa
-from dagster import DagsterInstance, DagsterInvalidConfigError, instance_for_test
+from dagster import (
+    DagsterInstance,
+    DagsterInvalidConfigError,
+    instance_for_test,
+    validate_run_config,
+)
 
+from reminder_pipeline import config as settings_module
+from reminder_pipeline.cycle import database_now
 from reminder_pipeline.defs.assets import DISPATCH_ASSET_KEY, NUMERIC_METADATA
 from reminder_pipeline.defs.jobs import reminder_catch_up, reminder_dispatch
 from reminder_pipeline.domain import contract
@@ -213,8 +220,8 @@ def test_as_of_in_the_past_only_takes_rows_due_before_it(
 
 @pytest.mark.parametrize(
     "run_config",
-    [{"as_of": "2999-01-01T00:00:00Z"}, {"batch_size": 0}],
-    ids=["future-as-of", "batch-0"],
+    [{"as_of": "yesterday"}, {"batch_size": 0}],
+    ids=["as-of-not-a-time", "batch-0"],
 )
 def test_a_bad_run_config_is_refused_before_anything_is_written(
     engine, database_url, kafka_settings, instance, run_config
@@ -232,6 +239,59 @@ def test_a_bad_run_config_is_refused_before_anything_is_written(
     assert reminders(engine, event_id)[0]["status"] == "Pending"
     assert outbox_rows(engine) == []
     assert instance.get_runs() == []  # refused before a run existed
+
+
+def test_an_as_of_after_the_database_clock_is_refused_when_the_run_starts(
+    engine, database_url, kafka_settings, instance
+):
+    # The database's clock decides (the host creating the run may be off): the run config's one
+    # line, from the first step, before any row is taken.
+    event_id = make_due_event(engine, minutes_overdue=1)
+    ahead = (database_now(engine) + timedelta(minutes=5)).isoformat()
+
+    result = reminder_dispatch.execute_in_process(
+        run_config={"as_of": ahead},
+        instance=instance,
+        resources=resources_for(database_url, kafka_settings),
+        raise_on_error=False,
+    )
+
+    assert not result.success
+    [failure] = [e for e in result.all_events if e.is_step_failure]
+    assert failure.step_key == "select_due_batch"
+    description = failure.step_failure_data.user_failure_data.description
+    assert description == (
+        f"reminder_dispatch run config refused: as_of='{ahead}' is in the future; it must be <= now"
+    )
+    assert reminders(engine, event_id)[0]["status"] == "Pending"
+    assert outbox_rows(engine) == []
+
+
+class _SlowHostDatetime(datetime):
+    """This process's wall clock 20 minutes slow (a host whose clock is behind)."""
+
+    @classmethod
+    def now(cls, tz=None):
+        return datetime.now(tz) - timedelta(minutes=20)
+
+
+def test_a_slow_host_launches_an_as_of_the_database_accepts(
+    engine, database_url, kafka_settings, instance, monkeypatch
+):
+    # A host 20 minutes slow took an AsOf a minute ago for the future and refused it at launch.
+    monkeypatch.setattr(settings_module, "datetime", _SlowHostDatetime)
+    due = make_due_event(engine, minutes_overdue=3)
+    as_of = (database_now(engine) - timedelta(minutes=1)).isoformat()
+
+    validate_run_config(reminder_dispatch, {"as_of": as_of})
+    result = reminder_dispatch.execute_in_process(
+        run_config={"as_of": as_of},
+        instance=instance,
+        resources=resources_for(database_url, kafka_settings),
+    )
+
+    assert result.success
+    assert reminders(engine, due)[0]["status"] == "Sent"
 
 
 def test_an_unreachable_database_fails_the_run_naming_the_setting(kafka_settings, instance):

@@ -23,7 +23,15 @@ import sqlalchemy as sa
 from reminder_pipeline.domain.model import CycleCounts
 from reminder_pipeline.observability import exporter, health, ledger
 
-from ..support import make_due_event, make_event, record_cycle_at, reminders, run_cli, utcnow
+from ..support import (
+    error_lines,
+    make_due_event,
+    make_event,
+    record_cycle_at,
+    reminders,
+    run_cli,
+    utcnow,
+)
 
 FAST_SECONDS = 600
 #: The hosts of the issue: one 20 minutes slow, one 2 days fast.
@@ -132,6 +140,27 @@ def test_an_operators_as_of_is_checked_against_the_database_clock(engine, fast_c
     result = run_cli("dispatch", "--no-relay", "--as-of", ahead, env=fast_clock_env)
     assert result.returncode != 0
     assert "is in the future" in result.stderr
+
+
+def test_a_slow_host_takes_an_as_of_the_database_accepts(
+    engine, tmp_path, database_url, kafka_settings
+):
+    env = _shifted_clock_env(tmp_path, database_url, kafka_settings, SKEWS["host-20-min-slow"])
+    due = make_due_event(engine, minutes_overdue=3)
+    # A minute ago for the database: 19 minutes ahead of the slow host's clock.
+    as_of = (_database_now(engine) - timedelta(minutes=1)).isoformat()
+
+    result = run_cli("dispatch", "--json", "--no-relay", "--as-of", as_of, env=env)
+
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["sent"] == 1
+    assert reminders(engine, due)[0]["status"] == "Sent"
+    # A future one is still refused, in its one line, named as the operator gave it.
+    ahead = (_database_now(engine) + timedelta(minutes=5)).isoformat()
+    refused = run_cli("dispatch", "--no-relay", env={**env, "REMINDER_AS_OF": ahead})
+    assert refused.returncode == 2
+    [line] = error_lines(refused)
+    assert line.endswith(f"REMINDER_AS_OF='{ahead}' is in the future; it must be <= now")
 
 
 def test_the_skew_is_counted_a_gauge_and_a_warning_check(engine, fast_clock_env):

@@ -78,7 +78,7 @@ def test_a_job_narrows_the_budget_with_the_same_message():
 
 def test_as_of_is_iso_8601_with_a_zone_and_never_in_the_future():
     now = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
-    assert check_as_of(None) is None and check_as_of(" ") is None
+    assert check_as_of(None, now=now) is None and check_as_of(" ", now=now) is None
     assert check_as_of("2026-11-30T09:00:00Z", now=now) == now - timedelta(hours=1)
     assert check_as_of(now, now=now) == now
     for value, message in [
