@@ -40,12 +40,10 @@ def read_clock(engine: Engine) -> tuple[datetime, float]:
     return now, (before + after) / 2 - now.timestamp()
 
 
-def as_of_or_now(as_of: object, now: datetime, name: str = "as_of") -> datetime:
-    """Default ``as_of`` to ``now`` (the database's clock); refuse a naive or future one.
-
-    The refusal is ``config.check_as_of``'s one line, naming the value as ``name``.
-    """
-    return settings.check_as_of(as_of, name, now=now) or now
+def as_of_or_now(as_of: object, now: datetime) -> datetime:
+    """Default ``as_of`` to ``now`` (the database's clock); refuse a naive or future one
+    (``config.check_as_of``'s lines)."""
+    return settings.check_as_of(as_of, now=now) or now
 
 
 def check_as_of(engine: Engine, as_of: object, name: str = "as_of") -> datetime | None:
