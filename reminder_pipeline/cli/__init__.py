@@ -20,6 +20,7 @@ from .context import DEFAULT_PROGRESS_SECONDS
 from .db import db
 from .demo import demo
 from .dispatch import dispatch, relay
+from .dlq import dlq
 from .exits import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, run
 from .metrics import metrics
 from .options import PROGRESS_SECONDS, env_option
@@ -76,6 +77,8 @@ def cli(ctx: click.Context, log_level: str, progress_seconds: float) -> None:
 
 
 for _command in (dispatch, relay, poison, outbox, db, services, consume, metrics, demo, up):
+    cli.add_command(_command)
+for _command in (dlq,):
     cli.add_command(_command)
 
 
