@@ -9,7 +9,7 @@ copy cut to fit is refused: its original is not in it. The real replay is in the
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..audit import audited
@@ -100,7 +100,7 @@ def replay(
     first message is produced and with the count after."""
     planned = plan(kafka, position, dlq_topic)
     if dry_run or not planned.replay:
-        return planned
+        return replace(planned, dry_run=dry_run)
     with audited(
         "dead letters replay",
         operator=actor,

@@ -16,18 +16,29 @@ from sqlalchemy.engine import Connection
 # The database's clock at the start of the transaction (the forecast's "now").
 DATABASE_NOW = text("SELECT now()")
 
-# Pending reminders per minute in [:start, :until): an index-only range scan of the partial
-# index ix_event_reminders_status_due_at (status = 'Pending', (due_at, id)), so it reads only the
-# window's rows however many Sent/Skipped rows the table holds (docs/benchmarks.md, "forecast").
+# Pending reminders per minute in [:start, :until), minutes with none left out: for each minute
+# an index-only range scan of the partial index ix_event_reminders_status_due_at (status =
+# 'Pending', (due_at, id)) that counts its entries, so it reads only the window's Pending rows
+# however many Sent/Skipped rows the table holds, and nothing is sorted. At 10M rows (~167k
+# Pending in the next 24 h) ~120 ms, half the time of one GROUP BY date_trunc over the same range,
+# which sorts every row (docs/benchmarks.md, "The forecast query").
 DUE_PER_MINUTE = text(
     """
-    SELECT date_trunc('minute', due_at) AS minute, count(*) AS due
-      FROM event_reminders
-     WHERE status = 'Pending' AND due_at >= :start AND due_at < :until
-     GROUP BY 1
-     ORDER BY 1
+    SELECT m.minute, c.due
+      FROM generate_series(CAST(:start AS timestamptz),
+                           CAST(:until AS timestamptz) - interval '1 minute',
+                           interval '1 minute') AS m(minute)
+     CROSS JOIN LATERAL (
+           SELECT count(*) AS due
+             FROM event_reminders
+            WHERE status = 'Pending'
+              AND due_at >= m.minute AND due_at < m.minute + interval '1 minute'
+           ) AS c
+     WHERE c.due > 0
+     ORDER BY m.minute
     """
 )
+
 
 # The ledger's drain rate: rows moved out of Pending per second of cycle, over successful cycles
 # since :since that drained at least :min_rows (idle cycles measure their overhead, not a drain).
