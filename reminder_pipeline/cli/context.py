@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ..config import Settings
+from ..config import KafkaSettings, Settings
 from .output import ProgressLine
 
 if TYPE_CHECKING:
@@ -82,6 +82,16 @@ def open_publisher(settings: Settings, bootstrap_servers: str | None) -> KafkaPu
     kafka = settings.kafka(bootstrap_servers)
     ensure_topic(kafka, timeout=10.0)  # also the broker's reachability check, before any write
     return KafkaPublisher(kafka)
+
+
+def broker_settings() -> KafkaSettings:
+    """The broker's settings for a command that only reads or writes Kafka (a URL, else the
+    embedded broker)."""
+    from ..local.endpoints import embedded_broker, require_servers
+
+    settings = load_settings()
+    require_servers(settings, database=False)
+    return settings.kafka(settings.kafka_bootstrap_servers or embedded_broker(settings).start())
 
 
 def operator_name() -> str:

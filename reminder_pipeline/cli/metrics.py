@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from .context import load_settings, open_servers, stop_signals
 from .exits import EXIT_OK
 from .options import env_option, port_option
+
+if TYPE_CHECKING:
+    from ..config import Settings
+    from ..observability.exporter import DaemonHeartbeats
 
 
 @click.command()
@@ -29,7 +35,9 @@ def metrics(host: str, port: int) -> int:
     settings = load_settings()
     endpoints, engine = open_servers(settings)
     engine.dispose()  # the reachability check only: the exporter keeps its own small pool
-    exporter = start_exporter(settings, endpoints, host=host, port=port)
+    exporter = start_exporter(
+        settings, endpoints, host=host, port=port, heartbeats=daemon_heartbeats(settings)
+    )
     print(f"Prometheus metrics: {exporter.url}", flush=True)
     with stop_signals() as stop:
         try:
@@ -37,3 +45,18 @@ def metrics(host: str, port: int) -> int:
         finally:
             exporter.stop()
     return EXIT_OK
+
+
+#: The reader of Dagster's daemon heartbeats, in the Dagster layer (only defs/ imports Dagster;
+#: the command line does not depend on it): loaded by name, and only where an instance is named.
+HEARTBEATS_READER = "reminder_pipeline.defs.heartbeats"
+
+
+def daemon_heartbeats(settings: Settings) -> DaemonHeartbeats | None:
+    """Dagster's daemon heartbeats when ``DAGSTER_HOME`` names an instance, else None."""
+    import importlib
+
+    if not settings.env.get("DAGSTER_HOME"):
+        return None
+    reader: DaemonHeartbeats = importlib.import_module(HEARTBEATS_READER).instance_heartbeats()
+    return reader

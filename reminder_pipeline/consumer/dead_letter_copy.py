@@ -10,23 +10,21 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from ..domain import contract
-
-DLQ_TOPIC = f"{contract.TOPIC}.dlq"
-
-HEADER_DLQ_REASON = "dlq-reason"
-HEADER_DLQ_ERROR = "dlq-error"
-HEADER_DLQ_ATTEMPTS = "dlq-attempts"
-HEADER_DLQ_TOPIC = "dlq-original-topic"
-HEADER_DLQ_PARTITION = "dlq-original-partition"
-HEADER_DLQ_OFFSET = "dlq-original-offset"
-HEADER_DLQ_GROUP = "dlq-consumer-group"
-HEADER_DLQ_FAILED_AT = "dlq-failed-at"
-#: The original value's size in bytes and its SHA-256 (hex): a copy cut to fit still names it.
-HEADER_DLQ_SIZE = "dlq-original-size"
-HEADER_DLQ_DIGEST = "dlq-original-sha256"
-#: Present when the copy is not the whole original: what was cut ("value", "headers").
-HEADER_DLQ_TRUNCATED = "dlq-truncated"
+# The topic and header names are shared with the operator's side (`reminder-pipeline dlq`).
+from ..messaging.dead_letters import (  # noqa: F401 (re-exported)
+    DLQ_TOPIC,
+    HEADER_DLQ_ATTEMPTS,
+    HEADER_DLQ_DIGEST,
+    HEADER_DLQ_ERROR,
+    HEADER_DLQ_FAILED_AT,
+    HEADER_DLQ_GROUP,
+    HEADER_DLQ_OFFSET,
+    HEADER_DLQ_PARTITION,
+    HEADER_DLQ_REASON,
+    HEADER_DLQ_SIZE,
+    HEADER_DLQ_TOPIC,
+    HEADER_DLQ_TRUNCATED,
+)
 
 #: librdkafka's default ``message.max.bytes`` (Kafka's broker default is 1,048,588): any message
 #: a default producer could send fits the broker, but its dead-letter copy with our headers

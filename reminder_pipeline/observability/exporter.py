@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
@@ -36,7 +36,7 @@ from ..config import Settings
 from ..logs import event
 from ..metrics_http import MetricsPortUnavailable, MetricsServer, serve_registry
 from ..store import metrics_repository, repository
-from . import ledger
+from . import forecast, ledger
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,10 @@ POISON_OLDEST_AGE = PREFIX + "poison_oldest_age_seconds"
 TIME_ZONE_FALLBACKS = PREFIX + "time_zone_fallbacks_total"
 CLOCK_SKEW = PREFIX + "clock_skew_seconds"
 CLOCK_SKEWED_CYCLES = PREFIX + "clock_skewed_cycles"
+FORECAST_PEAK_DUE = PREFIX + "forecast_peak_due"
+FORECAST_PEAK_TIME = PREFIX + "forecast_peak_timestamp_seconds"
+FORECAST_CAPACITY = PREFIX + "forecast_capacity_per_run"
+DAEMON_HEARTBEAT_AGE = PREFIX + "daemon_heartbeat_age_seconds"
 UP = PREFIX + "up"
 SCRAPE_DURATION = PREFIX + "scrape_duration_seconds"
 
@@ -82,7 +86,16 @@ METRIC_NAMES: tuple[str, ...] = (
     TIME_ZONE_FALLBACKS,
     CLOCK_SKEW,
     CLOCK_SKEWED_CYCLES,
+    FORECAST_PEAK_DUE,
+    FORECAST_PEAK_TIME,
+    FORECAST_CAPACITY,
 )
+#: Served besides those when the exporter is given Dagster's daemon heartbeats (DaemonHeartbeats).
+HEARTBEAT_METRIC_NAMES: tuple[str, ...] = (DAEMON_HEARTBEAT_AGE,)
+
+#: Reads Dagster's daemon heartbeats: the newest heartbeat's epoch seconds per daemon type
+#: (``SCHEDULER``, ``SENSOR``, ...). The Dagster layer provides it (only defs/ imports Dagster).
+DaemonHeartbeats = Callable[[], Mapping[str, float]]
 
 SCRAPE_STATEMENT_TIMEOUT_MS = 5_000
 DEFAULT_HOST = "127.0.0.1"
@@ -97,6 +110,8 @@ class Snapshot:
     outbox: repository.OutboxLag
     poison: metrics_repository.PoisonRows
     clock_skew: metrics_repository.ClockSkew
+    #: The next 24 hours' busiest minute and one run's capacity (observability.forecast).
+    forecast: forecast.Forecast
 
 
 def read_snapshot(engine: Engine, now: datetime | None = None) -> Snapshot:
@@ -123,6 +138,7 @@ def read_snapshot(engine: Engine, now: datetime | None = None) -> Snapshot:
             metrics_repository.clock_skew_since(
                 conn, now - ledger.CLOCK_SKEW_WINDOW, ledger.CLOCK_SKEW_WARN_SECONDS
             ),
+            forecast.read(conn),
         )
 
 
@@ -239,6 +255,27 @@ def families(snapshot: Snapshot) -> list[Metric]:
             value=snapshot.clock_skew.skewed_cycles,
         ),
     ]
+    # The coming peak (the ``coming_peak`` check's figures): warn before it is due.
+    ahead = snapshot.forecast
+    peak_minute, peak_due = ahead.peak
+    hours = ahead.hours
+    out += [
+        GaugeMetricFamily(
+            FORECAST_PEAK_DUE,
+            f"Pending reminders due in the busiest minute of the next {hours} h.",
+            value=peak_due,
+        ),
+        GaugeMetricFamily(
+            FORECAST_PEAK_TIME,
+            f"Start of the busiest minute of the next {hours} h (0 if nothing is due).",
+            value=0.0 if peak_minute is None else peak_minute.timestamp(),
+        ),
+        GaugeMetricFamily(
+            FORECAST_CAPACITY,
+            "Rows one dispatch run moves within its budget at the drain rate the ledger measured.",
+            value=ahead.capacity_per_run,
+        ),
+    ]
     # Absent until a cycle has ever succeeded: the liveness rule treats absence as "not live".
     if t.last_success_at is not None:
         out.append(
@@ -254,9 +291,11 @@ def families(snapshot: Snapshot) -> list[Metric]:
 class LedgerCollector(Collector):
     """A prometheus_client collector reading the ledger and the live tables on each scrape."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, heartbeats: DaemonHeartbeats | None = None) -> None:
         self._engine = engine
+        self._heartbeats = heartbeats
         self._healthy: bool | None = None
+        self._heartbeats_read: bool | None = None
 
     def describe(self) -> Iterator[Metric]:
         """The families' names, without touching the database (used at registration)."""
@@ -274,11 +313,40 @@ class LedgerCollector(Collector):
         self._transition(True, None)
         yield GaugeMetricFamily(UP, "1 if the last scrape read the database.", value=1)
         yield from families(snapshot)
+        if self._heartbeats is not None:
+            yield from self._daemon_heartbeats()
         yield GaugeMetricFamily(
             SCRAPE_DURATION,
             "Time this scrape spent reading the database.",
             value=time.monotonic() - started,
         )
+
+    def _daemon_heartbeats(self) -> Iterator[Metric]:
+        """The age of each Dagster daemon's newest heartbeat; absent when they cannot be read."""
+        assert self._heartbeats is not None
+        try:
+            beats = self._heartbeats()
+        except Exception as exc:  # noqa: BLE001 - the dispatcher's metrics are served regardless
+            if self._heartbeats_read is not False:
+                event(
+                    log,
+                    logging.WARNING,
+                    "metrics scrape cannot read Dagster's daemon heartbeats",
+                    error_kind=type(exc).__name__,
+                )
+            self._heartbeats_read = False
+            return
+        self._heartbeats_read = True
+        ages = GaugeMetricFamily(
+            DAEMON_HEARTBEAT_AGE,
+            "Seconds since each Dagster daemon's newest heartbeat (the scheduler's going stale "
+            "means the daemon is down: no schedule ticks, no dispatch runs).",
+            labels=["daemon"],
+        )
+        now = time.time()
+        for daemon, beat in sorted(beats.items()):
+            ages.add_metric([daemon], max(now - beat, 0.0))
+        yield ages
 
     def _transition(self, healthy: bool, error_kind: str | None) -> None:
         # Log changes only: Prometheus scrapes every 15 s, a log line each time would drown others.
@@ -332,12 +400,13 @@ def start_exporter(
     host: str | None = None,
     port: int | None = None,
     engine: Engine | None = None,
+    heartbeats: DaemonHeartbeats | None = None,
 ) -> MetricsExporter:
     """Serve ``/metrics`` in a background thread on ``host:port`` and return the running exporter.
 
     Defaults: ``REMINDER_METRICS_HOST`` (else 127.0.0.1; a container sets 0.0.0.0) and
     ``settings.metrics_port`` (``REMINDER_METRICS_PORT``, 9464). A port in use is a one-line
-    :class:`ServiceError`.
+    :class:`ServiceError`. ``heartbeats`` adds the age of Dagster's daemon heartbeats.
     """
     from ..store.engine import make_engine
 
@@ -348,7 +417,7 @@ def start_exporter(
         endpoints.database_url, pool_size=2, application_name="reminder-pipeline-exporter"
     )
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(LedgerCollector(engine))
+    registry.register(LedgerCollector(engine, heartbeats))
     try:
         server = serve_registry(registry, host, port)
     except OSError as exc:

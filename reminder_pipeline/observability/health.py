@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from sqlalchemy.engine import Engine
 
 from ..store import metrics_repository, repository
-from . import ledger
+from . import forecast, ledger
 
 RUNBOOK_DISPATCH = "docs/runbooks/reminder-dispatch.md"
 RUNBOOK_OUTBOX = "docs/runbooks/outbox-backlog.md"
@@ -24,6 +24,7 @@ RUNBOOK_OVERDUE = RUNBOOK_DISPATCH + "#overdue-pending-reminders"
 RUNBOOK_ERRORS = RUNBOOK_DISPATCH + "#errors-sustained"
 RUNBOOK_LATENESS = RUNBOOK_DISPATCH + "#lateness-slo-burn"
 RUNBOOK_CLOCK_SKEW = RUNBOOK_DISPATCH + "#clock-skew"
+RUNBOOK_COMING_PEAK = RUNBOOK_DISPATCH + "#coming-peak-over-one-runs-capacity"
 
 #: No successful cycle for longer than this: the dispatcher is not running (design: > 5 min).
 LIVENESS_SECONDS = 300.0
@@ -268,7 +269,51 @@ def clock_skew(engine: Engine, now: datetime) -> HealthCheck:
     )
 
 
-CHECKS = (liveness, overdue, errors, outbox_backlog, lateness_slo, clock_skew)
+def coming_peak(engine: Engine, now: datetime) -> HealthCheck:
+    """No minute of the next 24 hours holds more due reminders than one run can move."""
+    del now  # the forecast counts on the database's clock, like the due query
+    ahead = forecast.forecast(engine)
+    minute, due = ahead.peak
+    over = ahead.over_capacity()
+    capacity = ahead.capacity_per_run
+    rate = (
+        f"{ahead.drain_rows_per_second:,.0f} rows/s measured over {ahead.drain_cycles} cycles"
+        if ahead.drain_cycles
+        else f"{ahead.drain_rows_per_second:,.0f} rows/s assumed (no drain in the ledger yet)"
+    )
+    run = f"one run moves {capacity:,} in {ahead.budget_seconds:.0f} s at {rate}"
+    if over:
+        first, first_due = over[0]
+        description = (
+            f"{first.isoformat()} holds {first_due:,} due reminders, more than one run can move: "
+            f"{run}; {len(over)} minute(s) over in the next {ahead.hours} h, the peak "
+            f"{due:,} at {minute.isoformat() if minute else '-'}."
+        )
+    elif minute is None:
+        description = f"Nothing due in the next {ahead.hours} h; {run}."
+    else:
+        description = f"Busiest coming minute {minute.isoformat()}: {due:,} due; {run}."
+    return HealthCheck(
+        name="coming_peak",
+        passed=not over,
+        description=description,
+        metadata={
+            "peak_minute": None if minute is None else minute.isoformat(),
+            "peak_due": due,
+            "capacity_per_run": capacity,
+            "minutes_over_capacity": len(over),
+            "first_minute_over": over[0][0].isoformat() if over else None,
+            "drain_rows_per_second": round(ahead.drain_rows_per_second, 1),
+            "drain_cycles": ahead.drain_cycles,
+            "hours": ahead.hours,
+            "runbook_url": RUNBOOK_COMING_PEAK,
+        },
+        severity="WARN",
+        runbook_url=RUNBOOK_COMING_PEAK,
+    )
+
+
+CHECKS = (liveness, overdue, errors, outbox_backlog, lateness_slo, clock_skew, coming_peak)
 
 _MIN = 60.0
 
@@ -305,11 +350,18 @@ ASSERTIONS: dict[str, tuple[str, str]] = {
         "s off the database's (a warning: the database's clock is used, never the host's).",
         RUNBOOK_CLOCK_SKEW,
     ),
+    "coming_peak": (
+        f"No minute of the next {forecast.DEFAULT_HOURS} hours holds more due reminders than one "
+        "dispatch run moves within its budget at the drain rate the ledger measured (a warning, "
+        "ahead of the peak).",
+        RUNBOOK_COMING_PEAK,
+    ),
 }
 
 
 def evaluate(engine: Engine, now: datetime | None = None) -> list[HealthCheck]:
-    """Every check, in a fixed order: liveness, overdue, errors, outbox, lateness, clock skew.
+    """Every check, in a fixed order: liveness, overdue, errors, outbox, lateness, clock skew,
+    the coming peak.
 
     ``now`` defaults to the database's clock, the one the ledger's rows are stamped with: the
     host that evaluates the checks may run fast or slow (docs/design.md, "One clock").

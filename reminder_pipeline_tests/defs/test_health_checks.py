@@ -40,6 +40,7 @@ NAMES = [
     "outbox_backlog",
     "lateness_slo",
     "clock_skew",
+    "coming_peak",
 ]
 
 
@@ -95,6 +96,7 @@ def test_with_no_dispatch_ever_and_an_overdue_row_liveness_and_overdue_fail(
         "outbox_backlog": True,
         "lateness_slo": True,
         "clock_skew": True,
+        "coming_peak": True,
     }
     overdue = checks["no_overdue_reminders"]
     assert overdue.severity is AssetCheckSeverity.ERROR

@@ -75,6 +75,8 @@ NOT_KUBERNETES_SETTINGS = {
     "dagster.yaml); the chart writes Dagster's storage into the instance it mounts",
     "DAGSTER_WEBSERVER_PORT": "the port of the webserver `reminder-pipeline up` starts; the chart "
     "runs the webserver",
+    "DAGSTER_HOME": "set by the image (`ENV DAGSTER_HOME`, the chart's global.dagsterHome, checked "
+    "above); `metrics` reads Dagster's daemon heartbeats from that instance",
 }
 
 
