@@ -1,7 +1,8 @@
 """The reference notifications consumer: pin.calendar.reminder-due.v1 to notifications.
 
 Its rooms: the message read into notifications (notifications.py, texts.py, spellings.py), one
-attempt at a message (handling.py), the consumer loop and its group (runner.py), the dead-letter
+attempt at a partition's batch (handling.py), the consumer loop and its group (runner.py), the
+outages of the broker and the de-dup store (outages.py), the dead-letter
 record and its producer (dead_letter_copy.py, dead_letters.py), the sinks (sinks.py), options and
 stats (options.py), a Kafka message's parts (kafka_messages.py), de-duplication (dedup.py),
 metrics (metrics.py), and the service the CLI runs (service.py: raises, never exits).
