@@ -14,6 +14,7 @@ from dagster import AssetMaterialization, DagsterType, Failure, MetadataValue, O
 from .. import cycle
 from ..logs import FoldingJournal
 from .assets import DISPATCH_ASSET_KEY
+from .checks import evaluate_all
 from .config import CycleConfig
 from .limits import refuse_overridden_limits
 from .resources import KafkaResource, PostgresResource
@@ -120,10 +121,11 @@ def transition_and_outbox(
 @op(
     out=Out(CYCLE_REPORT),
     description="Publish unpublished outbox rows to Kafka, measure the backlog, "
-    "record the run's figures on the asset.",
+    "record the run's figures on the asset and evaluate its checks.",
 )
 def relay_outbox(context, written: dict, postgres: PostgresResource, kafka: KafkaResource):
-    """Step 4: relay, then one materialization of the dispatcher; Failure if Kafka failed."""
+    """Step 4: relay, then one materialization of the dispatcher and its checks; Failure if
+    Kafka failed."""
     refuse_overridden_limits(context)
     with FoldingJournal(context.log) as journal:
         report = cycle.finish(
@@ -143,6 +145,9 @@ def relay_outbox(context, written: dict, postgres: PostgresResource, kafka: Kafk
         f"{report.relay.published} published in {report.counts.batches} batch(es); "
         f"{report.backlog_remaining} due left",
     )
+    # Evaluated after the ledger row and logged after the materialization by this run: the UI
+    # shows them against it at once instead of "Not evaluated" until the sensor's next tick.
+    yield from evaluate_all(postgres.engine)
     if report.relay.failed:
         raise Failure(
             description=f"Kafka publish failed: {report.relay.failed} outbox rows stay unpublished "
