@@ -28,6 +28,7 @@ from .context import (
 )
 from .exits import EXIT_OK
 from .options import flag
+from .output import command_as_started
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -113,7 +114,9 @@ def _up(
     migrate.upgrade(engine)
     publisher = open_publisher(settings, endpoints.bootstrap_servers)
     if demo:
-        demo_data.seed(engine)
+        # A few reminders due now for the first cycle; the feeder lays out the coming minutes
+        # once Dagster runs, so none falls due (and late) while it loads.
+        demo_data.seed(engine, upcoming=0)
     report = cycle.run_cycle(engine, publisher, batch_size=settings.batch_size)
     publisher.close()
     counts = report.as_dict()
@@ -130,6 +133,19 @@ def _up(
     return _run_dagster(
         settings, endpoints, engine, record=record, demo=demo, keep_servers=keep_servers
     )
+
+
+def _print_ready(ui_url: str, metrics_url: str, database_url: str) -> None:
+    """Where everything is, and hints that run as printed from where the user is."""
+    from sqlalchemy.engine import make_url
+
+    command = command_as_started()
+    # The form psql and other libpq clients take (no SQLAlchemy driver), password masked.
+    database = make_url(database_url).set(drivername="postgresql")
+    print(f"Dagster UI: {ui_url}  (schedule reminder_dispatch_schedule runs every minute)")
+    print(f"Prometheus metrics: {metrics_url}")
+    print(f"Database: {database.render_as_string(hide_password=True)}  ({command} services status)")
+    print(f"Watch reminders arrive: {command} consume   |   Ctrl-C stops everything", flush=True)
 
 
 def _run_dagster(
@@ -166,12 +182,7 @@ def _run_dagster(
             exporter = start_exporter(settings, endpoints)
             if feeder:
                 feeder.start()
-        print(f"Dagster UI: {stack.url}  (schedule reminder_dispatch_schedule runs every minute)")
-        print(f"Prometheus metrics: {exporter.url}")
-        print(
-            "Watch reminders arrive: reminder-pipeline consume   |   Ctrl-C stops everything",
-            flush=True,
-        )
+        _print_ready(stack.url, exporter.url, endpoints.database_url)
         with stop_signals(signal.SIGHUP) as stop:
             stop.wait()
     finally:

@@ -159,5 +159,10 @@ class KafkaPublisher:
         ]
 
     def close(self, timeout: float = 10.0) -> int:
-        """Flush what is still queued; returns how many messages were left undelivered."""
-        return self._producer.flush(timeout)
+        """Flush what is still queued, then close the producer (its connections go with it, so
+        a broker stopping later is no news to it); returns how many were left undelivered."""
+        left = self._producer.flush(timeout)
+        if left == 0:
+            # Undelivered messages are kept (and logged by the caller): close() would wait on them.
+            self._producer.close()
+        return int(left)
