@@ -187,21 +187,25 @@ def _run_dagster(
             stop.wait()
     finally:
         _say("stopping...")
-        steps: list[Callable[[], object]] = []
+        # One line per part stopped, in order; each step runs even if one before failed.
+        steps: list[tuple[str | None, Callable[[], object]]] = []
         if feeder:
-            steps.append(feeder.stop)
+            steps.append(("demo feeder", feeder.stop))
         if exporter is not None:
-            steps.append(exporter.stop)
-        steps += [stack.stop, engine.dispose]
+            steps.append(("metrics exporter", exporter.stop))
+        steps += [("Dagster daemon and webserver", stack.stop), (None, engine.dispose)]
         if not keep_servers:
-            steps.append(lambda: stop_servers(settings))
+            steps.append(("embedded broker and PostgreSQL", lambda: stop_servers(settings)))
         failed = 0
-        for step in steps:
+        for name, step in steps:
             try:
                 step()
             except Exception:  # the next steps still run; the guard gets what is left
                 log.exception("stopping up: a step failed")
                 failed += 1
+            else:
+                if name:
+                    _say(f"stopped {name}")
         if not failed:
             record.remove()
         _say("stopped")

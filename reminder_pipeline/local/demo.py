@@ -163,6 +163,8 @@ class DemoFeeder(threading.Thread):
         except CalendarError:  # gone meanwhile (a `demo cancel` of it is fine)
             pass
 
-    def stop(self) -> None:
-        """Stop after the current tick."""
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop after the current tick, and wait for it."""
         self.stopped.set()
+        if self.is_alive():
+            self.join(timeout)
