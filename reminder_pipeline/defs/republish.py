@@ -67,13 +67,21 @@ republish_partitions = DailyPartitionsDefinition(
     start_date=PARTITIONS_START, timezone="UTC", end_offset=1
 )
 
+#: What the UI's "missing" partitions mean here, said where an operator reads it (the asset's and
+#: the job's descriptions): the partitions are a fixed calendar of days, not a to-do list.
+MISSING_MEANS = (
+    '"Missing" partitions are days never re-published, the normal state: nothing is owed for '
+    "them. Only a day inside the outbox retention (the last 7 days) that had sends can be "
+    "re-published; earlier days, and days before this install, are refused in one line."
+)
+
 reminder_due_republished = AssetSpec(
     key=REPUBLISH_ASSET_KEY,
     description=(
         "Per DueAt day (UTC): the already published ReminderDueEvents of that day re-published "
         f"from the outbox to {contract.TOPIC} for a consumer that lost them (consumers "
         "de-duplicate by ReminderId). Materialized by the job reminder_republish, one "
-        "partition per day; republished_count says how many went out."
+        "partition per day; republished_count says how many went out. " + MISSING_MEANS
     ),
     group_name="calendar",
     kinds={"postgres", "kafka"},
@@ -194,7 +202,7 @@ def republish_day(
         "from the outbox, in outbox id order, exactly as stored plus a republished-by-run header "
         "(consumers de-duplicate by ReminderId). Days past the outbox retention (168 h) or in "
         "the future are refused; unpublished rows are left to the relay. To drain Pending "
-        "reminders after an outage, use reminder_catch_up instead."
+        "reminders after an outage, use reminder_catch_up instead. " + MISSING_MEANS
     ),
     partitions_def=republish_partitions,
     executor_def=in_process_executor,

@@ -106,7 +106,11 @@ def test_up_with_its_demo_shows_every_check_green_and_never_blank(tmp_path, arti
         # The hints run as printed from here: the command up was started as.
         hint = lines[-1].split("Watch reminders arrive:")[1].split("|")[0].split()
         assert hint[-1] == "consume"
-        assert shlex.split(" ".join(hint[:-1])) == [sys.executable, "-m", "reminder_pipeline.cli"]
+        program, *module = shlex.split(" ".join(hint[:-1]))
+        assert os.path.samefile(program, sys.executable) and module == [
+            "-m",
+            "reminder_pipeline.cli",
+        ]
         status = subprocess.run(
             [*hint[:-1], "services", "status"], env=env, capture_output=True, text=True, timeout=120
         )
