@@ -7,7 +7,8 @@ no environment set.
 What is in it: the dispatcher asset with its six health checks; the jobs ``reminder_dispatch``,
 ``reminder_catch_up``, ``reminder_health_checks``, ``reminder_poison_rows``,
 ``outbox_retention``, ``reminder_republish`` (the re-publish back-fill, one partition per day
-that can be re-published, with its asset ``calendar/reminder_due_republished``) and ``dagster_run_retention``; the schedules
+that can be re-published, with its asset ``calendar/reminder_due_republished``) and
+``dagster_run_retention``; the schedules
 ``reminder_dispatch_schedule`` (every minute), ``outbox_retention_schedule`` and
 ``dagster_run_retention_schedule`` (daily); the sensors ``reminder_health_sensor`` (the checks,
 every minute, no run), ``reminder_dispatch_failure_ledger`` and ``reminder_republish_days``
