@@ -81,7 +81,7 @@ def _take_over(record: StackRecord) -> StackRecord:
     if "up" in running:
         raise OrchestratorError(
             f"reminder-pipeline up already runs under {record.path.parent} ({record.describe()}); "
-            "stop it with `reminder-pipeline services stop`"
+            f"stop it with `{command_as_started()} services stop`"
         )
     if running:
         what = record.describe()
