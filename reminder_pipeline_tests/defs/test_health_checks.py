@@ -141,7 +141,7 @@ def test_after_a_successful_dispatch_run_every_check_passes_and_late_sends_warn(
     assert _values(checks["lateness_slo"])["lateness_p95_seconds"] > 120
 
 
-def test_a_dispatch_run_records_every_check_of_the_asset_after_its_materialization(
+def test_a_dispatch_run_records_every_check_of_the_asset_with_its_materialization(
     engine, database_url, kafka_settings, instance
 ):
     """What keeps the UI from showing a check "Not evaluated" after each scheduled run: every
