@@ -4,13 +4,15 @@ Resources read ``DATABASE_URL`` and ``KAFKA_BOOTSTRAP_SERVERS`` through ``EnvVar
 a run starts, so these definitions load (webserver, ``dagster definitions validate``, tests) with
 no environment set.
 
-What is in it: the dispatcher asset with its five health checks; the jobs ``reminder_dispatch``,
+What is in it: the dispatcher asset with its six health checks; the jobs ``reminder_dispatch``,
 ``reminder_catch_up``, ``reminder_health_checks``, ``reminder_poison_rows``,
-``outbox_retention``, ``reminder_republish`` (the daily-partitioned re-publish back-fill, with
-its asset ``calendar/reminder_due_republished``) and ``dagster_run_retention``; the schedules
+``outbox_retention``, ``reminder_republish`` (the re-publish back-fill, one partition per day
+that can be re-published, with its asset ``calendar/reminder_due_republished``) and
+``dagster_run_retention``; the schedules
 ``reminder_dispatch_schedule`` (every minute), ``outbox_retention_schedule`` and
 ``dagster_run_retention_schedule`` (daily); the sensors ``reminder_health_sensor`` (the checks,
-every minute, no run) and ``reminder_dispatch_failure_ledger``.
+every minute, no run), ``reminder_dispatch_failure_ledger`` and ``reminder_republish_days``
+(the back-fill's days, every 5 minutes, no run).
 """
 
 from dagster import Definitions, EnvVar
@@ -24,7 +26,7 @@ from .defs.jobs import (
     reminder_health_checks,
     reminder_poison_rows,
 )
-from .defs.republish import reminder_due_republished, reminder_republish
+from .defs.republish import reminder_due_republished, reminder_republish, reminder_republish_days
 from .defs.resources import KafkaResource, PostgresResource
 from .defs.run_retention import dagster_run_retention, dagster_run_retention_schedule
 from .defs.schedules import outbox_retention_schedule, reminder_dispatch_schedule
@@ -56,6 +58,6 @@ defs = Definitions(
         outbox_retention_schedule,
         dagster_run_retention_schedule,
     ],
-    sensors=[reminder_health_sensor, reminder_dispatch_failure_ledger],
+    sensors=[reminder_health_sensor, reminder_dispatch_failure_ledger, reminder_republish_days],
     resources=build_resources(),
 )

@@ -85,14 +85,18 @@ PORT = Checked(check_port, "PORT")
 PROGRESS_SECONDS = Checked(lambda value, name: check_number(value, name, 0.0, 3600.0), "SECONDS")
 
 
-def _check_reminder_id(value: object, name: str) -> uuid.UUID:
-    try:
-        return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value).strip())
-    except ValueError:
-        raise ConfigError(f"{name}={value!r} is not a reminder id (a UUID)") from None
+def _uuid_check(what: str) -> Callable[[object, str], uuid.UUID]:
+    def check(value: object, name: str) -> uuid.UUID:
+        try:
+            return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value).strip())
+        except ValueError:
+            raise ConfigError(f"{name}={value!r} is not {what} (a UUID)") from None
+
+    return check
 
 
-REMINDER_ID = Checked(_check_reminder_id, "REMINDER_ID")
+REMINDER_ID = Checked(_uuid_check("a reminder id"), "REMINDER_ID")
+EVENT_ID = Checked(_uuid_check("a calendar event id"), "EVENT_ID")
 
 
 # --- options: the shape every command's options share ------------------------------------------

@@ -4,6 +4,8 @@ codes: :mod:`.exits`)."""
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -12,6 +14,27 @@ from typing import Any, TextIO
 from ..config import mask_secrets
 
 PROG = "reminder-pipeline"
+
+
+def command_as_started(argv0: str | None = None) -> str:
+    """This CLI as the user started it, runnable as printed from where they are: the path typed
+    (``.venv/bin/reminder-pipeline`` from ``scripts/up``), the bare name when it came from PATH,
+    or ``<python> -m reminder_pipeline.cli``."""
+    argv0 = sys.argv[0] if argv0 is None else argv0
+    if os.path.basename(argv0) in ("__main__.py", "-m", "-c", ""):
+        return f"{_from_here(sys.executable)} -m reminder_pipeline.cli"
+    return _from_here(argv0) if os.path.isabs(argv0) else shlex.quote(argv0)
+
+
+def _from_here(path: str) -> str:
+    """An absolute path, relative when it lies under the working directory (still a path)."""
+    try:
+        relative = os.path.relpath(path)
+    except ValueError:  # another drive
+        return shlex.quote(path)
+    if relative.startswith(".."):
+        return shlex.quote(path)
+    return shlex.quote(relative if os.sep in relative else f".{os.sep}{relative}")
 
 
 def error_line(message: str) -> str:

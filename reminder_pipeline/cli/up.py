@@ -28,6 +28,7 @@ from .context import (
 )
 from .exits import EXIT_OK
 from .options import flag
+from .output import command_as_started
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -80,7 +81,7 @@ def _take_over(record: StackRecord) -> StackRecord:
     if "up" in running:
         raise OrchestratorError(
             f"reminder-pipeline up already runs under {record.path.parent} ({record.describe()}); "
-            "stop it with `reminder-pipeline services stop`"
+            f"stop it with `{command_as_started()} services stop`"
         )
     if running:
         what = record.describe()
@@ -113,7 +114,9 @@ def _up(
     migrate.upgrade(engine)
     publisher = open_publisher(settings, endpoints.bootstrap_servers)
     if demo:
-        demo_data.seed(engine)
+        # A few reminders due now for the first cycle; the feeder lays out the coming minutes
+        # once Dagster runs, so none falls due (and late) while it loads.
+        demo_data.seed(engine, upcoming=0)
     report = cycle.run_cycle(engine, publisher, batch_size=settings.batch_size)
     publisher.close()
     counts = report.as_dict()
@@ -130,6 +133,19 @@ def _up(
     return _run_dagster(
         settings, endpoints, engine, record=record, demo=demo, keep_servers=keep_servers
     )
+
+
+def _print_ready(ui_url: str, metrics_url: str, database_url: str) -> None:
+    """Where everything is, and hints that run as printed from where the user is."""
+    from sqlalchemy.engine import make_url
+
+    command = command_as_started()
+    # The form psql and other libpq clients take (no SQLAlchemy driver), password masked.
+    database = make_url(database_url).set(drivername="postgresql")
+    print(f"Dagster UI: {ui_url}  (schedule reminder_dispatch_schedule runs every minute)")
+    print(f"Prometheus metrics: {metrics_url}")
+    print(f"Database: {database.render_as_string(hide_password=True)}  ({command} services status)")
+    print(f"Watch reminders arrive: {command} consume   |   Ctrl-C stops everything", flush=True)
 
 
 def _run_dagster(
@@ -166,31 +182,30 @@ def _run_dagster(
             exporter = start_exporter(settings, endpoints)
             if feeder:
                 feeder.start()
-        print(f"Dagster UI: {stack.url}  (schedule reminder_dispatch_schedule runs every minute)")
-        print(f"Prometheus metrics: {exporter.url}")
-        print(
-            "Watch reminders arrive: reminder-pipeline consume   |   Ctrl-C stops everything",
-            flush=True,
-        )
+        _print_ready(stack.url, exporter.url, endpoints.database_url)
         with stop_signals(signal.SIGHUP) as stop:
             stop.wait()
     finally:
         _say("stopping...")
-        steps: list[Callable[[], object]] = []
+        # One line per part stopped, in order; each step runs even if one before failed.
+        steps: list[tuple[str | None, Callable[[], object]]] = []
         if feeder:
-            steps.append(feeder.stop)
+            steps.append(("demo feeder", feeder.stop))
         if exporter is not None:
-            steps.append(exporter.stop)
-        steps += [stack.stop, engine.dispose]
+            steps.append(("metrics exporter", exporter.stop))
+        steps += [("Dagster daemon and webserver", stack.stop), (None, engine.dispose)]
         if not keep_servers:
-            steps.append(lambda: stop_servers(settings))
+            steps.append(("embedded broker and PostgreSQL", lambda: stop_servers(settings)))
         failed = 0
-        for step in steps:
+        for name, step in steps:
             try:
                 step()
             except Exception:  # the next steps still run; the guard gets what is left
                 log.exception("stopping up: a step failed")
                 failed += 1
+            else:
+                if name:
+                    _say(f"stopped {name}")
         if not failed:
             record.remove()
         _say("stopped")

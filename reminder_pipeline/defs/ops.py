@@ -15,6 +15,7 @@ from .. import cycle
 from ..config import ConfigError
 from ..logs import FoldingJournal
 from .assets import DISPATCH_ASSET_KEY
+from .checks import evaluate_all
 from .config import CycleConfig
 from .limits import refuse_overridden_limits
 from .resources import KafkaResource, PostgresResource
@@ -124,10 +125,11 @@ def transition_and_outbox(
 @op(
     out=Out(CYCLE_REPORT),
     description="Publish unpublished outbox rows to Kafka, measure the backlog, "
-    "record the run's figures on the asset.",
+    "record the run's figures on the asset and evaluate its checks.",
 )
 def relay_outbox(context, written: dict, postgres: PostgresResource, kafka: KafkaResource):
-    """Step 4: relay, then one materialization of the dispatcher; Failure if Kafka failed."""
+    """Step 4: relay, then one materialization of the dispatcher and its checks; Failure if
+    Kafka failed."""
     refuse_overridden_limits(context)
     with FoldingJournal(context.log) as journal:
         report = cycle.finish(
@@ -139,7 +141,15 @@ def relay_outbox(context, written: dict, postgres: PostgresResource, kafka: Kafk
             publisher_error=kafka.topic_error(),
             journal=journal,
         )
-    # Yielded, not logged: it is stored before a Failure below ends the step.
+    # The checks first, then the materialization, back to back: a check logged by the
+    # materializing run targets its materialization whatever the order (Dagster's
+    # targets_latest_materialization), and logged before it they also target the previous one
+    # until it lands, so the UI never shows them "Not evaluated" (docs/operations.md). Yielded,
+    # not logged: they are stored before a Failure below ends the step.
+    try:
+        yield from evaluate_all(postgres.engine)
+    except Exception as exc:  # noqa: BLE001 - the cycle is done: record it; the sensor checks
+        context.log.warning(f"checks not evaluated by this run ({type(exc).__name__})")
     yield AssetMaterialization(
         asset_key=DISPATCH_ASSET_KEY,
         metadata={**report.figures(), "as_of": MetadataValue.timestamp(report.as_of)},

@@ -1,6 +1,7 @@
 """The re-publish back-fill ``reminder_republish``: a run per DueAt day, picked in the UI.
 
-A partitioned op job (``DailyPartitionsDefinition``, UTC) whose one op calls
+A partitioned op job (dynamic partitions: the UTC DueAt days that can be re-published, kept by
+the sensor ``reminder_republish_days``) whose one op calls
 :func:`reminder_pipeline.operator_jobs.republish.resend_day` and records a materialization of
 the partition
 of ``calendar/reminder_due_republished`` with the day's counts. An op job rather than an
@@ -22,17 +23,23 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any, ClassVar
 
 from dagster import (
+    AddDynamicPartitionsRequest,
     AssetKey,
     AssetMaterialization,
     AssetSpec,
     DagsterInvalidConfigError,
-    DailyPartitionsDefinition,
+    DefaultSensorStatus,
+    DeleteDynamicPartitionsRequest,
+    DynamicPartitionsDefinition,
     Failure,
     MetadataValue,
     OpExecutionContext,
+    SensorEvaluationContext,
+    SensorResult,
     in_process_executor,
     job,
     op,
+    sensor,
 )
 from pydantic import Field
 
@@ -56,15 +63,21 @@ REPUBLISH_CONCURRENCY_VALUE = "republish"
 #: relay lock behind a catch-up drain (up to 240 s) and for a slow broker.
 REPUBLISH_MAX_RUNTIME_SECONDS = 1800
 
-#: The first DueAt day with rows a re-publish can find: outbox.due_at came with schema 0003
-#: (2026-11-30), which filled it for the rows still in the outbox, i.e. published in the 168 h
-#: before; anything due earlier had been purged. Earlier partitions would only ever be refused.
-PARTITIONS_START = "2026-11-23"
+#: One partition per UTC DueAt day that can be re-published, as ``reminder_republish_days``
+#: finds them: days with sends whose outbox rows are all still there, inside the retention. Days
+#: before the install, without sends, or purged are not listed at all (a fixed daily calendar
+#: would list them as "missing" and the job would refuse them).
+REPUBLISH_PARTITIONS_NAME = "reminder_republish_days"
+republish_partitions = DynamicPartitionsDefinition(name=REPUBLISH_PARTITIONS_NAME)
+#: How often the days are refreshed: a day appears within this after its first send.
+DAYS_INTERVAL_SECONDS = 300
 
-#: One partition per UTC day (365 a year), up to and including today (end_offset=1): a consumer
-#: may have lost this morning's messages. Days past the retention stay listed and are refused.
-republish_partitions = DailyPartitionsDefinition(
-    start_date=PARTITIONS_START, timezone="UTC", end_offset=1
+#: What the UI's "missing" partitions mean here, said where an operator reads it (the asset's and
+#: the job's descriptions).
+MISSING_MEANS = (
+    "Its partitions are the days that can be re-published (sends, all their outbox rows still "
+    "there, inside the 168 h retention), refreshed every 5 minutes by the sensor "
+    'reminder_republish_days; "missing" means not re-published yet, the normal state.'
 )
 
 reminder_due_republished = AssetSpec(
@@ -73,7 +86,7 @@ reminder_due_republished = AssetSpec(
         "Per DueAt day (UTC): the already published ReminderDueEvents of that day re-published "
         f"from the outbox to {contract.TOPIC} for a consumer that lost them (consumers "
         "de-duplicate by ReminderId). Materialized by the job reminder_republish, one "
-        "partition per day; republished_count says how many went out."
+        "partition per day; republished_count says how many went out. " + MISSING_MEANS
     ),
     group_name="calendar",
     kinds={"postgres", "kafka"},
@@ -194,7 +207,7 @@ def republish_day(
         "from the outbox, in outbox id order, exactly as stored plus a republished-by-run header "
         "(consumers de-duplicate by ReminderId). Days past the outbox retention (168 h) or in "
         "the future are refused; unpublished rows are left to the relay. To drain Pending "
-        "reminders after an outage, use reminder_catch_up instead."
+        "reminders after an outage, use reminder_catch_up instead. " + MISSING_MEANS
     ),
     partitions_def=republish_partitions,
     executor_def=in_process_executor,
@@ -207,3 +220,33 @@ def republish_day(
 def reminder_republish():
     """One step: the day's re-publish."""
     republish_day()
+
+
+@sensor(
+    name="reminder_republish_days",
+    minimum_interval_seconds=DAYS_INTERVAL_SECONDS,
+    default_status=DefaultSensorStatus.RUNNING,
+    description=(
+        "Keeps the partitions of reminder_republish to the days that can be re-published: adds a "
+        "day once it has sends, removes it once it is past the outbox retention (168 h) or its "
+        "rows were purged in part. No run is launched."
+    ),
+)
+def reminder_republish_days(
+    context: SensorEvaluationContext, postgres: PostgresResource
+) -> SensorResult:
+    """The partitions brought in line with :func:`republish.republishable_days`."""
+    wanted = [day.isoformat() for day in republish.republishable_days(postgres.engine)]
+    listed = set(context.instance.get_dynamic_partitions(REPUBLISH_PARTITIONS_NAME))
+    added = [day for day in wanted if day not in listed]
+    gone = sorted(listed - set(wanted))
+    requests: list[AddDynamicPartitionsRequest | DeleteDynamicPartitionsRequest] = []
+    if added:
+        requests.append(AddDynamicPartitionsRequest(REPUBLISH_PARTITIONS_NAME, added))
+    if gone:
+        requests.append(DeleteDynamicPartitionsRequest(REPUBLISH_PARTITIONS_NAME, gone))
+    return SensorResult(
+        dynamic_partitions_requests=requests,
+        skip_reason=f"days that can be re-published: {len(wanted)} "
+        f"(added {', '.join(added) or 'none'}; removed {', '.join(gone) or 'none'})",
+    )

@@ -2,8 +2,9 @@
 
 ``reminder_health_sensor`` evaluates the health conditions once a minute in the daemon's code
 server and reports them as runless check evaluations: the checks stay red or green whether or not
-dispatch runs happen, and no run worker is started for them. A failed evaluation (database down)
-fails the tick, which the UI shows.
+dispatch runs happen, and no run worker is started for them. Each dispatch run records them too,
+with its materialization (``relay_outbox``); the sensor keeps them fresh between runs. A failed
+evaluation (database down) fails the tick, which the UI shows.
 
 ``reminder_dispatch_failure_ledger``: ``relay_outbox`` records its run's cycle in the metrics
 ledger; a run that fails before it (a step failing, resources that cannot start, a run failed by
@@ -27,9 +28,9 @@ from dagster import (
     sensor,
 )
 
-from ..observability import health, ledger
+from ..observability import ledger
 from .assets import DISPATCH_ASSET_KEY
-from .checks import check_evaluation
+from .checks import evaluate_all
 from .jobs import reminder_catch_up, reminder_dispatch
 from .resources import PostgresResource
 
@@ -114,21 +115,22 @@ HEALTH_INTERVAL_SECONDS = 60
     minimum_interval_seconds=HEALTH_INTERVAL_SECONDS,
     default_status=DefaultSensorStatus.RUNNING,
     description=(
-        "Evaluates the dispatcher's five asset checks every minute (runless check evaluations), "
-        "whether or not dispatch runs happen; no run is launched."
+        "Evaluates the dispatcher's asset checks every minute (runless check evaluations), "
+        "whether or not dispatch runs happen, between the runs that record them with their "
+        "materialization; no run is launched."
     ),
 )
 def reminder_health_sensor(
     context: SensorEvaluationContext, postgres: PostgresResource
 ) -> SensorResult:
     """One evaluation of every check, reported on the dispatcher asset."""
-    checks = health.evaluate(postgres.engine)
-    failing = [c.name for c in checks if not c.passed]
+    checks = evaluate_all(postgres.engine)
+    failing = [c.check_name for c in checks if not c.passed]
     summary = f"failing: {', '.join(failing)}" if failing else "all passed"
     # The verdict goes on the tick (its skip reason), not through context.log: a logged line is a
     # captured-log file per tick under DAGSTER_HOME/storage (1,440 a day) that Dagster never
     # deletes, not even with the purged tick.
     return SensorResult(
-        asset_events=[check_evaluation(c) for c in checks],
+        asset_events=checks,
         skip_reason=f"health checks evaluated ({summary}); no run needed",
     )

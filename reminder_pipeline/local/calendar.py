@@ -8,7 +8,7 @@ cascade holds is skipped by the dispatcher (SKIP LOCKED).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -135,14 +135,33 @@ def reschedule_event(
     ``offsets`` defaults to every offset the event has had. Rows already Sent or Skipped stay
     as history. Returns the ids of the new reminder rows.
     """
-    now = _aware(now, "now") if now else datetime.now(UTC)
     _aware(new_start_at, "new_start_at")
+    return _reschedule(engine, event_id, lambda _start: new_start_at, offsets, now)
+
+
+def move_event_by(
+    engine: Engine, event_id: uuid.UUID, delta: timedelta, *, now: datetime | None = None
+) -> list[uuid.UUID]:
+    """Move an event by ``delta`` from its start as stored, like :func:`reschedule_event`."""
+    return _reschedule(engine, event_id, lambda start: start + delta, None, now)
+
+
+def _reschedule(
+    engine: Engine,
+    event_id: uuid.UUID,
+    new_start: Callable[[datetime], datetime],
+    offsets: Iterable[int] | None,
+    now: datetime | None,
+) -> list[uuid.UUID]:
+    now = _aware(now, "now") if now else datetime.now(UTC)
     with engine.begin() as conn:
-        if repository.lock_event(conn, event_id) is None:
+        locked = repository.lock_event(conn, event_id)
+        if locked is None:
             raise CalendarError(f"calendar event {event_id} does not exist")
         wanted = (
             list(offsets) if offsets is not None else repository.reminder_offsets(conn, event_id)
         )
+        new_start_at = new_start(locked.start_at)
         repository.lock_pending_reminders(conn, event_id)
         repository.delete_pending_reminders(conn, event_id)
         repository.move_event(conn, event_id, new_start_at)

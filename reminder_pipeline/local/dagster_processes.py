@@ -386,7 +386,8 @@ def _kill_group(name: str, proc: subprocess.Popen[bytes]) -> None:
     """SIGKILL what is left of the child's own process group (it leads a session of its own)."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
-        log.info("killed what was left of dagster %s's process group", name)
+        # Routine after a clean stop (a code server the leader left): not news to whoever stops.
+        log.debug("killed what was left of dagster %s's process group", name)
     except (ProcessLookupError, PermissionError):
         pass
 

@@ -1,4 +1,10 @@
-"""Demo data that keeps reminders falling due: live, cancelled, with clients, from appointments.
+"""Demo data: a healthy calendar whose reminders fall due in the coming minutes at a steady rate.
+
+Every check on the dispatcher is green on it, truly: reminders fall due after the dispatcher is
+there, one scheduled run a minute sends them within seconds to a minute of their DueAt, and a few
+events are cancelled or moved as people do (:mod:`.calendar`). Reminders that are already overdue
+(a catch-up to watch, which the lateness check rightly reports) come only when asked for
+(``demo --overdue N``).
 
 The text fields are filled with PII-looking values on purpose: they must never show up in a
 message or a log line, and the running system makes that visible.
@@ -16,7 +22,14 @@ from sqlalchemy.engine import Engine
 
 from ..domain.model import EventKind, EventOrigin
 from ..logs import event
-from .calendar import NewEvent, cancel_event, complete_event, create_event
+from .calendar import (
+    CalendarError,
+    NewEvent,
+    cancel_event,
+    complete_event,
+    create_event,
+    move_event_by,
+)
 
 log = logging.getLogger(__name__)
 
@@ -24,11 +37,21 @@ TENANTS = [uuid.UUID(int=0xA1 + i) for i in range(3)]
 OWNERS = [uuid.UUID(int=0xB1 + i) for i in range(5)]
 ZONES = ["Europe/Moscow", "Asia/Yekaterinburg", "Europe/Kaliningrad", "Asia/Vladivostok", "UTC"]
 
+#: Events whose shortest reminder falls due per minute, evenly spaced.
+RATE_PER_MINUTE = 6
+#: How far ahead the feeder keeps the calendar laid out.
+HORIZON = timedelta(minutes=10)
+#: Reminders due just before the first cycle (sent by it, seconds late).
+DUE_NOW = 3
+
 
 def _one(
     engine: Engine, rng: random.Random, now: datetime, due_in: timedelta
 ) -> tuple[uuid.UUID, str]:
-    """One event whose shortest reminder falls due ``due_in`` from ``now``; returns (id, fate)."""
+    """One event whose shortest reminder falls due ``due_in`` from ``now``; returns (id, fate).
+
+    Most stay planned; a few are cancelled or completed at once (their reminders go Skipped).
+    """
     offsets = rng.choice([(15,), (60,), (60, 15), (1440, 60)])
     start_at = now + due_in + timedelta(minutes=min(offsets))
     appointment = rng.random() < 0.3
@@ -50,7 +73,7 @@ def _one(
     # past at creation and are materialised Skipped, as the calendar does (never published).
     due = now + due_in
     event_id = create_event(engine, new, offsets, now=min(now, due - timedelta(seconds=30)))
-    fate = rng.choices(["live", "cancelled", "completed"], weights=[8, 1.5, 0.5])[0]
+    fate = rng.choices(["live", "cancelled", "completed"], weights=[9, 0.7, 0.3])[0]
     if fate == "cancelled":
         cancel_event(engine, event_id)
     elif fate == "completed":
@@ -59,43 +82,89 @@ def _one(
 
 
 def seed(
-    engine: Engine, *, overdue: int = 12, upcoming: int = 30, seed_value: int | None = None
+    engine: Engine,
+    *,
+    overdue: int = 0,
+    upcoming: int = 30,
+    due_now: int = DUE_NOW,
+    seed_value: int | None = None,
 ) -> dict[str, int]:
-    """Events already due (for the first cycle) and events falling due over the next half hour."""
+    """A few events due right now, ``upcoming`` falling due one every 60/RATE s from a minute on,
+    and only when asked ``overdue`` ones already due up to 5 minutes ago (a catch-up)."""
     rng = random.Random(seed_value)
     now = datetime.now(UTC)
     fates: dict[str, int] = {}
-    for _ in range(overdue):
-        _, fate = _one(engine, rng, now, -timedelta(seconds=rng.uniform(5, 300)))
-        fates[fate] = fates.get(fate, 0) + 1
-    for _ in range(upcoming):
-        _, fate = _one(engine, rng, now, timedelta(seconds=rng.uniform(10, 1800)))
+    spacing = timedelta(minutes=1) / RATE_PER_MINUTE
+    dues = [-timedelta(seconds=rng.uniform(5, 300)) for _ in range(overdue)]
+    dues += [-timedelta(seconds=rng.uniform(1, 20)) for _ in range(due_now)]
+    dues += [timedelta(minutes=1) + i * spacing for i in range(upcoming)]
+    for due_in in dues:
+        _, fate = _one(engine, rng, now, due_in)
         fates[fate] = fates.get(fate, 0) + 1
     event(log, logging.INFO, "demo data seeded", **fates)
     return fates
 
 
 class DemoFeeder(threading.Thread):
-    """Keeps creating events whose reminders fall due within the next couple of minutes."""
+    """Keeps the calendar laid out HORIZON ahead at RATE_PER_MINUTE, and now and then cancels or
+    moves an upcoming event, as people do."""
 
-    def __init__(self, engine: Engine, *, every_seconds: float = 20.0, per_tick: int = 2) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        every_seconds: float = 20.0,
+        rate_per_minute: int = RATE_PER_MINUTE,
+        horizon: timedelta = HORIZON,
+    ) -> None:
         super().__init__(name="demo-feeder", daemon=True)
         self.engine = engine
         self.every_seconds = every_seconds
-        self.per_tick = per_tick
+        self.spacing = timedelta(minutes=1) / rate_per_minute
+        self.horizon = horizon
         self.stopped = threading.Event()
         self._rng = random.Random()
+        self._laid_out_until: datetime | None = None
+        #: Live events whose reminder is still ahead: (due, id), the ones a change can touch.
+        self._upcoming: list[tuple[datetime, uuid.UUID]] = []
 
     def run(self) -> None:
-        """Create ``per_tick`` events every ``every_seconds`` until stopped."""
-        while not self.stopped.wait(self.every_seconds):
+        """Lay the calendar out at once, then every ``every_seconds`` until stopped."""
+        while True:
             try:
-                now = datetime.now(UTC)
-                for _ in range(self.per_tick):
-                    _one(self.engine, self._rng, now, timedelta(seconds=self._rng.uniform(5, 120)))
+                self.tick(datetime.now(UTC))
             except Exception as exc:  # noqa: BLE001 - keep feeding: the demo must not die on a blip
                 event(log, logging.WARNING, "demo feeder failed a tick", error=type(exc).__name__)
+            if self.stopped.wait(self.every_seconds):
+                return
 
-    def stop(self) -> None:
-        """Stop after the current tick."""
+    def tick(self, now: datetime) -> None:
+        """New events up to ``now + horizon``, one every ``spacing``; maybe one cancel or move."""
+        due = max(self._laid_out_until or now, now + timedelta(seconds=30))
+        while due < now + self.horizon:
+            due += self.spacing
+            event_id, fate = _one(self.engine, self._rng, now, due - now)
+            if fate == "live":
+                self._upcoming.append((due, event_id))
+        self._laid_out_until = due
+        # Only events whose reminder is at least two minutes away: a change reaches them first.
+        self._upcoming = [(d, e) for d, e in self._upcoming if d > now + timedelta(minutes=2)]
+        roll = self._rng.random()
+        if not self._upcoming or roll > 0.25:
+            return
+        d, event_id = self._upcoming.pop(self._rng.randrange(len(self._upcoming)))
+        try:
+            if roll < 0.1:
+                cancel_event(self.engine, event_id)
+            else:  # moved a few minutes later: its reminder is re-materialised for the new start
+                minutes = self._rng.randint(2, 5)
+                move_event_by(self.engine, event_id, timedelta(minutes=minutes), now=now)
+                self._upcoming.append((d + timedelta(minutes=minutes), event_id))
+        except CalendarError:  # gone meanwhile (a `demo cancel` of it is fine)
+            pass
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop after the current tick, and wait for it."""
         self.stopped.set()
+        if self.is_alive():
+            self.join(timeout)

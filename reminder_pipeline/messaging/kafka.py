@@ -96,6 +96,7 @@ class KafkaPublisher:
     def __init__(self, settings: KafkaSettings, *, message_timeout_ms: int = 15_000) -> None:
         self.settings = settings
         self.message_timeout_ms = message_timeout_ms
+        self._closed = False
         self._producer = Producer(
             {
                 **settings.client_config(),
@@ -159,5 +160,16 @@ class KafkaPublisher:
         ]
 
     def close(self, timeout: float = 10.0) -> int:
-        """Flush what is still queued; returns how many messages were left undelivered."""
-        return self._producer.flush(timeout)
+        """Flush what is still queued, then close the producer: its connections go with it, so a
+        broker stopping later (or one that is down) is no news to it. Returns how many messages
+        were left undelivered after ``timeout``; those are dropped from the producer, never
+        marked published, so they stay in the outbox for the next relay (at least once)."""
+        if self._closed:
+            return 0
+        left = int(self._producer.flush(timeout))
+        if left:
+            self._producer.purge()
+            self._producer.flush(0)  # serve the purged messages' reports
+        self._producer.close()
+        self._closed = True
+        return left

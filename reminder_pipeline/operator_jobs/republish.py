@@ -132,6 +132,25 @@ def check_day(
         )
 
 
+def republishable_days(
+    engine: Engine, retention: timedelta = DEFAULT_RETENTION, now: datetime | None = None
+) -> list[date]:
+    """The days a re-publish would accept and send, oldest first: inside the retention, with
+    published messages, and every Sent reminder's outbox row still there (none purged)."""
+    now = now or datetime.now(UTC)
+    days = []
+    day = oldest_day(retention, now)
+    with engine.connect() as conn:
+        while day <= now.date():
+            start, end = day_window(day)
+            sent = repository.sent_of_day(conn, start, end)
+            bounds = repository.republish_day_bounds(conn, start, end)
+            if bounds.published > 0 and bounds.published + bounds.unpublished >= sent:
+                days.append(day)
+            day += timedelta(days=1)
+    return days
+
+
 def admit_day(
     day: date,
     requester: Requester,

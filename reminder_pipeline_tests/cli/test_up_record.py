@@ -20,6 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from reminder_pipeline.cli.output import command_as_started
 from reminder_pipeline.local.dagster_processes import StackRecord
 from reminder_pipeline.local.servers import free_port
 from reminder_pipeline_tests.support import error_lines, run_cli
@@ -105,7 +106,7 @@ def test_up_beside_a_running_up_of_the_same_home_says_what_runs_and_starts_nothi
     assert result.returncode == 1
     assert error_lines(result) == [
         f"reminder-pipeline: error: reminder-pipeline up already runs under {home} "
-        f"(up pid {daemon.pid}); stop it with `reminder-pipeline services stop`"
+        f"(up pid {daemon.pid}); stop it with `{command_as_started('__main__.py')} services stop`"
     ]
     assert daemon.is_running()
     assert sorted(p.name for p in home.iterdir()) == ["up.json"]  # no server was started

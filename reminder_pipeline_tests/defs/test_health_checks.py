@@ -1,5 +1,6 @@
-"""The seed's alerts as asset checks on the dispatcher: every minute from ``reminder_health_sensor``
-(no run), on demand from ``reminder_health_checks``; no dispatch run needed for either.
+"""The seed's alerts as asset checks on the dispatcher: recorded by each dispatch run with its
+materialization, every minute from ``reminder_health_sensor`` (no run), on demand from
+``reminder_health_checks``; no dispatch run needed for the last two.
 
 Both run against the real database; each check's verdict, severity and figures are read back from
 the ``AssetCheckEvaluation`` events.
@@ -14,6 +15,7 @@ from dagster import (
     AssetCheckEvaluation,
     AssetCheckKey,
     AssetCheckSeverity,
+    DagsterEventType,
     DagsterInstance,
     DefaultSensorStatus,
     SensorResult,
@@ -139,6 +141,45 @@ def test_after_a_successful_dispatch_run_every_check_passes_and_late_sends_warn(
     assert [n for n, c in checks.items() if not c.passed] == ["lateness_slo"]
     assert checks["lateness_slo"].severity is AssetCheckSeverity.WARN
     assert _values(checks["lateness_slo"])["lateness_p95_seconds"] > 120
+
+
+def test_a_dispatch_run_records_every_check_of_the_asset_with_its_materialization(
+    engine, database_url, kafka_settings, instance
+):
+    """What keeps the UI from showing a check "Not evaluated" after each scheduled run: every
+    check declared on the asset (whichever module declares it) is logged by the materializing run
+    (Dagster's ``targets_latest_materialization``: same run), just before its materialization."""
+    from reminder_pipeline.defs.jobs import reminder_dispatch
+
+    make_due_event(engine, minutes_overdue=1)
+    result = reminder_dispatch.execute_in_process(
+        instance=instance, resources=resources_for(database_url, kafka_settings)
+    )
+    assert result.success
+    declared = {
+        key.name
+        for key in defs.resolve_asset_graph().asset_check_keys
+        if key.asset_key == DISPATCH_ASSET_KEY
+    }
+    by_name = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    assert set(by_name) == declared
+    assert all(e.passed for e in by_name.values()), {n: e.description for n, e in by_name.items()}
+    materialization = instance.get_latest_materialization_event(DISPATCH_ASSET_KEY)
+    assert materialization is not None and materialization.run_id == result.run_id
+    records = instance.get_records_for_run(result.run_id).records
+    order = [
+        (r.event_log_entry.dagster_event_type, r.storage_id)
+        for r in records
+        if r.event_log_entry.dagster_event is not None
+    ]
+    materialized_at = next(i for t, i in order if t is DagsterEventType.ASSET_MATERIALIZATION)
+    checked_at = [i for t, i in order if t is DagsterEventType.ASSET_CHECK_EVALUATION]
+    assert len(checked_at) == len(declared) and max(checked_at) < materialized_at
+    for name in declared:
+        [latest] = instance.event_log_storage.get_asset_check_execution_history(
+            AssetCheckKey(DISPATCH_ASSET_KEY, name), limit=1
+        )
+        assert latest.run_id == result.run_id and latest.evaluation is not None
 
 
 def test_one_check_can_be_executed_alone_as_from_the_ui(engine, database_url, instance):

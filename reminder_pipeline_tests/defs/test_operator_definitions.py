@@ -33,7 +33,11 @@ def test_everything_loads_and_validates_without_any_environment(monkeypatch):
     assert {j.name for j in repo.get_all_jobs()} >= JOBS
     assert {s.name: s.job_name for s in repo.schedule_defs} == SCHEDULES
     sensors = {s.name: s for s in repo.sensor_defs}
-    assert set(sensors) == {"reminder_health_sensor", "reminder_dispatch_failure_ledger"}
+    assert set(sensors) == {
+        "reminder_health_sensor",
+        "reminder_dispatch_failure_ledger",
+        "reminder_republish_days",
+    }
     assert all(s.default_status is DefaultSensorStatus.RUNNING for s in sensors.values())
 
 

@@ -3,8 +3,10 @@
 A day's published messages go out again and the partition of ``calendar/reminder_due_republished``
 records how many; the run's log names the run, the back-fill and the user from the run's tags; a
 day past the configured retention fails the run with the one-line refusal and no materialization.
-Its definition: daily UTC partitions up to today, its own concurrency tag (never the dispatch one),
-limited to one run at a time in the shipped instance config.
+Its definition: one partition per day that can be re-published (the sensor
+``reminder_republish_days`` adds a day with sends and removes one past the retention or purged),
+its own concurrency tag (never the dispatch one), limited to one run at a time in the shipped
+instance config.
 """
 
 from __future__ import annotations
@@ -13,8 +15,16 @@ from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
+import sqlalchemy as sa
 import yaml
-from dagster import DagsterInstance, DailyPartitionsDefinition, instance_for_test
+from dagster import (
+    AddDynamicPartitionsRequest,
+    DagsterInstance,
+    DeleteDynamicPartitionsRequest,
+    DynamicPartitionsDefinition,
+    build_sensor_context,
+    instance_for_test,
+)
 
 from reminder_pipeline.definitions import defs
 from reminder_pipeline.defs.jobs import CONCURRENCY_TAG, CONCURRENCY_VALUE
@@ -22,8 +32,11 @@ from reminder_pipeline.defs.republish import (
     REPUBLISH_ASSET_KEY,
     REPUBLISH_CONCURRENCY_VALUE,
     REPUBLISH_JOB_NAME,
+    REPUBLISH_PARTITIONS_NAME,
     reminder_republish,
+    reminder_republish_days,
 )
+from reminder_pipeline.defs.resources import PostgresResource
 from reminder_pipeline.local.dagster_processes import INSTANCE_YAML
 from reminder_pipeline.operator_jobs.republish import HEADER_REPUBLISHED_BY_RUN
 from reminder_pipeline_tests.support import (
@@ -49,6 +62,12 @@ def instance() -> Iterator[DagsterInstance]:
         yield instance
 
 
+def listed(instance: DagsterInstance, day: str) -> str:
+    """``day`` as a partition of the back-fill (what the sensor does for a day with sends)."""
+    instance.add_dynamic_partitions(REPUBLISH_PARTITIONS_NAME, [day])
+    return day
+
+
 def test_one_partition_republishes_its_day_and_records_the_count(
     database_url, engine, publisher, kafka_settings, kafka_reader, instance
 ):
@@ -58,7 +77,7 @@ def test_one_partition_republishes_its_day_and_records_the_count(
     result = reminder_republish.execute_in_process(
         instance=instance,
         resources=resources_for(database_url, kafka_settings),
-        partition_key=day.isoformat(),
+        partition_key=listed(instance, day.isoformat()),
         tags={"dagster/backfill": "bf-test", "user": "operator@example.com"},
     )
     assert result.success
@@ -93,7 +112,7 @@ def test_a_partition_past_the_retention_fails_with_the_refusal(
     result = reminder_republish.execute_in_process(
         instance=instance,
         resources=resources_for(database_url, kafka_settings),
-        partition_key=day.isoformat(),
+        partition_key=listed(instance, day.isoformat()),
         run_config={"ops": {"republish_day": {"config": {"retention_hours": 24}}}},
         raise_on_error=False,
     )
@@ -108,14 +127,11 @@ def test_a_partition_past_the_retention_fails_with_the_refusal(
     assert not wait_for_republished(kafka_reader, days.published[day], 1, timeout=1.0)
 
 
-def test_the_job_is_daily_utc_up_to_today_and_never_blocks_a_cycle():
+def test_the_job_has_a_partition_per_republishable_day_and_never_blocks_a_cycle():
     job = defs.get_job_def(REPUBLISH_JOB_NAME)
     partitions = job.partitions_def
-    assert isinstance(partitions, DailyPartitionsDefinition) and partitions.timezone == "UTC"
-    keys = partitions.get_partition_keys()
-    today = utcnow().date()
-    assert keys[-1] == today.isoformat()
-    assert (today - timedelta(days=7)).isoformat() in keys
+    assert isinstance(partitions, DynamicPartitionsDefinition)
+    assert partitions.name == REPUBLISH_PARTITIONS_NAME
     assert job.tags[CONCURRENCY_TAG] == REPUBLISH_CONCURRENCY_VALUE != CONCURRENCY_VALUE
     assert int(job.tags["dagster/max_runtime"]) > 300
     limits = yaml.safe_load(INSTANCE_YAML.read_text())["concurrency"]["runs"][
@@ -132,7 +148,7 @@ def test_a_bad_config_value_is_refused_in_one_line_before_anything_is_read(
     result = reminder_republish.execute_in_process(
         instance=instance,
         resources=resources_for(database_url, kafka_settings),
-        partition_key=utcnow().date().isoformat(),
+        partition_key=listed(instance, utcnow().date().isoformat()),
         run_config={"ops": {"republish_day": {"config": {"chunk_size": 0}}}},
         raise_on_error=False,
     )
@@ -141,3 +157,39 @@ def test_a_bad_config_value_is_refused_in_one_line_before_anything_is_read(
         "reminder_republish run config refused: chunk_size=0 is out of range [1, 10000]"
     )
     assert not [m for m in log_messages(instance, result.run_id) if "republish" in m]
+
+
+def test_the_sensor_lists_the_days_with_sends_and_drops_a_purged_one(
+    database_url, engine, publisher, instance
+):
+    """Days before any send are not listed (no "missing" day the job would refuse); a day whose
+    outbox rows were purged in part leaves the list."""
+    days = publish_two_days(engine, publisher, utcnow())
+
+    def tick() -> list:
+        with build_sensor_context(
+            instance=instance, resources={"postgres": PostgresResource(database_url=database_url)}
+        ) as context:
+            result = reminder_republish_days(context)
+        assert not result.run_requests
+        for request in result.dynamic_partitions_requests:
+            if isinstance(request, AddDynamicPartitionsRequest):
+                instance.add_dynamic_partitions(request.partitions_def_name, request.partition_keys)
+            else:
+                for key in request.partition_keys:
+                    instance.delete_dynamic_partition(request.partitions_def_name, key)
+        return result.dynamic_partitions_requests
+
+    [added] = tick()
+    before = days.days[0] - timedelta(days=1)  # the helper's one reminder due the day before
+    expected = [d.isoformat() for d in (before, *days.days)]
+    assert isinstance(added, AddDynamicPartitionsRequest) and added.partition_keys == expected
+    assert instance.get_dynamic_partitions(REPUBLISH_PARTITIONS_NAME) == expected
+    assert tick() == []  # nothing new
+
+    purged = next(r for r in outbox_rows(engine) if r["due_at"].date() == days.days[0])
+    with engine.begin() as conn:
+        conn.execute(sa.text("DELETE FROM outbox WHERE id = :id"), {"id": purged["id"]})
+    [removed] = tick()
+    assert isinstance(removed, DeleteDynamicPartitionsRequest)
+    assert removed.partition_keys == [days.days[0].isoformat()]

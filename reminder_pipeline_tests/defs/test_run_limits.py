@@ -62,6 +62,7 @@ def test_a_republish_run_with_an_overridden_concurrency_tag_does_not_republish(
     database_url, kafka_settings, instance
 ):
     day = (utcnow().date()).isoformat()
+    instance.add_dynamic_partitions(reminder_republish.partitions_def.name, [day])
     result = reminder_republish.execute_in_process(
         instance=instance,
         resources=resources_for(database_url, kafka_settings),

@@ -1,6 +1,7 @@
 """The re-publish back-fill through the real daemon: two days picked as in the UI's back-fill dialog.
 
-Webserver + daemon on a temporary ``DAGSTER_HOME`` (the schedule keeps dispatching meanwhile).
+Webserver + daemon on a temporary ``DAGSTER_HOME`` (the schedule keeps dispatching meanwhile); the
+daemon's sensor ``reminder_republish_days`` lists the days with sends as partitions.
 The back-fill is launched with the GraphQL mutation the UI's dialog sends
 (``launchPartitionBackfill`` on the job's partition set); the back-fill daemon launches one run
 per day, the run queue lets one ``republish`` run go at a time, and the back-fill completes. Each
@@ -17,7 +18,11 @@ from pathlib import Path
 import pytest
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
-from reminder_pipeline.defs.republish import REPUBLISH_ASSET_KEY, REPUBLISH_JOB_NAME
+from reminder_pipeline.defs.republish import (
+    REPUBLISH_ASSET_KEY,
+    REPUBLISH_JOB_NAME,
+    REPUBLISH_PARTITIONS_NAME,
+)
 from reminder_pipeline.local import dagster_processes as orchestrator
 from reminder_pipeline.local.servers import free_port
 from reminder_pipeline.operator_jobs.republish import HEADER_REPUBLISHED_BY_RUN
@@ -93,6 +98,13 @@ def test_a_two_day_backfill_launched_as_from_the_ui_republishes_both_days(
         monkeypatch.setenv("DAGSTER_PG_URL", dagster_storage_url)
         instance = DagsterInstance.from_config(str(home))
         partitions = [day.isoformat() for day in days.days]
+        # The daemon's sensor lists the days that can be re-published (its first tick).
+        deadline = time.monotonic() + 120
+        while not set(partitions) <= set(
+            instance.get_dynamic_partitions(REPUBLISH_PARTITIONS_NAME)
+        ):
+            assert time.monotonic() < deadline, "reminder_republish_days listed no day in 120 s"
+            time.sleep(1.0)
         launched = stack.graphql(
             LAUNCH_BACKFILL,
             {

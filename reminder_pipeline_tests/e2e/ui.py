@@ -72,3 +72,23 @@ def check_ui(base_url: str, artifacts: Path, *, timeout_ms: int = 60_000) -> lis
         finally:
             browser.close()
     return shots
+
+
+def shoot_asset_checks(base_url: str, artifacts: Path, *, timeout_ms: int = 60_000) -> Path:
+    """The dispatcher asset's Checks tab (every check listed), as ``ui-asset-checks.png``."""
+    from playwright.sync_api import expect, sync_playwright
+
+    expect.set_options(timeout=timeout_ms)
+    path = artifacts / "ui-asset-checks.png"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 800})
+            page.set_default_timeout(timeout_ms)
+            page.goto(f"{base_url}/assets/calendar/reminder_dispatch?view=checks")
+            for name in ("dispatch_liveness", "lateness_slo", "clock_skew"):
+                expect(page.get_by_text(name, exact=True).first).to_be_visible()
+            page.screenshot(path=str(path))
+        finally:
+            browser.close()
+    return path

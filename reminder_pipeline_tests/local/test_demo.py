@@ -1,0 +1,49 @@
+"""The demo calendar ``up`` feeds is healthy, on the real database: reminders fall due ahead at a
+steady rate and none is overdue, so the dispatcher's checks are green and true on first look;
+overdue reminders come only when asked for (``seed(overdue=...)``)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import sqlalchemy as sa
+
+from reminder_pipeline.local import demo
+from reminder_pipeline_tests.support import utcnow
+
+
+def _pending_dues(engine: sa.Engine) -> list:
+    with engine.connect() as conn:
+        return list(
+            conn.execute(
+                sa.text(
+                    "SELECT due_at FROM event_reminders WHERE status = 'Pending' ORDER BY due_at"
+                )
+            ).scalars()
+        )
+
+
+def test_the_feeder_lays_out_the_coming_minutes_at_a_steady_rate_and_nothing_overdue(engine):
+    now = utcnow()
+    feeder = demo.DemoFeeder(engine)
+    feeder.tick(now)
+    dues = _pending_dues(engine)
+    assert dues and min(dues) > now  # nothing already due, let alone overdue
+    assert max(dues) <= now + demo.HORIZON + timedelta(seconds=30)
+    # Steady: every minute of the horizon has reminders falling due (a few were cancelled).
+    minutes = {int((d - now).total_seconds() // 60) for d in dues}
+    assert minutes >= set(range(1, int(demo.HORIZON.total_seconds() // 60)))
+    assert len(dues) <= demo.RATE_PER_MINUTE * 11
+
+    # A later tick only tops the horizon up: nothing laid out twice.
+    feeder.tick(now + timedelta(minutes=1))
+    later = _pending_dues(engine)
+    assert len(later) - len(dues) <= demo.RATE_PER_MINUTE + 2
+
+
+def test_the_seed_is_due_now_and_ahead_and_overdue_only_when_asked(engine):
+    now = utcnow()
+    demo.seed(engine, upcoming=6, seed_value=1)
+    assert all(d > now - timedelta(seconds=30) for d in _pending_dues(engine))
+    demo.seed(engine, overdue=5, upcoming=0, due_now=0, seed_value=2)
+    assert any(d < now - timedelta(seconds=30) for d in _pending_dues(engine))
