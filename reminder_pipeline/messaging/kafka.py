@@ -107,6 +107,15 @@ FENCED = frozenset(
 )
 
 
+class _LibrdkafkaLog:
+    """librdkafka's own log lines, at DEBUG in this package's log. While a broker does not answer
+    it writes one per connection attempt, about every second; the publisher logs the outage
+    once instead ("kafka deliveries failing" / "kafka deliveries work again")."""
+
+    def log(self, _level: int, message: str, *args: object) -> None:
+        log.debug(message, *args)
+
+
 class KafkaPublisher:
     """An idempotent, acks=all producer that reports per-row delivery of outbox rows.
 
@@ -127,6 +136,7 @@ class KafkaPublisher:
         self._in_flight: set[int] = set()  # produced, no report yet
         self._fatal: str | None = None
         self._generation = 0  # which producer a callback belongs to (a replaced one is ignored)
+        self._failing_since: float | None = None  # monotonic start of the current outage
         self._producer = self._new_producer()
 
     def _new_producer(self) -> Producer:
@@ -149,6 +159,7 @@ class KafkaPublisher:
                 "message.timeout.ms": self.message_timeout_ms,
                 "socket.connection.setup.timeout.ms": 5_000,
                 "error_cb": on_error,
+                "logger": _LibrdkafkaLog(),
             }
         )
 
@@ -213,9 +224,31 @@ class KafkaPublisher:
         if self._fatal is not None:
             pending = f"producer fenced or failed fatally, replaced: {self._fatal}"
             self._replace()
-        return [
+        results = [
             DeliveryResult(i, self._reports.pop(i) if i in self._reports else pending) for i in ids
         ]
+        self._note_outage(results)
+        return results
+
+    def _note_outage(self, results: list[DeliveryResult]) -> None:
+        """Log an outage once when deliveries start failing and once when they work again."""
+        error = next((r.error for r in results if r.error is not None), None)
+        if error is not None and self._failing_since is None:
+            self._failing_since = time.monotonic()
+            event(
+                log,
+                logging.WARNING,
+                "kafka deliveries failing; the outbox rows wait",
+                error=" ".join(error.split())[:300],
+            )
+        elif results and error is None and self._failing_since is not None:
+            event(
+                log,
+                logging.INFO,
+                "kafka deliveries work again",
+                outage_seconds=round(time.monotonic() - self._failing_since, 1),
+            )
+            self._failing_since = None
 
     def _replace(self) -> None:
         """A fatal error (the broker fenced this producer): nothing it holds will be delivered,

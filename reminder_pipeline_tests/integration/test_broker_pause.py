@@ -26,6 +26,7 @@ from reminder_pipeline.local.servers import EmbeddedBroker, free_port
 from reminder_pipeline.messaging.kafka import KafkaPublisher, ensure_topic
 from reminder_pipeline.messaging.relay import publish_outbox
 
+from ..observability.helpers import captured_json_logs, log_lines
 from ..support import KafkaReader, bulk_due, make_due_event, outbox_rows, reminders, utcnow
 
 ROWS = 2_000
@@ -104,13 +105,21 @@ def test_a_broker_paused_mid_drain_gets_everything_exactly_once_after_it_resumes
     ensure_topic(settings)
     publisher = KafkaPublisher(settings)  # the Dagster resource's and the CLI's defaults
     try:
-        relay = _drain_through_a_pause(engine, own_broker, publisher, pause_seconds=45)
-        assert relay.failed > 0  # the relay stopped waiting; the rows stayed in the outbox
+        with captured_json_logs() as logs:
+            relay = _drain_through_a_pause(engine, own_broker, publisher, pause_seconds=45)
+            assert relay.failed > 0  # the relay stopped waiting; the rows stayed in the outbox
 
-        after = publish_outbox(engine, publisher, budget_seconds=120)
-        assert after.failed == 0 and publisher.replacements == 0  # never fenced
+            after = publish_outbox(engine, publisher, budget_seconds=120)
+            assert after.failed == 0 and publisher.replacements == 0  # never fenced
     finally:
         publisher.close()
+    # The outage is logged once each way; librdkafka's line per connection attempt is DEBUG.
+    lines = [(line["level"], line["msg"]) for line in log_lines(logs) if line["level"] != "DEBUG"]
+    kafka_lines = [line for line in lines if "kafka" in line[1] or "rdkafka" in line[1]]
+    assert kafka_lines == [
+        ("WARNING", "kafka deliveries failing; the outbox rows wait"),
+        ("INFO", "kafka deliveries work again"),
+    ]
     assert all(o["published_at"] is not None for o in outbox_rows(engine))
     payloads = _on_the_topic(settings, engine)
     assert Counter(len(p) for p in payloads.values()) == {1: ROWS + 1}  # exactly once
