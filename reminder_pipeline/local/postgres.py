@@ -169,8 +169,12 @@ class EmbeddedPostgres:
             self._pg_ctl_start(bin_dir)
             return self.url()
 
-    def stop(self) -> None:
-        """Fast shutdown (``pg_ctl stop -m fast -w``); harmless if not running."""
+    def stop(self, mode: str = "fast") -> None:
+        """Fast shutdown (``pg_ctl stop -m fast -w``); harmless if not running.
+
+        ``mode="immediate"`` ends every server process at once, as a crash would (the next start
+        recovers from the WAL): what a test of a client that must heal after a crash uses.
+        """
         if not self.data_dir.exists():
             return
         with _file_lock(self._lock_file):
@@ -185,7 +189,7 @@ class EmbeddedPostgres:
                     "-D",
                     str(self.data_dir),
                     "-m",
-                    "fast",
+                    mode,
                     "-w",
                     "-t",
                     str(PG_STOP_TIMEOUT_SECONDS),

@@ -11,11 +11,19 @@ Each scrape is a handful of index-backed statements in one short read-only REPEA
 transaction (one snapshot: a ledger roll-up moving rows between the two tables cannot be seen
 half-done, which would make a counter step back), bounded by a statement time-out. If the
 database cannot be read, the scrape still answers, with ``calendar_reminder_dispatch_up 0``.
+
+The exporter heals by itself when its database restarts (a failover, a crash, a minor upgrade):
+a failed scrape drops every pooled connection, so the next scrape connects afresh (the pool's
+pre-ping would also catch a dead one), and the first scrape after the server answers serves the
+figures again. An outage is logged twice, when it starts and when it ends, never per scrape, and
+counted in ``calendar_reminder_dispatch_database_reconnects_total``. The scraper's interval is
+the retry's pace: nothing is retried between scrapes.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -63,6 +71,7 @@ FORECAST_PEAK_TIME = PREFIX + "forecast_peak_timestamp_seconds"
 FORECAST_CAPACITY = PREFIX + "forecast_capacity_per_run"
 DAEMON_HEARTBEAT_AGE = PREFIX + "daemon_heartbeat_age_seconds"
 UP = PREFIX + "up"
+RECONNECTS = PREFIX + "database_reconnects_total"
 SCRAPE_DURATION = PREFIX + "scrape_duration_seconds"
 
 #: Every metric family the endpoint serves (the dashboard and the alert rules use only these).
@@ -80,6 +89,7 @@ METRIC_NAMES: tuple[str, ...] = (
     OUTBOX_LAG,
     LAST_SUCCESS,
     UP,
+    RECONNECTS,
     SCRAPE_DURATION,
     POISON_ROWS,
     POISON_OLDEST_AGE,
@@ -296,6 +306,8 @@ class LedgerCollector(Collector):
         self._heartbeats = heartbeats
         self._healthy: bool | None = None
         self._heartbeats_read: bool | None = None
+        self._reconnects = 0  # outages this process saw end (the first read is not one)
+        self._lock = threading.Lock()  # scrapes may overlap: each change is logged once
 
     def describe(self) -> Iterator[Metric]:
         """The families' names, without touching the database (used at registration)."""
@@ -307,11 +319,15 @@ class LedgerCollector(Collector):
         try:
             snapshot = read_snapshot(self._engine)
         except Exception as exc:  # noqa: BLE001 - a scrape answers even when the DB does not
+            # Connections to a server that went away are dead: the next scrape connects afresh.
+            self._engine.dispose()
             self._transition(False, type(exc).__name__)
             yield GaugeMetricFamily(UP, "1 if the last scrape read the database.", value=0)
+            yield self._reconnects_family()
             return
         self._transition(True, None)
         yield GaugeMetricFamily(UP, "1 if the last scrape read the database.", value=1)
+        yield self._reconnects_family()
         yield from families(snapshot)
         if self._heartbeats is not None:
             yield from self._daemon_heartbeats()
@@ -348,13 +364,24 @@ class LedgerCollector(Collector):
             ages.add_metric([daemon], max(now - beat, 0.0))
         yield ages
 
+    def _reconnects_family(self) -> Metric:
+        return CounterMetricFamily(
+            RECONNECTS,
+            "Times this exporter read the database again after failing to (an outage it "
+            "recovered from; kept in the exporter's memory, so it restarts at 0 with it).",
+            value=self._reconnects,
+        )
+
     def _transition(self, healthy: bool, error_kind: str | None) -> None:
         # Log changes only: Prometheus scrapes every 15 s, a log line each time would drown others.
-        if healthy == self._healthy:
-            return
-        self._healthy = healthy
+        with self._lock:
+            if healthy == self._healthy:
+                return
+            recovered = healthy and self._healthy is False
+            self._healthy = healthy
+            self._reconnects += recovered
         if healthy:
-            event(log, logging.INFO, "metrics scrape reads the database")
+            event(log, logging.INFO, "metrics scrape reads the database", recovered=recovered)
         else:
             event(
                 log,
