@@ -27,6 +27,7 @@ from .outbox import outbox
 from .output import PROG, ProgressLine
 from .poison import poison
 from .services import services
+from .trace import trace
 from .up import up
 
 __all__ = [
@@ -77,6 +78,7 @@ def cli(ctx: click.Context, log_level: str, progress_seconds: float) -> None:
 
 for _command in (dispatch, relay, poison, outbox, db, services, consume, metrics, demo, up):
     cli.add_command(_command)
+cli.add_command(trace)
 
 
 def main(argv: list[str] | None = None) -> int:

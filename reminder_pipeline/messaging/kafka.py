@@ -84,10 +84,13 @@ def ensure_topic(
 
 @dataclass(frozen=True)
 class DeliveryResult:
-    """The broker's answer for one outbox row: None error means acknowledged."""
+    """The broker's answer for one outbox row: None error means acknowledged, and then where the
+    message landed (``partition``, ``offset``, from the delivery report)."""
 
     outbox_id: int
     error: str | None
+    partition: int | None = None
+    offset: int | None = None
 
 
 class KafkaPublisher:
@@ -122,9 +125,12 @@ class KafkaPublisher:
         report then counts as failed (it stays unpublished and goes out again: at least once).
         """
         results: dict[int, str | None] = {}
+        landed: dict[int, tuple[int | None, int | None]] = {}
 
         def on_delivery(outbox_id: int) -> Callable[[KafkaError | None, Message], None]:
-            def callback(err: KafkaError | None, _msg: Message) -> None:
+            def callback(err: KafkaError | None, msg: Message) -> None:
+                if err is None:
+                    landed[outbox_id] = (msg.partition(), msg.offset())
                 results[outbox_id] = None if err is None else str(err)
 
             return callback
@@ -154,7 +160,11 @@ class KafkaPublisher:
         while len(results) < len(messages) and time.monotonic() < deadline:
             self._producer.flush(min(1.0, max(deadline - time.monotonic(), 0.0)))
         return [
-            DeliveryResult(m.id, results.get(m.id, "no delivery report within the timeout"))
+            DeliveryResult(
+                m.id,
+                results.get(m.id, "no delivery report within the timeout"),
+                *landed.get(m.id, (None, None)),
+            )
             for m in messages
         ]
 

@@ -324,6 +324,7 @@ RECORD_POISON = text(
            next_attempt_at = COALESCE(CAST(:now AS timestamptz), now())
                + make_interval(secs => LEAST(:cap_seconds,
                                              :base_seconds * power(2, LEAST(r.attempts, 20)))),
+           last_failed_at = COALESCE(CAST(:now AS timestamptz), now()),
            reserved_by = NULL,
            reserved_until = NULL,
            updated_at = now()
@@ -343,42 +344,6 @@ BACKLOG = text(
            EXTRACT(EPOCH FROM (:as_of - min(due_at))) AS oldest_due_age_seconds
       FROM event_reminders
      WHERE status = 'Pending' AND due_at < :as_of
-    """
-)
-
-# Poison rows an operator looks at: still Pending after at least one failed attempt.
-LIST_POISON = text(
-    """
-    SELECT id, calendar_event_id, attempts, last_error, next_attempt_at, due_at
-      FROM event_reminders
-     WHERE status = 'Pending' AND attempts > 0
-     ORDER BY due_at
-     LIMIT :limit
-    """
-)
-
-# An operator's retry / skip changes a row only while it is Pending and has failed at least once
-# (a poison row), unless forced: a mistyped id can never skip a healthy reminder before it is sent.
-RETRY_POISON_NOW = text(
-    """
-    UPDATE event_reminders SET next_attempt_at = NULL, updated_at = now()
-     WHERE id = :id AND status = 'Pending' AND (attempts > 0 OR :force)
-    RETURNING id
-    """
-)
-
-SKIP_POISON = text(
-    """
-    UPDATE event_reminders SET status = 'Skipped', updated_at = now()
-     WHERE id = :id AND status = 'Pending' AND (attempts > 0 OR :force)
-    RETURNING id
-    """
-)
-
-# Why a retry / skip changed nothing: the row's status and attempts (no event fields, no PII).
-REMINDER_OPERATOR_STATE = text(
-    """
-    SELECT status, attempts FROM event_reminders WHERE id = :id
     """
 )
 
@@ -402,10 +367,16 @@ SELECT_UNPUBLISHED = text(
     """
 )
 
+# With where each message landed (its delivery report's partition and offset): one statement a
+# batch as before, the three arrays unnested side by side.
 MARK_PUBLISHED = text(
     """
-    UPDATE outbox SET published_at = now()
-     WHERE id = ANY(CAST(:ids AS bigint[])) AND published_at IS NULL
+    UPDATE outbox o
+       SET published_at = now(), kafka_partition = d.kafka_partition,
+           kafka_offset = d.kafka_offset
+      FROM unnest(CAST(:ids AS bigint[]), CAST(:partitions AS int[]),
+                  CAST(:offsets AS bigint[])) AS d(id, kafka_partition, kafka_offset)
+     WHERE o.id = d.id AND o.published_at IS NULL
     """
 )
 
