@@ -353,8 +353,8 @@ def mark_published(conn: Connection, landed: Sequence[tuple[int, int | None, int
     """Mark outbox rows (id, partition, offset) published where they landed; how many changed."""
     if not landed:
         return 0
-    ids, partitions, offsets = zip(*landed, strict=True)
-    params = {"ids": list(ids), "partitions": list(partitions), "offsets": list(offsets)}
+    where = {str(i): [partition, offset] for i, partition, offset in landed}
+    params = {"ids": [i for i, _, _ in landed], "landed": where}
     return conn.execute(queries.MARK_PUBLISHED, params).rowcount
 
 
