@@ -175,9 +175,7 @@ def instance() -> Iterator[DagsterInstance]:
         yield instance
 
 
-def test_the_poison_job_takes_the_filter_with_a_dry_run_first(
-    engine, rows, database_url, instance
-):
+def test_the_poison_job_takes_the_filter_with_a_dry_run_first(engine, rows, database_url, instance):
     resources = {"postgres": PostgresResource(database_url=database_url)}
     before = _state(engine)
 

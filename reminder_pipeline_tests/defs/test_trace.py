@@ -15,7 +15,7 @@ import json
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
@@ -188,9 +188,7 @@ def test_an_unknown_id_is_exit_1_in_one_line_and_a_bad_one_exit_2(engine, cli_en
     assert bad.returncode == 2 and "ID='42' is not a reminder or event id" in bad.stderr
 
 
-def test_the_consumers_store_says_whether_it_was_delivered(
-    engine, publisher, cli_env, tmp_path
-):
+def test_the_consumers_store_says_whether_it_was_delivered(engine, publisher, cli_env, tmp_path):
     delivered, pending = make_due_event(engine), make_due_event(engine)
     cycle.run_cycle(engine, publisher)
     [done], [other] = reminders(engine, delivered), reminders(engine, pending)
