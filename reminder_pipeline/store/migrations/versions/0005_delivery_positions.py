@@ -57,8 +57,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    """Drop them."""
-    op.drop_index("ix_outbox_republishes_reminder_id", table_name="outbox_republishes")
+    """Drop them (the table's index goes with it)."""
     op.drop_table("outbox_republishes")
     op.drop_column("event_reminders", "last_failed_at")
     op.drop_column("outbox", "kafka_offset")
