@@ -165,5 +165,5 @@ def change_many(
             reminder_ids=changed[:AUDITED_IDS],
             reminder_ids_left_out=max(len(changed) - AUDITED_IDS, 0),
         )
-    done = set(changed)
-    return BulkChange(action, False, selector, [r for r in matching if r["id"] in done])
+    listed = {r["id"]: r for r in matching}  # a row that failed since the read: its id alone
+    return BulkChange(action, False, selector, [listed.get(i) or {"id": i} for i in changed])
