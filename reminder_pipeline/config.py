@@ -304,6 +304,11 @@ class Settings:
         """True when neither server is named, so the embedded ones are used."""
         return self.database_url is None and self.kafka_bootstrap_servers is None
 
+    @property
+    def dagster_ui_url(self) -> str:
+        """The Dagster UI's address (the webserver on DAGSTER_WEBSERVER_PORT): run links."""
+        return f"http://127.0.0.1:{self.webserver_port}"
+
     def kafka(self, bootstrap_servers: str | None = None) -> KafkaSettings:
         """Kafka settings, with ``bootstrap_servers`` filling in for an embedded broker."""
         servers = bootstrap_servers or self.kafka_bootstrap_servers

@@ -6,8 +6,9 @@ no environment set.
 
 What is in it: the dispatcher asset with its six health checks; the jobs ``reminder_dispatch``,
 ``reminder_catch_up``, ``reminder_health_checks``, ``reminder_poison_rows``,
-``outbox_retention``, ``reminder_republish`` (the re-publish back-fill, one partition per day
-that can be re-published, with its asset ``calendar/reminder_due_republished``) and
+``outbox_retention``, ``reminder_trace`` (a reminder's or an event's trace),
+``reminder_republish`` (the re-publish back-fill, one partition per day that can be
+re-published, with its asset ``calendar/reminder_due_republished``) and
 ``dagster_run_retention``; the schedules
 ``reminder_dispatch_schedule`` (every minute), ``outbox_retention_schedule`` and
 ``dagster_run_retention_schedule`` (daily); the sensors ``reminder_health_sensor`` (the checks,
@@ -31,6 +32,7 @@ from .defs.resources import KafkaResource, PostgresResource
 from .defs.run_retention import dagster_run_retention, dagster_run_retention_schedule
 from .defs.schedules import outbox_retention_schedule, reminder_dispatch_schedule
 from .defs.sensors import reminder_dispatch_failure_ledger, reminder_health_sensor
+from .defs.trace import reminder_trace
 
 
 def build_resources() -> dict:
@@ -52,6 +54,7 @@ defs = Definitions(
         outbox_retention,
         reminder_republish,
         dagster_run_retention,
+        reminder_trace,
     ],
     schedules=[
         reminder_dispatch_schedule,

@@ -29,11 +29,37 @@ GRANT SELECT ON event_reminders TO reminder_dispatcher;
 GRANT UPDATE (status, sent_at, updated_at, attempts, last_error, next_attempt_at,
                reserved_by, reserved_until)
     ON event_reminders TO reminder_dispatcher;
+-- When the last failed attempt was (migration 0006 and later), when present.
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = 'public'
+                  AND table_name = 'event_reminders' AND column_name = 'last_failed_at') THEN
+        GRANT UPDATE (last_failed_at) ON event_reminders TO reminder_dispatcher;
+    END IF;
+END
+$$;
 
 -- Outbox: write rows, mark them published, purge them after the retention.
 REVOKE ALL ON outbox FROM reminder_dispatcher;
 GRANT SELECT, INSERT, DELETE ON outbox TO reminder_dispatcher;
 GRANT UPDATE (published_at, publish_attempts) ON outbox TO reminder_dispatcher;
+-- Where each message landed (migration 0006 and later), when present.
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = 'public'
+                  AND table_name = 'outbox' AND column_name = 'kafka_offset') THEN
+        GRANT UPDATE (kafka_partition, kafka_offset) ON outbox TO reminder_dispatcher;
+    END IF;
+END
+$$;
+-- The re-publish back-fill's record of every copy it delivered (migration 0006 and later).
+DO $$
+BEGIN
+    IF to_regclass('public.outbox_republishes') IS NOT NULL THEN
+        GRANT SELECT, INSERT ON outbox_republishes TO reminder_dispatcher;
+    END IF;
+END
+$$;
 
 -- The metrics ledger (migration 0002 and later), when present.
 DO $$

@@ -29,6 +29,7 @@ from .outbox import outbox
 from .output import PROG, ProgressLine
 from .poison import poison
 from .services import services
+from .trace import trace
 from .up import up
 
 __all__ = [
@@ -81,6 +82,7 @@ for _command in (dispatch, relay, poison, outbox, db, services, consume, metrics
     cli.add_command(_command)
 for _command in (dlq, forecast):
     cli.add_command(_command)
+cli.add_command(trace)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -131,9 +131,6 @@ force_option = click.option(
     "it must be typed each time.",
 )
 
-#: The REMINDER_ID argument of ``poison retry`` and ``poison skip``.
-reminder_id_argument = click.argument("reminder_id", type=REMINDER_ID)
-
 
 def budget_option(help: str) -> Callable[[F], F]:
     """``--budget-seconds`` of ``dispatch`` and ``relay`` (REMINDER_CYCLE_BUDGET_SECONDS)."""

@@ -1,16 +1,37 @@
-"""``poison list|retry|skip``: rows that keep failing (retry and skip logged with the OS user)."""
+"""``poison list|retry|skip``: rows that keep failing (retry and skip logged with the OS user);
+retry and skip take one REMINDER_ID or a filter (``--all``, ``--event``, ``--kind``,
+``--failed-since``) with ``--dry-run`` or ``--yes``."""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from ..config import DEFAULT_POISON_LIMIT
+from ..config import DEFAULT_POISON_LIMIT, ConfigError, check_as_of
 from .context import database, operator_name
 from .exits import EXIT_FAILURE, EXIT_OK
-from .options import POISON_LIMIT, env_option, force_option, json_option, reminder_id_argument
+from .options import POISON_LIMIT, REMINDER_ID, Checked, env_option, force_option, json_option
 from .output import print_error, print_json, print_table
+
+if TYPE_CHECKING:
+    from ..operator_jobs.poison import PoisonFilter
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _check_event_id(value: object, name: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(str(value).strip())
+    except ValueError:
+        raise ConfigError(f"{name}={value!r} is not an event id (a UUID)") from None
+
+
+EVENT_ID = Checked(_check_event_id, "EVENT_ID")
+FAILED_SINCE = Checked(lambda value, name: check_as_of(value, name), "ISO-8601")
 
 
 @click.group()
@@ -58,17 +79,142 @@ def _poison_change(action: str, reminder_id: uuid.UUID, force: bool) -> int:
     return EXIT_FAILURE
 
 
+_FILTERS = "--all, --event, --kind, --failed-since"
+
+
+def _poison_filter(
+    action: str,
+    *,
+    all_rows: bool,
+    event_id: uuid.UUID | None,
+    kind: str | None,
+    failed_since: datetime | None,
+    force: bool,
+    dry_run: bool,
+    yes: bool,
+) -> PoisonFilter:
+    """The filter the options give, or the one-line refusal of a bad combination (exit 2)."""
+    from ..operator_jobs.poison import PoisonFilter
+
+    kind = kind.strip() if kind is not None else None
+    if kind == "":
+        raise ConfigError("--kind is empty")
+    conditions = event_id is not None or kind is not None or failed_since is not None
+    if not (all_rows or conditions):
+        raise ConfigError(f"poison {action} needs a REMINDER_ID or a filter ({_FILTERS})")
+    if all_rows and conditions:
+        raise ConfigError(
+            f"poison {action}: --all takes every poison row; drop it or the other filters"
+        )
+    if force:
+        raise ConfigError(
+            f"poison {action}: --force acts on one REMINDER_ID only; a filter takes poison "
+            "rows only"
+        )
+    if not (dry_run or yes):
+        raise ConfigError(
+            f"poison {action} with a filter changes every row it takes: add --dry-run to list "
+            "them, or --yes to confirm"
+        )
+    return PoisonFilter(event_id=event_id, kind=kind, failed_since=failed_since)
+
+
+def _poison_action(
+    action: str,
+    reminder_id: uuid.UUID | None,
+    force: bool,
+    *,
+    as_json: bool,
+    dry_run: bool,
+    **filters: Any,
+) -> int:
+    """One row by id, or every poison row a filter takes (a dry run first)."""
+    from ..operator_jobs import poison as poison_rows
+
+    given = filters["all_rows"] or any(
+        filters[k] is not None for k in ("event_id", "kind", "failed_since")
+    )
+    if reminder_id is not None:
+        if given or dry_run or filters["yes"]:
+            raise ConfigError(
+                f"poison {action}: give a REMINDER_ID or a filter ({_FILTERS}), not both "
+                "(--dry-run and --yes go with a filter)"
+            )
+        return _poison_change(action, reminder_id, force)
+    selected = _poison_filter(action, force=force, dry_run=dry_run, **filters)
+    with database() as engine:
+        done = poison_rows.change_many(
+            engine, action, selected, actor=operator_name(), dry_run=dry_run
+        )
+    if as_json:
+        print_json(done.plain())
+        return EXIT_OK
+    verb = "would change" if dry_run else "changed"
+    dry = " --dry-run" if dry_run else ""
+    print(f"poison {action}{dry}: {done.count} rows {verb}", flush=True)
+    if dry_run:
+        print_table(done.rows, _BULK_COLUMNS, empty="(no poison row matches)")
+    return EXIT_OK
+
+
+_BULK_COLUMNS = ("id", "calendar_event_id", "attempts", "last_failed_at", "next_attempt_at")
+
+
+def _bulk_options(command: F) -> F:
+    """The filter of a bulk retry / skip, its dry run and its confirmation."""
+    for option in reversed(
+        (
+            click.option(
+                "--all", "all_rows", is_flag=True, default=False, help="Every poison row."
+            ),
+            click.option(
+                "--event",
+                "event_id",
+                type=EVENT_ID,
+                default=None,
+                help="The poison rows of this event (an EventId).",
+            ),
+            click.option("--kind", default=None, help="The poison rows of events of this Kind."),
+            click.option(
+                "--failed-since",
+                type=FAILED_SINCE,
+                default=None,
+                help="The poison rows whose last failure is at or after this time.",
+            ),
+            click.option(
+                "--dry-run",
+                is_flag=True,
+                default=False,
+                help="Print how many rows and which would change; change nothing.",
+            ),
+            click.option(
+                "--yes",
+                is_flag=True,
+                default=False,
+                help="Confirm a filter's action. No environment variable: typed each time.",
+            ),
+            json_option,
+        )
+    ):
+        command = option(command)
+    return command
+
+
 @poison.command("retry")
-@reminder_id_argument
+@click.argument("reminder_id", type=REMINDER_ID, required=False)
 @force_option
-def poison_retry(reminder_id: uuid.UUID, force: bool) -> int:
-    """Clear a poison row's back-off so the next cycle tries it (logged with your OS user)."""
-    return _poison_change("retry", reminder_id, force)
+@_bulk_options
+def poison_retry(reminder_id: uuid.UUID | None, force: bool, **options: Any) -> int:
+    """Clear the back-off of a poison row, or of those a filter takes, so the next cycle tries
+    them (logged with your OS user)."""
+    return _poison_action("retry", reminder_id, force, **options)
 
 
 @poison.command("skip")
-@reminder_id_argument
+@click.argument("reminder_id", type=REMINDER_ID, required=False)
 @force_option
-def poison_skip(reminder_id: uuid.UUID, force: bool) -> int:
-    """Move a poison row to Skipped: it is never published (logged with your OS user)."""
-    return _poison_change("skip", reminder_id, force)
+@_bulk_options
+def poison_skip(reminder_id: uuid.UUID | None, force: bool, **options: Any) -> int:
+    """Move a poison row, or those a filter takes, to Skipped: never published (logged with
+    your OS user)."""
+    return _poison_action("skip", reminder_id, force, **options)

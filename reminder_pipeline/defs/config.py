@@ -168,12 +168,27 @@ def _reminder_id(value: str) -> str:
         raise ValueError(f"reminder_id {value.strip()!r} is not a UUID") from None
 
 
+def _event_id(value: str) -> str:
+    try:
+        return str(uuid.UUID(value.strip()))
+    except ValueError:
+        raise ValueError(f"event_id {value.strip()!r} is not a UUID") from None
+
+
+def _failed_since(value: str) -> Optional[str]:
+    when = settings.check_as_of(value, "failed_since")
+    return None if when is None else when.isoformat()
+
+
 class PoisonConfig(CheckedConfig):
-    """List the poison rows, or retry / skip one by its reminder id."""
+    """List the poison rows, or retry / skip one by its reminder id, or those a filter takes."""
 
     checks: ClassVar[Mapping[str, Callable[[Any], Any]]] = {
         "limit": settings.check_poison_limit,
         "reminder_id": lambda v: _reminder_id(v) if v.strip() else None,
+        "event_id": lambda v: _event_id(v) if v.strip() else None,
+        "kind": lambda v: v.strip() or None,
+        "failed_since": _failed_since,
     }
 
     action: Literal["list", "retry", "skip"] = Field(
@@ -185,12 +200,50 @@ class PoisonConfig(CheckedConfig):
         default=None, description="The reminder's id (from list); for retry/skip."
     )
     force: bool = Field(default=False, description="Retry/skip a Pending row that never failed.")
+    all: bool = Field(default=False, description="Retry/skip every poison row (a filter).")
+    event_id: Optional[str] = Field(
+        default=None, description="Retry/skip the poison rows of this event (a filter)."
+    )
+    kind: Optional[str] = Field(
+        default=None, description="Retry/skip the poison rows of events of this Kind (a filter)."
+    )
+    failed_since: Optional[str] = Field(
+        default=None,
+        description="Retry/skip the poison rows whose last failure is at or after this "
+        "ISO-8601 time (a filter).",
+    )
+    dry_run: bool = Field(
+        default=False, description="With a filter: list the rows that would change; change none."
+    )
     limit: int = Field(default=settings.DEFAULT_POISON_LIMIT, description="Rows listed, 1..1,000.")
+
+    @property
+    def filtered(self) -> bool:
+        """Whether a filter selects the rows (not one reminder_id)."""
+        return self.all or any(v is not None for v in (self.event_id, self.kind, self.failed_since))
 
     @model_validator(mode="after")
     def _needs_a_row(self) -> "PoisonConfig":
-        if self.action != "list" and self.reminder_id is None:
-            raise ValueError(f"reminder_id is required for action {self.action!r}")
+        conditions = any(v is not None for v in (self.event_id, self.kind, self.failed_since))
+        if self.action == "list":
+            if self.filtered or self.dry_run:
+                raise ValueError("all/event_id/kind/failed_since/dry_run go with retry or skip")
+            return self
+        if self.reminder_id is not None and self.filtered:
+            raise ValueError(
+                f"{self.action}: give reminder_id or a filter (all, event_id, kind, "
+                "failed_since), not both"
+            )
+        if self.reminder_id is None and not self.filtered:
+            raise ValueError(
+                f"{self.action} needs reminder_id or a filter (all, event_id, kind, failed_since)"
+            )
+        if self.all and conditions:
+            raise ValueError("all takes every poison row; drop it or the other filters")
+        if self.filtered and self.force:
+            raise ValueError("force acts on one reminder_id only; a filter takes poison rows only")
+        if self.dry_run and not self.filtered:
+            raise ValueError("dry_run goes with a filter (all, event_id, kind, failed_since)")
         return self
 
 

@@ -1,4 +1,4 @@
-"""Operator jobs' ops: poison rows (list / retry now / skip one) and outbox retention.
+"""Operator jobs' ops: poison rows (list / retry now / skip one or a filter's) and outbox retention.
 
 The same plain calls as ``reminder-pipeline poison`` and ``outbox purge``
 (:mod:`reminder_pipeline.operator_jobs.poison`,
@@ -10,7 +10,8 @@ dispatch (status predicates, SKIP LOCKED, small batches), so neither waits for t
 
 import logging
 import time
-from datetime import timedelta
+import uuid
+from datetime import datetime, timedelta
 from typing import Any
 
 from dagster import Failure, MetadataValue, Output, op
@@ -22,21 +23,54 @@ from .config import PoisonConfig, RetentionConfig
 from .resources import PostgresResource
 
 _COLUMNS = ("id", "calendar_event_id", "attempts", "next_attempt_at", "due_at", "last_error")
+_BULK_COLUMNS = ("id", "calendar_event_id", "attempts", "last_failed_at", "next_attempt_at")
 
 
-def _table(rows: list[dict[str, Any]]) -> str:
-    """Poison rows as a Markdown table for the run's output metadata."""
+def markdown_table(rows: list[dict[str, Any]], columns: tuple[str, ...] = _COLUMNS) -> str:
+    """Rows as a Markdown table for a run's output metadata."""
     cells = [
-        [str(r.get(c) if r.get(c) is not None else "").replace("|", "\\|") for c in _COLUMNS]
+        [str(r.get(c) if r.get(c) is not None else "").replace("|", "\\|") for c in columns]
         for r in rows
     ]
     return "\n".join(
-        ["| " + " | ".join(_COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
+        ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
         + ["| " + " | ".join(row) + " |" for row in cells]
     )
 
 
-@op(description="List poison rows, or retry / skip one, in one transaction; each action logged.")
+def _change_many(context, config: PoisonConfig, postgres: PostgresResource) -> Output:
+    """A filter's retry / skip (or its dry run): the rows as the output and a table."""
+    selected = poison.PoisonFilter(
+        event_id=uuid.UUID(config.event_id) if config.event_id else None,
+        kind=config.kind,
+        failed_since=datetime.fromisoformat(config.failed_since) if config.failed_since else None,
+    )
+    done = poison.change_many(
+        postgres.engine,
+        config.action,
+        selected,
+        actor=context.dagster_run.tags.get("user") or poison.os_user(),
+        dry_run=config.dry_run,
+        run_id=context.run_id,
+        run_log=context.log,
+    )
+    verb = "would change" if done.dry_run else "changed"
+    context.log.info(f"poison {done.action}: {done.count} rows {verb} ({done.selector})")
+    return Output(
+        done.plain(),
+        metadata={
+            "action": done.action,
+            "dry_run": done.dry_run,
+            "count": done.count,
+            "rows": MetadataValue.md(markdown_table(done.rows, _BULK_COLUMNS)),
+        },
+    )
+
+
+@op(
+    description="List poison rows, or retry / skip one or those a filter takes (a dry run "
+    "first), in one transaction; each action logged."
+)
 def poison_rows(context, config: PoisonConfig, postgres: PostgresResource):
     """The operator's action; its result is the output (and its metadata)."""
     with FoldingJournal(context.log) as journal:
@@ -50,9 +84,12 @@ def poison_rows(context, config: PoisonConfig, postgres: PostgresResource):
                 metadata={
                     "action": "list",
                     "poison_count": len(rows),
-                    "poison_rows": MetadataValue.md(_table(rows)),
+                    "poison_rows": MetadataValue.md(markdown_table(rows)),
                 },
             )
+            return
+        if config.filtered:
+            yield _change_many(context, config, postgres)
             return
         # The run's launcher is not known to the run worker: the run id (and its tags) say who.
         done = poison.change(

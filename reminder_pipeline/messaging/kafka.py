@@ -85,10 +85,13 @@ def ensure_topic(
 
 @dataclass(frozen=True)
 class DeliveryResult:
-    """The broker's answer for one outbox row: None error means acknowledged."""
+    """The broker's answer for one outbox row: None error means acknowledged, and then where the
+    message landed (``partition``, ``offset``, from the delivery report)."""
 
     outbox_id: int
     error: str | None
+    partition: int | None = None
+    offset: int | None = None
 
 
 #: How long librdkafka keeps a message and retries it before reporting it failed. Long, so a
@@ -130,10 +133,12 @@ class KafkaPublisher:
     ) -> None:
         self.settings = settings
         self.message_timeout_ms = message_timeout_ms
-        #: Producers replaced after a fatal error (a fenced producer never publishes again).
         self._closed = False
+        #: Producers replaced after a fatal error (a fenced producer never publishes again).
         self.replacements = 0
         self._reports: dict[int, str | None] = {}  # outbox id -> report not yet handed back
+        #: outbox id -> (partition, offset) of its delivery, handed back with its report
+        self._landed: dict[int, tuple[int | None, int | None]] = {}
         self._in_flight: set[int] = set()  # produced, no report yet
         self._fatal: str | None = None
         self._generation = 0  # which producer a callback belongs to (a replaced one is ignored)
@@ -167,11 +172,13 @@ class KafkaPublisher:
     def _on_delivery(self, outbox_id: int) -> Callable[[KafkaError | None, Message], None]:
         generation = self._generation
 
-        def callback(err: KafkaError | None, _msg: Message) -> None:
+        def callback(err: KafkaError | None, msg: Message) -> None:
             if generation != self._generation:
                 return  # a replaced producer's report: its row is produced again (or was)
             self._in_flight.discard(outbox_id)
             self._reports[outbox_id] = None if err is None else str(err)
+            if err is None:
+                self._landed[outbox_id] = (msg.partition(), msg.offset())
             if err is not None and (err.fatal() or err.code() in FENCED):
                 self._fatal = str(err)
 
@@ -226,7 +233,12 @@ class KafkaPublisher:
             pending = f"producer fenced or failed fatally, replaced: {self._fatal}"
             self._replace()
         results = [
-            DeliveryResult(i, self._reports.pop(i) if i in self._reports else pending) for i in ids
+            DeliveryResult(
+                i,
+                self._reports.pop(i) if i in self._reports else pending,
+                *self._landed.pop(i, (None, None)),
+            )
+            for i in ids
         ]
         self._note_outage(results)
         return results

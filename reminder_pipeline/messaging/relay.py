@@ -333,7 +333,8 @@ class OutboxRelay:
         ok = acknowledged_in_key_order(messages, results)
         if self._on_acknowledged is not None:
             self._on_acknowledged(ok)
-        repository.mark_published(conn, ok)
+        landed = {r.outbox_id: r for r in results}
+        repository.mark_published(conn, [(i, landed[i].partition, landed[i].offset) for i in ok])
         self.result.batches += 1
         self.result.published += len(ok)
         failed = len(messages) - len(ok)

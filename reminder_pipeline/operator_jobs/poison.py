@@ -1,10 +1,11 @@
-"""Poison rows for operators: list them, retry one now, or skip one for good.
+"""Poison rows for operators: list them, retry now or skip for good one row or those a filter takes.
 
 The same calls behind ``reminder-pipeline poison`` and the ``reminder_poison_rows`` job. A row
 is a poison row when it is still Pending after failed attempts; retry and skip act only on such
 rows unless forced (a row that never failed is not an operator's business), each action in the
 audit trail (:mod:`reminder_pipeline.audit`): who, the action and the row before it acts, what
-changed after.
+changed after. A filter (:class:`PoisonFilter`: every poison row, an event's, a kind's, those
+failed since a time) acts on many rows at once (:func:`change_many`), with a dry run first.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from sqlalchemy.engine import Engine
 from ..audit import audited
 from ..audit import os_user as os_user
 from ..logs import RunLog
-from ..store import repository
+from ..store import operator_repository as repository
+from ..store.operator_repository import PoisonFilter as PoisonFilter
 
 ACTIONS = ("retry", "skip")
 
@@ -88,3 +90,80 @@ def change(
     else:
         reason = "it has not failed (attempts=0); force acts on any Pending row"
     return Change(action, str(rid), False, force, reason)
+
+
+#: Reminder ids named in a bulk action's audit line at most (the count is always there).
+AUDITED_IDS = 100
+
+
+@dataclass(frozen=True)
+class BulkChange:
+    """What a bulk retry or skip did (or, in a dry run, would do): the rows, by id."""
+
+    action: str
+    dry_run: bool
+    selector: dict[str, Any]
+    rows: list[dict[str, Any]]
+
+    @property
+    def count(self) -> int:
+        """How many rows changed (or would change)."""
+        return len(self.rows)
+
+    def plain(self) -> dict[str, Any]:
+        """As builtins (``--json``, the Dagster job's output)."""
+        return {
+            "action": self.action,
+            "dry_run": self.dry_run,
+            "selector": self.selector,
+            "count": self.count,
+            "rows": self.rows,
+        }
+
+
+def _plain(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: v if v is None or isinstance(v, int | str) else str(v) for k, v in row.items()}
+
+
+def change_many(
+    engine: Engine,
+    action: str,
+    selected: PoisonFilter,
+    *,
+    actor: str,
+    dry_run: bool = False,
+    run_id: str | None = None,
+    run_log: RunLog | None = None,
+) -> BulkChange:
+    """Retry or skip every poison row ``selected`` takes, in one transaction; or, ``dry_run``,
+    list them and change nothing.
+
+    Only poison rows (Pending with failed attempts): a filter never reaches a healthy row. The
+    real run is audited: one line before it acts (who, the filter, how many rows match) and one
+    after (how many changed, their ids up to :data:`AUDITED_IDS`).
+    """
+    if action not in ACTIONS:
+        raise ValueError(f"poison action {action!r} is not one of {', '.join(ACTIONS)}")
+    selector = selected.described()
+    with engine.connect() as conn:
+        matching = [_plain(r) for r in repository.poison_by_filter(conn, selected)]
+    if dry_run:
+        return BulkChange(action, True, selector, matching)
+    with audited(
+        f"poison rows {action}",
+        operator=actor,
+        action=f"poison {action}",
+        run_log=run_log,
+        **selector,
+        matching=len(matching),
+        run_id=run_id,
+    ) as outcome:
+        with engine.begin() as conn:
+            changed = repository.change_poison_by_filter(conn, action, selected)
+        outcome.fields.update(
+            changed=len(changed),
+            reminder_ids=changed[:AUDITED_IDS],
+            reminder_ids_left_out=max(len(changed) - AUDITED_IDS, 0),
+        )
+    listed = {r["id"]: r for r in matching}  # a row that failed since the read: its id alone
+    return BulkChange(action, False, selector, [listed.get(i) or {"id": i} for i in changed])

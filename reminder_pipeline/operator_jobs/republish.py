@@ -24,6 +24,8 @@ Rules:
   Each chunk is produced under the relay's advisory lock (one publisher per database), so
   re-published messages never interleave with a live relay's batch; the lock is released between
   chunks, so a live relay waiting for it gets it before the next chunk.
+* Each delivered copy is recorded (``outbox_republishes``: the reminder, the run, the partition
+  and offset it landed at), so ``reminder-pipeline trace`` lists every re-publish of a reminder.
 * A failed delivery stops the day with :class:`RepublishFailed`, naming how many were
   re-published; running the day again is safe.
 """
@@ -42,7 +44,7 @@ from sqlalchemy.engine import Engine
 from ..domain.model import ClaimedMessage
 from ..logs import Journal, event
 from ..messaging.relay import Publisher, relay_lock
-from ..store import repository
+from ..store import operator_repository, repository
 from .outbox_retention import DEFAULT_RETENTION
 
 log = logging.getLogger(__name__)
@@ -285,7 +287,10 @@ def resend_day(
                     journal,
                 )
             results = publisher.publish(messages)
-        delivered = sum(1 for r in results if r.error is None)
+        landed = [(r.outbox_id, r.partition, r.offset) for r in results if r.error is None]
+        with engine.begin() as conn:  # every re-publish of a reminder, for its trace
+            operator_repository.record_republishes(conn, requester.run_id, landed)
+        delivered = len(landed)
         republished += delivered
         chunks += 1
         if delivered < len(messages):

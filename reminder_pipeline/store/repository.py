@@ -349,11 +349,13 @@ def unpublished(conn: Connection, limit: int) -> list[ClaimedMessage]:
     ]
 
 
-def mark_published(conn: Connection, ids: Sequence[int]) -> int:
-    """Mark outbox rows published; returns how many changed."""
-    if not ids:
+def mark_published(conn: Connection, landed: Sequence[tuple[int, int | None, int | None]]) -> int:
+    """Mark outbox rows (id, partition, offset) published where they landed; how many changed."""
+    if not landed:
         return 0
-    return conn.execute(queries.MARK_PUBLISHED, {"ids": list(ids)}).rowcount
+    where = {str(i): [partition, offset] for i, partition, offset in landed}
+    params = {"ids": [i for i, _, _ in landed], "landed": where}
+    return conn.execute(queries.MARK_PUBLISHED, params).rowcount
 
 
 def has_unpublished_before(conn: Connection, outbox_id: int) -> bool:
@@ -397,36 +399,6 @@ def purge_published_outbox(conn: Connection, retention_seconds: float, limit: in
     return conn.execute(
         queries.PURGE_PUBLISHED_OUTBOX, {"retention_seconds": retention_seconds, "limit": limit}
     ).rowcount
-
-
-# --- poison rows (operators) -------------------------------------------------------------
-
-
-def list_poison(conn: Connection, limit: int = 100) -> list[dict[str, Any]]:
-    """Pending rows with failed attempts, oldest first, with their last error."""
-    return [dict(r._mapping) for r in conn.execute(queries.LIST_POISON, {"limit": limit})]
-
-
-def retry_poison_now(conn: Connection, reminder_id: uuid.UUID, *, force: bool = False) -> bool:
-    """Clear a poison row's back-off so the next cycle tries it.
-
-    False (nothing changed) unless the row is Pending and has failed (attempts > 0); ``force``
-    drops the second condition.
-    """
-    params = {"id": reminder_id, "force": force}
-    return conn.execute(queries.RETRY_POISON_NOW, params).first() is not None
-
-
-def skip_poison(conn: Connection, reminder_id: uuid.UUID, *, force: bool = False) -> bool:
-    """Move a poison row to Skipped (never published); False unless Pending and failed or forced."""
-    params = {"id": reminder_id, "force": force}
-    return conn.execute(queries.SKIP_POISON, params).first() is not None
-
-
-def reminder_operator_state(conn: Connection, reminder_id: uuid.UUID) -> tuple[str, int] | None:
-    """(status, attempts) of a reminder, or None when there is no such row."""
-    row = conn.execute(queries.REMINDER_OPERATOR_STATE, {"id": reminder_id}).first()
-    return None if row is None else (str(row.status), int(row.attempts))
 
 
 # --- calendar side -----------------------------------------------------------------------

@@ -65,6 +65,8 @@ event_reminders = sa.Table(
     sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
     sa.Column("last_error", sa.Text, nullable=True),
     sa.Column("next_attempt_at", sa.DateTime(timezone=True), nullable=True),
+    # When the last failed attempt was (the bulk poison actions' --failed-since).
+    sa.Column("last_failed_at", sa.DateTime(timezone=True), nullable=True),
     # A Dagster run's reservation of the rows its select_due_batch took (docs/design.md): other
     # selections skip them until the run's write commits or ``reserved_until`` passes.
     sa.Column("reserved_by", sa.Text, nullable=True),
@@ -102,6 +104,10 @@ outbox = sa.Table(
     sa.Column("publish_attempts", sa.Integer, nullable=False, server_default="0"),
     # The reminder's DueAt: the re-publish back-fill selects a day's messages by it.
     sa.Column("due_at", sa.DateTime(timezone=True), nullable=True),
+    # Where the message landed: the broker's delivery report, recorded when the row is marked
+    # published (reminder-pipeline trace). NULL before migration 0005 and while unpublished.
+    sa.Column("kafka_partition", sa.Integer, nullable=True),
+    sa.Column("kafka_offset", sa.BigInteger, nullable=True),
     sa.UniqueConstraint("reminder_id", name="uq_outbox_reminder_id"),
     sa.Index("ix_outbox_unpublished", "id", postgresql_where=sa.text("published_at IS NULL")),
     sa.Index("ix_outbox_due_at", "due_at"),
@@ -111,6 +117,22 @@ outbox = sa.Table(
         "published_at",
         postgresql_where=sa.text("published_at IS NOT NULL"),
     ),
+)
+
+# Every message the re-publish back-fill delivered again: which reminder and outbox row, the run
+# that re-published it, and where that copy landed (reminder-pipeline trace). No payload: the
+# outbox row has it. Kept when the outbox row is purged (no foreign key).
+outbox_republishes = sa.Table(
+    "outbox_republishes",
+    metadata,
+    sa.Column("id", sa.BigInteger, sa.Identity(always=False), primary_key=True),
+    sa.Column("reminder_id", UUID(as_uuid=True), nullable=True),
+    sa.Column("outbox_id", sa.BigInteger, nullable=False),
+    sa.Column("run_id", sa.Text, nullable=False),
+    sa.Column("republished_at", sa.DateTime(timezone=True), nullable=False, server_default=NOW),
+    sa.Column("kafka_partition", sa.Integer, nullable=True),
+    sa.Column("kafka_offset", sa.BigInteger, nullable=True),
+    sa.Index("ix_outbox_republishes_reminder_id", "reminder_id"),
 )
 
 # --- dispatch metrics ledger (observability) ----------------------------------------------

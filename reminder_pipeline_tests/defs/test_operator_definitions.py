@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import timedelta
 
-from dagster import AssetCheckKey, DefaultSensorStatus, Definitions, validate_run_config
+import pytest
+from dagster import (
+    AssetCheckKey,
+    DagsterInvalidConfigError,
+    DefaultSensorStatus,
+    Definitions,
+    validate_run_config,
+)
 
 from reminder_pipeline.definitions import defs
 from reminder_pipeline.defs.assets import DISPATCH_ASSET_KEY
@@ -17,6 +25,7 @@ JOBS = {
     "reminder_poison_rows",
     "outbox_retention",
     "dagster_run_retention",
+    "reminder_trace",
 }
 SCHEDULES = {
     "reminder_dispatch_schedule": "reminder_dispatch",
@@ -62,7 +71,44 @@ def test_operator_job_defaults(monkeypatch):
         "action": "list",
         "reminder_id": None,
         "force": False,
+        "all": False,
+        "event_id": None,
+        "kind": None,
+        "failed_since": None,
+        "dry_run": False,
         "limit": 100,
     }
     purge = validate_run_config(defs.get_job_def("outbox_retention"), {})["ops"]
     assert purge["purge_outbox"]["config"] == {"retention_hours": 168.0, "batch_size": 1000}
+
+
+@pytest.mark.parametrize(
+    ("config", "says"),
+    [
+        ({"action": "skip"}, "skip needs reminder_id or a filter"),
+        ({"action": "skip", "reminder_id": str(uuid.uuid4()), "all": True}, "not both"),
+        ({"action": "retry", "all": True, "kind": "Meeting"}, "all takes every poison row"),
+        ({"action": "retry", "kind": "Meeting", "force": True}, "force acts on one reminder_id"),
+        ({"action": "list", "all": True}, "go with retry or skip"),
+        ({"action": "skip", "failed_since": "yesterday"}, "failed_since='yesterday' is not"),
+        ({"action": "skip", "event_id": "42"}, "event_id '42' is not a UUID"),
+    ],
+)
+def test_the_poison_jobs_filter_is_refused_in_one_line_when_it_makes_no_sense(
+    monkeypatch, config, says
+):
+    monkeypatch.setenv("DATABASE_URL", "postgresql+psycopg://user@127.0.0.1:5432/reminders")
+    with pytest.raises(DagsterInvalidConfigError) as refused:
+        validate_run_config(defs.get_job_def("reminder_poison_rows"), config)
+    assert "reminder_poison_rows run config refused" in str(refused.value)
+    assert says in str(refused.value), str(refused.value)
+
+
+def test_the_trace_job_takes_an_id_and_refuses_a_bad_one(monkeypatch):
+    monkeypatch.setenv("DATABASE_URL", "postgresql+psycopg://user@127.0.0.1:5432/reminders")
+    job = defs.get_job_def("reminder_trace")
+    rid = str(uuid.uuid4())
+    ops = validate_run_config(job, {"id": rid.upper()})["ops"]
+    assert ops["trace_reminders"]["config"]["id"] == rid
+    with pytest.raises(DagsterInvalidConfigError, match="is not a reminder or event id"):
+        validate_run_config(job, {"id": "42"})

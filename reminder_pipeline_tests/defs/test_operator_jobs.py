@@ -167,8 +167,14 @@ def test_retry_clears_the_back_off_and_skip_ends_the_row_each_logged(
             "reminder_id 'not-a-uuid' is not a UUID",
         ),
         ({"action": "skip", "reminder_id": "1234"}, "reminder_id '1234' is not a UUID"),
-        ({"action": "skip"}, "reminder_id is required for action 'skip'"),
-        ({"action": "retry", "reminder_id": " "}, "reminder_id is required for action 'retry'"),
+        (
+            {"action": "skip"},
+            "skip needs reminder_id or a filter (all, event_id, kind, failed_since)",
+        ),
+        (
+            {"action": "retry", "reminder_id": " "},
+            "retry needs reminder_id or a filter (all, event_id, kind, failed_since)",
+        ),
         ({"limit": 0}, "limit=0 is out of range [1, 1000]"),
     ],
 )

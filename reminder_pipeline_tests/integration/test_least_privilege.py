@@ -193,8 +193,16 @@ def test_the_cli_runs_a_whole_cycle_and_the_operator_commands_as_the_login(
     assert reminders(engine, cancelled)[0]["status"] == "Skipped"
     assert run_cli("relay", env=env).returncode == 0
 
+    traced = run_cli("trace", str(live), "--json", env=env)  # the relay recorded where it landed
+    assert traced.returncode == 0, traced.stderr
+    [item] = json.loads(traced.stdout)["reminders"]
+    assert item["status"] == "Sent" and item["partition"] is not None and item["offset"] >= 0
+
     [row] = json.loads(run_cli("poison", "list", "--json", env=env).stdout)
     assert row["id"] == str(reminders(engine, poison)[0]["id"])
+    dry = run_cli("poison", "retry", "--all", "--dry-run", "--json", env=env)
+    assert dry.returncode == 0 and json.loads(dry.stdout)["count"] == 1
+    assert run_cli("poison", "retry", "--event", str(poison), "--yes", env=env).returncode == 0
     assert run_cli("poison", "skip", row["id"], env=env).returncode == 0
     assert reminders(engine, poison)[0]["status"] == "Skipped"
     assert run_cli("outbox", "purge", "--retention-hours", "1", env=env).returncode == 0

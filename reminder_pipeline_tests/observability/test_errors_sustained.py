@@ -18,7 +18,7 @@ from reminder_pipeline import cycle
 from reminder_pipeline.domain.model import CycleCounts
 from reminder_pipeline.observability import exporter as exp
 from reminder_pipeline.observability import health
-from reminder_pipeline.store import metrics_repository, repository
+from reminder_pipeline.store import metrics_repository, operator_repository
 
 from ..support import make_due_event, record_cycle_at, reminders
 from .helpers import exporter_settings, scrape
@@ -103,7 +103,7 @@ def test_a_row_failing_twice_is_held_back_until_skipped_whatever_the_back_off(en
     assert gap.metadata["poison_oldest_age_seconds"] >= 50 * 60
 
     with engine.begin() as conn:  # an operator skips it (`reminder-pipeline poison skip`)
-        assert repository.skip_poison(conn, row["id"])
+        assert operator_repository.skip_poison(conn, row["id"])
     assert health.errors(engine, later).passed
     with engine.connect() as conn:
         assert metrics_repository.poison_rows(conn, later).count == 0

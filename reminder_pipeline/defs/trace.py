@@ -1,0 +1,117 @@
+"""``reminder_trace``: a reminder's trace (or every reminder of an event's) from the Launchpad.
+
+The same plain call as ``reminder-pipeline trace`` (:mod:`reminder_pipeline.operator_jobs.trace`):
+the operator launches the job with the id as config; the run shows the answer as a table (the
+output's metadata: a table and the same in Markdown) and one log line per reminder. Read-only,
+so it never waits for the dispatch limit.
+"""
+
+# No ``from __future__ import annotations``: Dagster reads the ops' and fields' annotations.
+
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, Optional
+
+from dagster import (
+    Failure,
+    MetadataValue,
+    Output,
+    TableColumn,
+    TableRecord,
+    TableSchema,
+    in_process_executor,
+    job,
+    op,
+)
+from pydantic import Field
+
+from ..config import ConfigError, Settings
+from ..consumer.dedup import DedupStoreError
+from ..consumer.delivered import delivered_check
+from ..operator_jobs import trace as tracing
+from .config import CheckedConfig, validated
+from .maintenance import markdown_table
+from .resources import PostgresResource
+
+TRACE_JOB_NAME = "reminder_trace"
+#: The table's columns: the trace's fields, the re-publishes as one text cell.
+_COLUMNS = (*tracing.FIELDS, "delivered")
+
+
+def _id(value: str) -> str:
+    try:
+        return str(uuid.UUID(value.strip()))
+    except ValueError:
+        raise ValueError(f"id {value.strip()!r} is not a reminder or event id (a UUID)") from None
+
+
+class TraceConfig(CheckedConfig):
+    """The reminder (a ReminderId) or the event (an EventId, every reminder of it) to trace."""
+
+    checks: ClassVar[Mapping[str, Callable[[Any], Any]]] = {"id": _id}
+
+    id: str = Field(description="A ReminderId, or an EventId (every reminder of the event).")
+    dedup_url: Optional[str] = Field(
+        default=None,
+        description="PostgreSQL URL of the consumers' shared de-duplication table: say whether "
+        "each reminder is delivered.",
+    )
+    dedup_path: Optional[str] = Field(
+        default=None,
+        description="The consumer's SQLite de-duplication file (on the run worker's host).",
+    )
+
+
+def _cell(name: str, value: Any) -> Any:
+    if name == "republishes":
+        return "; ".join(
+            f"{c['republished_at']} run {c['run_id']} partition {c['partition']} "
+            f"offset {c['offset']}"
+            for c in value or ()
+        )
+    return value
+
+
+@op(description="The trace of a reminder or of an event's reminders: why each is in its state.")
+def trace_reminders(context, config: TraceConfig, postgres: PostgresResource):
+    """The trace as the output, a table and Markdown in its metadata, a log line per reminder."""
+    try:
+        ui_url = Settings.from_env().dagster_ui_url
+        with delivered_check(config.dedup_url, config.dedup_path) as delivered:
+            reminders = tracing.trace(
+                postgres.engine, config.id, ui_url=ui_url, delivered=delivered
+            )
+    except (tracing.UnknownId, ConfigError, DedupStoreError) as error:
+        raise Failure(description=f"trace: {error}") from None
+    for r in reminders:
+        context.log.info(
+            f"reminder {r['reminder_id']} event={r['event_id']} status={r['status']} "
+            f"run_id={r['run_id']} partition={r['partition']} offset={r['offset']}: {r['reason']}"
+        )
+    rows = [{name: _cell(name, r.get(name)) for name in _COLUMNS} for r in reminders]
+    table = MetadataValue.table(
+        records=[TableRecord(data=row) for row in rows],
+        schema=TableSchema(columns=[TableColumn(name=name, type="string") for name in _COLUMNS]),
+    )
+    yield Output(
+        {"reminders": reminders},
+        metadata={
+            "count": len(reminders),
+            "reminders": table,
+            "trace": MetadataValue.md(markdown_table(rows, _COLUMNS)),
+        },
+    )
+
+
+@job(
+    name=TRACE_JOB_NAME,
+    description="Trace a reminder (id: a ReminderId) or every reminder of an event (id: an "
+    "EventId): status, DueAt, SentAt, why, the run that wrote it, the outbox row and where "
+    "its message landed, every re-publish; optional dedup_url/dedup_path: delivered or not.",
+    config=validated(TRACE_JOB_NAME, TraceConfig, trace_reminders),
+    executor_def=in_process_executor,
+    tags={"reminder_pipeline/kind": "operator", "dagster/max_runtime": "60"},
+)
+def reminder_trace():
+    """One step: the trace."""
+    trace_reminders()

@@ -1,0 +1,130 @@
+"""Every SQL statement of the operators' use cases, named: poison rows and the trace of a reminder.
+
+None runs in a cycle's hot path: each reads or writes a handful of rows by primary key, by
+``ix_event_reminders_calendar_event_id``, ``uq_outbox_reminder_id`` or
+``ix_outbox_republishes_reminder_id``. No statement reads an event's title, description or
+location (PII).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import text
+
+# Poison rows an operator looks at: still Pending after at least one failed attempt.
+LIST_POISON = text(
+    """
+    SELECT id, calendar_event_id, attempts, last_error, next_attempt_at, due_at
+      FROM event_reminders
+     WHERE status = 'Pending' AND attempts > 0
+     ORDER BY due_at
+     LIMIT :limit
+    """
+)
+
+# An operator's retry / skip changes a row only while it is Pending and has failed at least once
+# (a poison row), unless forced: a mistyped id can never skip a healthy reminder before it is sent.
+RETRY_POISON_NOW = text(
+    """
+    UPDATE event_reminders SET next_attempt_at = NULL, updated_at = now()
+     WHERE id = :id AND status = 'Pending' AND (attempts > 0 OR :force)
+    RETURNING id
+    """
+)
+
+SKIP_POISON = text(
+    """
+    UPDATE event_reminders SET status = 'Skipped', updated_at = now()
+     WHERE id = :id AND status = 'Pending' AND (attempts > 0 OR :force)
+    RETURNING id
+    """
+)
+
+# Why a retry / skip changed nothing: the row's status and attempts (no event fields, no PII).
+REMINDER_OPERATOR_STATE = text(
+    """
+    SELECT status, attempts FROM event_reminders WHERE id = :id
+    """
+)
+
+# The poison rows a bulk action's filter selects (each condition applies when its parameter is
+# given; none given = every poison row). Only poison rows, ever: a filter never reaches a healthy
+# Pending row, so there is no --force in bulk. The dry run lists these; the action below changes
+# exactly these, re-checked under its row locks.
+_POISON_FILTER = """
+      FROM event_reminders r
+      JOIN calendar_events e ON e.id = r.calendar_event_id
+     WHERE r.status = 'Pending' AND r.attempts > 0
+       AND (CAST(:event_id AS uuid) IS NULL OR r.calendar_event_id = CAST(:event_id AS uuid))
+       AND (CAST(:kind AS text) IS NULL OR e.kind = CAST(:kind AS text))
+       AND (CAST(:failed_since AS timestamptz) IS NULL
+            OR r.last_failed_at >= CAST(:failed_since AS timestamptz))
+"""
+
+SELECT_POISON_BY_FILTER = text(
+    f"""
+    SELECT r.id, r.calendar_event_id, r.attempts, r.last_failed_at, r.next_attempt_at, r.due_at
+    {_POISON_FILTER}
+     ORDER BY r.due_at, r.id
+    """
+)
+
+RETRY_POISON_BY_FILTER = text(
+    f"""
+    UPDATE event_reminders t SET next_attempt_at = NULL, updated_at = now()
+     WHERE t.id IN (SELECT r.id {_POISON_FILTER})
+       AND t.status = 'Pending' AND t.attempts > 0
+    RETURNING t.id
+    """
+)
+
+SKIP_POISON_BY_FILTER = text(
+    f"""
+    UPDATE event_reminders t SET status = 'Skipped', updated_at = now()
+     WHERE t.id IN (SELECT r.id {_POISON_FILTER})
+       AND t.status = 'Pending' AND t.attempts > 0
+    RETURNING t.id
+    """
+)
+
+# The trace of one reminder, or of every reminder of an event (the id is either): the row, its
+# event's status, its outbox row and where that landed, the run that wrote it (the message's
+# correlation-id header), and the database's clock (reasons are judged on it). Ids, times,
+# statuses and counts only.
+TRACE_REMINDERS = text(
+    """
+    SELECT r.id AS reminder_id, r.calendar_event_id AS event_id, r.status, r.due_at, r.sent_at,
+           r.attempts, r.last_error, r.last_failed_at, r.next_attempt_at,
+           r.reserved_by, r.reserved_until, e.status AS event_status,
+           o.id AS outbox_id, o.created_at AS outbox_created_at, o.published_at,
+           o.publish_attempts, o.kafka_partition AS partition, o.kafka_offset AS offset,
+           o.topic, o.headers ->> 'correlation-id' AS run_id,
+           clock_timestamp() AS checked_at
+      FROM event_reminders r
+      JOIN calendar_events e ON e.id = r.calendar_event_id
+      LEFT JOIN outbox o ON o.reminder_id = r.id
+     WHERE r.id = CAST(:id AS uuid) OR r.calendar_event_id = CAST(:id AS uuid)
+     ORDER BY r.due_at, r.id
+    """
+)
+
+# Every re-publish of these reminders (the back-fill's records), oldest first.
+REPUBLISHES_OF = text(
+    """
+    SELECT reminder_id, run_id, republished_at, kafka_partition AS partition,
+           kafka_offset AS offset
+      FROM outbox_republishes
+     WHERE reminder_id = ANY(CAST(:ids AS uuid[]))
+     ORDER BY id
+    """
+)
+
+# The re-publish back-fill's record of a chunk it delivered: one row per message.
+RECORD_REPUBLISHES = text(
+    """
+    INSERT INTO outbox_republishes (reminder_id, outbox_id, run_id, kafka_partition, kafka_offset)
+    SELECT o.reminder_id, d.outbox_id, :run_id, d.kafka_partition, d.kafka_offset
+      FROM unnest(CAST(:outbox_ids AS bigint[]), CAST(:partitions AS int[]),
+                  CAST(:offsets AS bigint[])) AS d(outbox_id, kafka_partition, kafka_offset)
+      LEFT JOIN outbox o ON o.id = d.outbox_id
+    """
+)

@@ -1,0 +1,210 @@
+"""Bulk ``poison retry`` / ``poison skip`` by a filter, from the command line and the Dagster job.
+
+Real poison rows (events whose Kind the contract refuses, failed by real cycles) of two kinds and
+three events, one of them failed long ago, next to a healthy Pending row: a dry run lists exactly
+what a filter takes and changes nothing; each filter (--all, --event, --kind, --failed-since)
+takes the right rows and never a healthy one; the real run prints the count and writes one audit
+line before acting and one after; a bad combination is refused in one line (exit 2) before any
+read or write.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import subprocess
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
+
+import pytest
+import sqlalchemy as sa
+from dagster import DagsterInstance, instance_for_test
+
+from reminder_pipeline import cycle
+from reminder_pipeline.defs.jobs import reminder_poison_rows
+from reminder_pipeline.defs.resources import PostgresResource
+
+from ..defs.helpers import instance_overrides, log_messages
+from ..support import error_lines, make_due_event, reminders, run_cli
+
+KIND_A = "A" * 65  # over the contract's 64 characters: the message cannot be built
+KIND_B = "B" * 65
+
+
+@pytest.fixture
+def cli_env(database_url, kafka_settings, tmp_path):
+    return {
+        "DATABASE_URL": database_url,
+        "KAFKA_BOOTSTRAP_SERVERS": kafka_settings.bootstrap_servers,
+        "REMINDER_PIPELINE_HOME": str(tmp_path / "home"),
+    }
+
+
+@pytest.fixture
+def rows(engine, publisher) -> SimpleNamespace:
+    """Poison rows: event a1 (kind A, two reminders), a2 (kind A, failed two hours ago), b
+    (kind B); and a healthy due row."""
+    a1 = make_due_event(engine, kind=KIND_A, offsets=(60, 30), minutes_overdue=40)
+    a2 = make_due_event(engine, kind=KIND_A)
+    b = make_due_event(engine, kind=KIND_B)
+    healthy = make_due_event(engine, minutes_overdue=-5)  # Pending, not due: never failed
+    report = cycle.run_cycle(engine, publisher)
+    assert report.counts.failed == 4
+    with engine.begin() as conn:  # a2 failed two hours ago
+        conn.execute(
+            sa.text(
+                "UPDATE event_reminders SET last_failed_at = now() - interval '2 hours' "
+                "WHERE calendar_event_id = :e"
+            ),
+            {"e": a2},
+        )
+    ids = {e: {str(r["id"]) for r in reminders(engine, e)} for e in (a1, a2, b, healthy)}
+    assert all(r["attempts"] == 1 for e in (a1, a2, b) for r in reminders(engine, e))
+    return SimpleNamespace(a1=a1, a2=a2, b=b, healthy=healthy, ids=ids)
+
+
+def _state(engine) -> list[dict]:
+    return [
+        {k: r[k] for k in ("id", "status", "next_attempt_at", "attempts", "updated_at")}
+        for r in reminders(engine)
+    ]
+
+
+def _audit(result: subprocess.CompletedProcess[str]) -> tuple[dict, dict]:
+    lines = [json.loads(x) for x in result.stderr.splitlines() if x.startswith("{")]
+    audit = [r for r in lines if r.get("logger") == "reminder_pipeline.audit"]
+    assert len(audit) == 2, audit
+    return audit[0], audit[1]
+
+
+def test_a_dry_run_lists_what_a_filter_takes_and_changes_nothing(engine, rows, cli_env):
+    before = _state(engine)
+
+    text = run_cli("poison", "skip", "--all", "--dry-run", env=cli_env)
+    data = run_cli("poison", "retry", "--kind", KIND_A, "--dry-run", "--json", env=cli_env)
+
+    assert text.returncode == 0 and data.returncode == 0
+    assert text.stdout.startswith("poison skip --dry-run: 4 rows would change\n")
+    assert all(i in text.stdout for e in (rows.a1, rows.a2, rows.b) for i in rows.ids[e])
+    plain = json.loads(data.stdout)
+    assert (plain["dry_run"], plain["count"], plain["selector"]) == (True, 3, {"kind": KIND_A})
+    assert {r["id"] for r in plain["rows"]} == rows.ids[rows.a1] | rows.ids[rows.a2]
+    assert _state(engine) == before  # nothing changed
+    assert not [x for x in text.stderr.splitlines() if "reminder_pipeline.audit" in x]
+
+
+@pytest.mark.parametrize(
+    ("args", "events"),
+    [
+        (("--all",), ("a1", "a2", "b")),
+        (("--event", "{a1}"), ("a1",)),
+        (("--kind", KIND_B), ("b",)),
+        (("--failed-since", "{hour_ago}"), ("a1", "b")),
+        (("--kind", KIND_A, "--failed-since", "{hour_ago}"), ("a1",)),
+    ],
+)
+def test_each_filter_skips_exactly_its_poison_rows_audited_before_and_after(
+    engine, rows, cli_env, args, events
+):
+    hour_ago = (datetime.now(UTC) - timedelta(hours=1)).isoformat()
+    argv = [a.format(a1=rows.a1, hour_ago=hour_ago) for a in args]
+    wanted = set().union(*(rows.ids[getattr(rows, e)] for e in events))
+
+    result = run_cli("poison", "skip", *argv, "--yes", env=cli_env)
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"poison skip: {len(wanted)} rows changed\n"
+    skipped = {str(r["id"]) for r in reminders(engine) if r["status"] == "Skipped"}
+    assert skipped == wanted
+    assert reminders(engine, rows.healthy)[0]["status"] == "Pending"
+    before, after = _audit(result)
+    assert (before["phase"], after["phase"]) == ("before", "after")
+    assert before["operator"] == after["operator"] == getpass.getuser()
+    assert before["action"] == after["action"] == "poison skip"
+    assert before["matching"] == len(wanted) and "changed" not in before
+    assert after["changed"] == len(wanted) and set(after["reminder_ids"]) == wanted
+
+
+def test_a_filtered_retry_clears_the_back_off_of_its_rows_only(engine, rows, cli_env):
+    result = run_cli("poison", "retry", "--event", str(rows.b), "--yes", "--json", env=cli_env)
+
+    assert result.returncode == 0, result.stderr
+    plain = json.loads(result.stdout)
+    assert (plain["dry_run"], plain["count"]) == (False, 1)
+    by_id = {str(r["id"]): r for r in reminders(engine)}
+    assert all(by_id[i]["next_attempt_at"] is None for i in rows.ids[rows.b])
+    assert all(by_id[i]["next_attempt_at"] is not None for i in rows.ids[rows.a1])
+    assert _audit(result)[1]["changed"] == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("{rid}", "--all"), "give a REMINDER_ID or a filter"),
+        (("{rid}", "--dry-run"), "give a REMINDER_ID or a filter"),
+        ((), "needs a REMINDER_ID or a filter (--all, --event, --kind, --failed-since)"),
+        (("--all",), "add --dry-run to list them, or --yes to confirm"),
+        (("--all", "--kind", KIND_A, "--yes"), "--all takes every poison row"),
+        (("--kind", KIND_A, "--force", "--yes"), "--force acts on one REMINDER_ID only"),
+        (("--failed-since", "yesterday", "--dry-run"), "is not an ISO-8601 timestamp"),
+        (("--event", "42", "--dry-run"), "is not an event id"),
+    ],
+)
+@pytest.mark.parametrize("action", ["retry", "skip"])
+def test_a_bad_selection_is_refused_in_one_line_and_changes_nothing(
+    engine, rows, cli_env, action, args, says
+):
+    rid = sorted(rows.ids[rows.a1])[0]
+    before = _state(engine)
+
+    result = run_cli("poison", action, *[a.format(rid=rid) for a in args], env=cli_env)
+
+    assert result.returncode == 2
+    [line] = error_lines(result)
+    assert says in line, line
+    assert _state(engine) == before
+
+
+# --- the Dagster job ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def instance() -> Iterator[DagsterInstance]:
+    with instance_for_test(overrides=instance_overrides()) as instance:
+        yield instance
+
+
+def test_the_poison_job_takes_the_filter_with_a_dry_run_first(engine, rows, database_url, instance):
+    resources = {"postgres": PostgresResource(database_url=database_url)}
+    before = _state(engine)
+
+    dry = reminder_poison_rows.execute_in_process(
+        run_config={"action": "skip", "kind": KIND_A, "dry_run": True},
+        instance=instance,
+        resources=resources,
+    )
+    assert dry.success and _state(engine) == before
+    plain = dry.output_for_node("poison_rows")
+    assert (plain["dry_run"], plain["count"]) == (True, 3)
+
+    done = reminder_poison_rows.execute_in_process(
+        run_config={"action": "skip", "event_id": str(rows.a1)},
+        instance=instance,
+        resources=resources,
+    )
+    assert done.success
+    assert done.output_for_node("poison_rows")["count"] == 2
+    assert {str(r["id"]) for r in reminders(engine) if r["status"] == "Skipped"} == rows.ids[
+        rows.a1
+    ]
+    lines = log_messages(instance, done.run_id)
+    assert any("poison rows skip requested" in x and "matching=2" in x for x in lines), lines
+    assert any("poison rows skip" in x and "changed=2" in x for x in lines)
+
+    with pytest.raises(Exception, match="not both"):
+        reminder_poison_rows.execute_in_process(
+            run_config={"action": "retry", "reminder_id": str(rows.healthy), "all": True},
+            instance=instance,
+            resources=resources,
+        )
