@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from ..config import DEFAULT_POISON_LIMIT, ConfigError, check_as_of
+from ..config import DEFAULT_POISON_LIMIT, ConfigError, parse_as_of
 from .context import database, operator_name
 from .exits import EXIT_FAILURE, EXIT_OK
 from .options import POISON_LIMIT, REMINDER_ID, Checked, env_option, force_option, json_option
@@ -31,7 +31,7 @@ def _check_event_id(value: object, name: str) -> uuid.UUID:
 
 
 EVENT_ID = Checked(_check_event_id, "EVENT_ID")
-FAILED_SINCE = Checked(lambda value, name: check_as_of(value, name), "ISO-8601")
+FAILED_SINCE = Checked(parse_as_of, "ISO-8601")
 
 
 @click.group()

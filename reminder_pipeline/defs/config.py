@@ -176,7 +176,7 @@ def _event_id(value: str) -> str:
 
 
 def _failed_since(value: str) -> Optional[str]:
-    when = settings.check_as_of(value, "failed_since")
+    when = settings.parse_as_of(value, "failed_since")
     return None if when is None else when.isoformat()
 
 
