@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .context import load_settings, open_servers, stop_signals
+from .context import load_settings, open_servers, stop_requests
 from .exits import EXIT_OK
 from .options import env_option, port_option
 
@@ -31,7 +31,7 @@ def metrics(host: str, port: int) -> int:
     engine.dispose()  # the reachability check only: the exporter keeps its own small pool
     exporter = start_exporter(settings, endpoints, host=host, port=port)
     print(f"Prometheus metrics: {exporter.url}", flush=True)
-    with stop_signals() as stop:
+    with stop_requests() as stop:
         try:
             stop.wait()
         finally:
