@@ -92,6 +92,20 @@ def operator_name() -> str:
     return os_user()
 
 
+def honour_stop_signals() -> None:
+    """SIGINT and SIGTERM stop this command even if it inherited them ignored.
+
+    A shell starts a background job with SIGINT ignored, and Dagster maps SIGTERM onto SIGINT's
+    disposition, so a process manager's SIGTERM could be lost for the whole of a cycle. SIGINT
+    gets Python's KeyboardInterrupt (exit 130), SIGTERM its default (the process ends; the
+    server rolls back an open transaction).
+    """
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_IGN:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 class StopRequest:
     """A stop asked by a signal: once received it stays asked, whatever the code was doing.
 
