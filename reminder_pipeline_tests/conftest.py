@@ -16,6 +16,7 @@ import psycopg
 import pytest
 from sqlalchemy.engine import Engine, make_url
 
+from reminder_pipeline.cli.context import honour_stop_signals
 from reminder_pipeline.config import KafkaSettings
 from reminder_pipeline.local import dagster_processes as orchestrator
 from reminder_pipeline.local.servers import EmbeddedBroker, EmbeddedPostgres, free_port
@@ -38,6 +39,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if set(getattr(item, "fixturenames", ())) & SERVER_FIXTURES:
             item.add_marker(pytest.mark.server)
+
+
+@pytest.fixture(autouse=True)
+def _stop_signals_not_ignored() -> None:
+    """No test hands SIGINT or SIGTERM *ignored* to the processes it starts.
+
+    A session started as a shell's background job has SIGINT ignored, and every in-process
+    Dagster run maps SIGTERM onto SIGINT's disposition: both would then be inherited ignored by
+    every child (a stand-in dispatcher would outlive its SIGTERM). The session's own handlers
+    are not inherited across exec, so restoring them makes a child's signals what a terminal
+    gives, however the suite was started (what the command line does for itself).
+    """
+    honour_stop_signals()
 
 
 @pytest.fixture(scope="session")

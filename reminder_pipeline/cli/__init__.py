@@ -16,7 +16,7 @@ import click
 
 from .. import __version__, logs
 from .consume import consume
-from .context import DEFAULT_PROGRESS_SECONDS
+from .context import DEFAULT_PROGRESS_SECONDS, honour_stop_signals
 from .db import db
 from .demo import demo
 from .dispatch import dispatch, relay
@@ -87,4 +87,5 @@ cli.add_command(trace)
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: every expected failure is one line on stderr and a documented exit code."""
+    honour_stop_signals()
     return run(cli, argv, prog_name=PROG)

@@ -7,11 +7,12 @@ as the least-privilege role and refuse an old schema (:class:`SchemaNotReady`).
 
 from __future__ import annotations
 
+import os
+import select
 import signal
 import sys
-import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING
 
 import click
@@ -101,34 +102,84 @@ def operator_name() -> str:
     return os_user()
 
 
+def honour_stop_signals() -> None:
+    """SIGINT and SIGTERM stop this command even if it inherited them ignored.
+
+    A shell starts a background job with SIGINT ignored, and Dagster maps SIGTERM onto SIGINT's
+    disposition, so a process manager's SIGTERM could be lost for the whole of a cycle. SIGINT
+    gets Python's KeyboardInterrupt (exit 130), SIGTERM its default (the process ends; the
+    server rolls back an open transaction).
+    """
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_IGN:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+class StopRequest:
+    """A stop asked by a signal: once received it stays asked, whatever the code was doing.
+
+    While ``interrupting`` (a start), the first signal also raises KeyboardInterrupt wherever
+    the main thread is, so a long step (a server starting, a migration) ends at once. Python
+    drops an exception raised inside a finaliser (``Exception ignored in ...``), so the start
+    also calls :meth:`check` between its steps: the request is never lost. The handler takes no
+    lock (one the main thread may hold when the signal comes): it wakes :meth:`wait` through a
+    pipe.
+    """
+
+    def __init__(self, *, interrupting: bool = False) -> None:
+        self.interrupting = interrupting
+        self.signal: signal.Signals | None = None
+        self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_write, False)
+
+    def handle(self, signum: int, _frame: object) -> None:
+        """The signal handler: record the first signal (later ones change nothing)."""
+        if self.signal is not None:
+            return
+        self.signal = signal.Signals(signum)
+        with suppress(OSError):
+            os.write(self._wake_write, b"!")
+        if self.interrupting:
+            raise KeyboardInterrupt
+
+    def asked(self) -> bool:
+        """True once a stop signal came."""
+        return self.signal is not None
+
+    def check(self) -> None:
+        """Raise KeyboardInterrupt if a stop was asked (a checkpoint of a start)."""
+        if self.asked():
+            raise KeyboardInterrupt
+
+    def wait(self) -> None:
+        """Block until a stop is asked (a signal after the test has written to the pipe)."""
+        while not self.asked():
+            select.select([self._wake_read], [], [])
+
+    def close(self) -> None:
+        """Release the pipe."""
+        os.close(self._wake_read)
+        os.close(self._wake_write)
+
+
 @contextmanager
-def stop_signals(*more: signal.Signals) -> Iterator[threading.Event]:
-    """An event set by SIGINT or SIGTERM (a clean stop of a long-running command), or ``more``."""
-    stop = threading.Event()
+def stop_requests(*more: signal.Signals, interrupting: bool = False) -> Iterator[StopRequest]:
+    """SIGINT, SIGTERM and ``more`` ask a stop while inside.
+
+    Installed whatever the process inherited: a shell's background job starts with SIGINT
+    ignored, and Dagster maps SIGTERM onto SIGINT's disposition, so both may come ignored.
+    """
+    request = StopRequest(interrupting=interrupting)
     previous = {
-        sig: signal.signal(sig, lambda *_: stop.set())
-        for sig in (signal.SIGINT, signal.SIGTERM, *more)
+        sig: signal.signal(sig, request.handle) for sig in (signal.SIGINT, signal.SIGTERM, *more)
     }
     try:
-        yield stop
+        yield request
     finally:
         for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-@contextmanager
-def interrupt_on(*signals: signal.Signals) -> Iterator[None]:
-    """``signals`` raise KeyboardInterrupt, as SIGINT does (one way out of a start)."""
-
-    def interrupt(*_: object) -> None:
-        raise KeyboardInterrupt
-
-    previous = {sig: signal.signal(sig, interrupt) for sig in signals}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        request.close()
 
 
 def progress_line() -> ProgressLine:

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from .context import load_settings, open_servers, stop_signals
+from .context import load_settings, open_servers, stop_requests
 from .exits import EXIT_OK
 from .options import env_option, port_option
 
@@ -39,7 +39,7 @@ def metrics(host: str, port: int) -> int:
         settings, endpoints, host=host, port=port, heartbeats=daemon_heartbeats(settings)
     )
     print(f"Prometheus metrics: {exporter.url}", flush=True)
-    with stop_signals() as stop:
+    with stop_requests() as stop:
         try:
             stop.wait()
         finally:

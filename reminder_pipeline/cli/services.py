@@ -38,8 +38,8 @@ def services_start(as_json: bool) -> int:
 @services.command("stop")
 def services_stop() -> int:
     """Stop a running `up` of this home and its Dagster processes, then the embedded servers."""
-    from ..local.dagster_processes import StackRecord
     from ..local.endpoints import require_embedded, stop_servers
+    from ..local.stack_record import StackRecord
 
     require_embedded()
     settings = load_settings()
@@ -56,8 +56,8 @@ def services_stop() -> int:
 @json_option
 def services_status(as_json: bool) -> int:
     """Whether the embedded servers and an `up` with its Dagster processes run, and where."""
-    from ..local.dagster_processes import StackRecord
     from ..local.endpoints import embedded_broker, embedded_postgres, require_embedded
+    from ..local.stack_record import StackRecord
 
     require_embedded()
     settings = load_settings()

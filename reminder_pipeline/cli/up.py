@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING
 import click
 
 from .context import (
-    interrupt_on,
+    StopRequest,
     load_settings,
     open_publisher,
     open_servers,
     progress_line,
-    stop_signals,
+    stop_requests,
 )
 from .exits import EXIT_OK
 from .options import flag
@@ -34,8 +34,8 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
     from ..config import Settings
-    from ..local.dagster_processes import StackRecord
     from ..local.endpoints import Endpoints
+    from ..local.stack_record import StackRecord
 
 log = logging.getLogger("reminder_pipeline.cli")
 
@@ -53,24 +53,31 @@ def up(once: bool, no_demo: bool, keep_servers: bool) -> int:
 
     The quick start (the `embedded` extra): the one command besides `db upgrade` that migrates.
     """
-    from ..local.dagster_processes import StackRecord, start_guard
+    from ..local.dagster_processes import start_guard
     from ..local.endpoints import require_embedded
+    from ..local.stack_record import StackRecord
 
     require_embedded()
     settings = load_settings()
-    record = _take_over(StackRecord(settings.home))
-    # The guard stops what this `up` started if it ends without doing so itself (SIGKILL, ...).
-    guard = start_guard(settings.home, keep_servers=keep_servers or once)
-    record.add("up", os.getpid())
-    record.add("guard", guard.pid)
-    try:
-        return _up(settings, record, once=once, demo=not no_demo, keep_servers=keep_servers)
-    finally:
-        if guard.stdin is not None:
-            guard.stdin.close()  # EOF: the guard acts only if the record is still there
-        # It may still be stopping leftovers after that; it finishes alone.
-        with suppress(subprocess.TimeoutExpired):
-            guard.wait(30)
+    # From here on a SIGINT, SIGTERM or SIGHUP is never lost: during the start it interrupts
+    # (exit 130, what was started stopped), once everything runs it is the clean stop.
+    with stop_requests(signal.SIGHUP) as request:
+        record = _take_over(StackRecord(settings.home))
+        # The guard stops what this `up` started if it ends without doing so (SIGKILL, ...).
+        guard = start_guard(settings.home, keep_servers=keep_servers or once)
+        try:
+            record.add("up", os.getpid())
+            record.add("guard", guard.pid)
+            return _up(
+                settings, record, request, once=once, demo=not no_demo, keep_servers=keep_servers
+            )
+        finally:
+            request.interrupting = False  # a second signal must not cut the stop short
+            if guard.stdin is not None:
+                guard.stdin.close()  # EOF: the guard acts only if the record is still there
+            # It may still be stopping leftovers after that; it finishes alone.
+            with suppress(subprocess.TimeoutExpired):
+                guard.wait(30)
 
 
 def _take_over(record: StackRecord) -> StackRecord:
@@ -102,15 +109,26 @@ def _say(text: str) -> None:
 
 
 def _up(
-    settings: Settings, record: StackRecord, *, once: bool, demo: bool, keep_servers: bool
+    settings: Settings,
+    record: StackRecord,
+    request: StopRequest,
+    *,
+    once: bool,
+    demo: bool,
+    keep_servers: bool,
 ) -> int:
-    """``up``'s work, once the guard is there."""
+    """``up``'s work, once the guard is there; ``request`` is checked between its steps."""
     from .. import cycle
     from ..local import demo as demo_data
     from ..store import migrate
 
     print(f"reminder-pipeline: starting under {settings.home}", flush=True)
+    # A signal is seen at the checkpoints (request.check()); it raises at once only in the
+    # database work, where each step is a transaction. Not while a process is spawned: a
+    # KeyboardInterrupt inside Popen, or before its pid is written down, loses that process.
     endpoints, engine = open_servers(settings, broker=True)
+    request.check()
+    request.interrupting = True
     migrate.upgrade(engine)
     publisher = open_publisher(settings, endpoints.bootstrap_servers)
     if demo:
@@ -119,6 +137,8 @@ def _up(
         demo_data.seed(engine, upcoming=0)
     report = cycle.run_cycle(engine, publisher, batch_size=settings.batch_size)
     publisher.close()
+    request.interrupting = False
+    request.check()
     counts = report.as_dict()
     print(
         "first dispatch cycle: sent={sent} skipped={skipped} skipped_locked={skipped_locked} "
@@ -131,7 +151,13 @@ def _up(
         record.remove()  # the servers stay up by design; nothing else was started
         return EXIT_OK
     return _run_dagster(
-        settings, endpoints, engine, record=record, demo=demo, keep_servers=keep_servers
+        settings,
+        endpoints,
+        engine,
+        record=record,
+        request=request,
+        demo=demo,
+        keep_servers=keep_servers,
     )
 
 
@@ -154,6 +180,7 @@ def _run_dagster(
     engine: Engine,
     *,
     record: StackRecord,
+    request: StopRequest,
     demo: bool,
     keep_servers: bool,
 ) -> int:
@@ -174,17 +201,23 @@ def _run_dagster(
     )
     feeder = demo_data.DemoFeeder(engine) if demo else None
     exporter = None
+    line = progress_line()
+
+    def progress(text: str) -> None:
+        request.check()  # every poll of the wait for Dagster is a checkpoint
+        line.tick(text)
+
     try:
-        # Ctrl-C (or SIGHUP, SIGTERM) while Dagster loads interrupts the start, which stops
-        # what it started.
-        with interrupt_on(signal.SIGHUP, signal.SIGTERM):
-            stack.start(progress=progress_line().tick)
-            exporter = start_exporter(settings, endpoints)
-            if feeder:
-                feeder.start()
+        # A signal before the last checkpoint interrupts the start (exit 130), after it it is
+        # the clean stop (exit 0); either way everything started is stopped below.
+        stack.start(progress=progress)
+        request.check()
+        exporter = start_exporter(settings, endpoints)
+        if feeder:
+            feeder.start()
+        request.check()
         _print_ready(stack.url, exporter.url, endpoints.database_url)
-        with stop_signals(signal.SIGHUP) as stop:
-            stop.wait()
+        request.wait()
     finally:
         _say("stopping...")
         # One line per part stopped, in order; each step runs even if one before failed.

@@ -28,7 +28,6 @@ The record also lets a later ``up``, and ``services stop`` / ``status``, find wh
 from __future__ import annotations
 
 import argparse
-import contextlib
 import ctypes
 import json
 import logging
@@ -46,6 +45,7 @@ from typing import IO
 
 from ..config import mask_secrets
 from ..store.engine import create_database, dagster_storage_url
+from .stack_record import StackRecord
 
 # Named, not __name__: the guard runs this module as __main__.
 log = logging.getLogger("reminder_pipeline.local.dagster_processes")
@@ -392,126 +392,7 @@ def _kill_group(name: str, proc: subprocess.Popen[bytes]) -> None:
         pass
 
 
-# --- what `up` started: the stack record and its guard ------------------------------------------
-
-#: The stack record's file name, in the project home (REMINDER_PIPELINE_HOME).
-RECORD_NAME = "up.json"
-#: Stopped in this order: `up` itself first (it stops the rest cleanly), the daemon before the
-#: webserver so no new run is launched.
-_STOP_ORDER = ("up", "daemon", "webserver")
-
-
-def _live(pid: int, started: float | None) -> bool:
-    """``pid`` is alive, not a zombie, and (when known) the process created at ``started``."""
-    import psutil
-
-    try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return False
-        # A pid reused by another process since it was recorded is not ours.
-        return started is None or abs(proc.create_time() - started) < 0.5
-    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
-        return False
-
-
-def _created(pid: int) -> float | None:
-    import psutil
-
-    try:
-        return float(psutil.Process(pid).create_time())
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return None
-
-
-class StackRecord:
-    """``up.json``: the processes one ``up`` started (name -> pid and start time)."""
-
-    def __init__(self, home: Path) -> None:
-        self.path = Path(home).expanduser().resolve() / RECORD_NAME
-
-    def _read(self) -> dict[str, dict[str, float]]:
-        try:
-            data = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            return {}
-        return data if isinstance(data, dict) else {}
-
-    def add(self, name: str, pid: int) -> None:
-        """Record ``pid`` as ``name`` (written atomically: a reader never sees half a file)."""
-        data = self._read()
-        data[name] = {"pid": pid, "started": _created(pid) or 0.0}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data))
-        tmp.replace(self.path)
-
-    def exists(self) -> bool:
-        """True while the record is there (``up`` has not finished stopping everything)."""
-        return self.path.exists()
-
-    def remove(self) -> None:
-        """Drop the record: everything in it has been stopped."""
-        self.path.unlink(missing_ok=True)
-
-    def running(self) -> dict[str, int]:
-        """The recorded processes still alive, name -> pid (the guard left out)."""
-        alive = {}
-        for name, entry in self._read().items():
-            if name == "guard" or not isinstance(entry, dict):
-                continue
-            pid, started = int(entry.get("pid", 0)), entry.get("started") or None
-            if pid > 0 and _live(pid, started):
-                alive[name] = pid
-        return alive
-
-    def describe(self) -> str:
-        """What runs, on one line: ``up pid 1, daemon pid 2, webserver pid 3``."""
-        return ", ".join(f"{name} pid {pid}" for name, pid in self.running().items())
-
-    def stop(self, timeout: float = 20.0, *, spare_up: bool = False) -> dict[str, int]:
-        """Stop what runs: ``up`` by SIGTERM (it stops the rest), then the Dagster process groups.
-
-        Each group gets SIGINT (Dagster's clean stop), then SIGKILL after ``timeout``. Returns
-        what was running; the record is removed. ``spare_up``: the guard's call (``up`` is
-        exiting; it may be waiting for the guard).
-        """
-        running = self.running()
-        if spare_up:
-            running.pop("up", None)
-        names = sorted(running, key=lambda n: _STOP_ORDER.index(n) if n in _STOP_ORDER else 99)
-        for name in names:
-            pid = self.running().get(name)  # `up` may have stopped the others meanwhile
-            group = name != "up"  # the Dagster children lead their own process group
-            if pid is not None:
-                _signal(pid, signal.SIGTERM if name == "up" else signal.SIGINT, group)
-                # `up` stops the whole stack in order before it exits: give it the longer wait.
-                if not _wait_gone(pid, timeout * 3 if name == "up" else timeout):
-                    log.warning("%s (pid %s) did not stop within %.0fs; killed", name, pid, timeout)
-                    _signal(pid, signal.SIGKILL, group)
-                    _wait_gone(pid, 5.0)
-            if group:  # what the leader left of its group: code servers, run workers
-                _signal(running[name], signal.SIGKILL, group=True)
-        self.remove()
-        return running
-
-
-def _signal(pid: int, sig: signal.Signals, group: bool) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        if group:
-            os.killpg(pid, sig)
-        else:
-            os.kill(pid, sig)
-
-
-def _wait_gone(pid: int, timeout: float) -> bool:
-    """Await the exit of ``pid``, not our child: a zombie (exited, not reaped yet) is gone."""
-    deadline = time.monotonic() + timeout
-    while _live(pid, None):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
+# --- the guard of what `up` started (the record: stack_record.py) ------------------------------
 
 
 def start_guard(home: Path, *, keep_servers: bool) -> subprocess.Popen[bytes]:

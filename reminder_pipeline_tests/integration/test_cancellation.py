@@ -50,7 +50,9 @@ CHILD = textwrap.dedent(
     """
     import sys
     from reminder_pipeline import cycle
+    from reminder_pipeline.cli.context import honour_stop_signals
     from reminder_pipeline.store.engine import make_engine
+    honour_stop_signals()  # as the command line's entry point does, first thing
     engine = make_engine(sys.argv[1])
     with engine.begin() as conn:
         selection = cycle.lock_due_batch(conn, cycle.now_utc(), 200)
@@ -60,9 +62,21 @@ CHILD = textwrap.dedent(
     """
 )
 
+#: Generous: the machine may be loaded; an event (the child's exit, the locks freed) ends it.
+WAIT_SECONDS = 120
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
-def test_process_stopped_before_commit_leaves_nothing_and_no_locks(engine, database_url, sig):
+
+def _background_job() -> None:
+    """Start as a shell's background job after Dagster's mapping: SIGINT and SIGTERM ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("inherited_ignored", [False, True], ids=["plain", "inherited-ignored"])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
+def test_process_stopped_before_commit_leaves_nothing_and_no_locks(
+    engine, database_url, sig, inherited_ignored
+):
     events = [make_due_event(engine, minutes_overdue=m) for m in (2, 1)]
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD, database_url],
@@ -70,16 +84,17 @@ def test_process_stopped_before_commit_leaves_nothing_and_no_locks(engine, datab
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ},
+        preexec_fn=_background_job if inherited_ignored else None,
     )
     try:
         assert child.stdout.readline().strip() == "written 2"
         child.send_signal(sig)
-        child.wait(timeout=30)
+        child.wait(timeout=WAIT_SECONDS)
     finally:
         if child.poll() is None:
             child.kill()
     # The server notices the closed connection and rolls back; the locks go with it.
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + WAIT_SECONDS
     while time.monotonic() < deadline:
         try:
             if _lockable_now(engine) == 2:
