@@ -11,7 +11,8 @@ from .exits import EXIT_OK
 from .options import env_option, port_option
 
 if TYPE_CHECKING:
-    from ..config import Settings
+    from collections.abc import Mapping
+
     from ..observability.exporter import DaemonHeartbeats
 
 
@@ -36,7 +37,7 @@ def metrics(host: str, port: int) -> int:
     endpoints, engine = open_servers(settings)
     engine.dispose()  # the reachability check only: the exporter keeps its own small pool
     exporter = start_exporter(
-        settings, endpoints, host=host, port=port, heartbeats=daemon_heartbeats(settings)
+        settings, endpoints, host=host, port=port, heartbeats=daemon_heartbeats(settings.env)
     )
     print(f"Prometheus metrics: {exporter.url}", flush=True)
     with stop_requests() as stop:
@@ -52,11 +53,11 @@ def metrics(host: str, port: int) -> int:
 HEARTBEATS_READER = "reminder_pipeline.defs.heartbeats"
 
 
-def daemon_heartbeats(settings: Settings) -> DaemonHeartbeats | None:
+def daemon_heartbeats(env: Mapping[str, str]) -> DaemonHeartbeats | None:
     """Dagster's daemon heartbeats when ``DAGSTER_HOME`` names an instance, else None."""
     import importlib
 
-    if not settings.env.get("DAGSTER_HOME"):
+    if not env.get("DAGSTER_HOME"):
         return None
     reader: DaemonHeartbeats = importlib.import_module(HEARTBEATS_READER).instance_heartbeats()
     return reader

@@ -27,6 +27,7 @@ from .context import (
     stop_requests,
 )
 from .exits import EXIT_OK
+from .metrics import daemon_heartbeats
 from .options import flag
 from .output import command_as_started
 
@@ -38,6 +39,9 @@ if TYPE_CHECKING:
     from ..local.stack_record import StackRecord
 
 log = logging.getLogger("reminder_pipeline.cli")
+
+#: What names the Dagster instance ``up`` runs (its home and its storage).
+INSTANCE_ENV = ("DAGSTER_HOME", "DAGSTER_PG_URL")
 
 
 @click.command()
@@ -212,7 +216,9 @@ def _run_dagster(
         # the clean stop (exit 0); either way everything started is stopped below.
         stack.start(progress=progress)
         request.check()
-        exporter = start_exporter(settings, endpoints)
+        # The exporter reads the daemons' heartbeats from the instance the stack runs on.
+        os.environ.update({k: v for k, v in stack.child_env().items() if k in INSTANCE_ENV})
+        exporter = start_exporter(settings, endpoints, heartbeats=daemon_heartbeats(os.environ))
         if feeder:
             feeder.start()
         request.check()

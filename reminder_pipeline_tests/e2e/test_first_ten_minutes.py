@@ -141,6 +141,12 @@ def test_up_with_its_demo_shows_every_check_green_and_never_blank(tmp_path, arti
         assert not bad, f"checks blank or not green in {len(bad)} of {reads} reads: {bad[:12]}"
         assert len(seen_runs) >= 3, f"only {len(seen_runs)} scheduled runs in three minutes"
 
+        # up's exporter reads the daemons' heartbeats from the instance it runs on.
+        metrics_url = next(line for line in lines if line.startswith("Prometheus metrics:"))
+        with urllib.request.urlopen(metrics_url.split()[2], timeout=60) as response:
+            served = response.read().decode()
+        assert 'daemon_heartbeat_age_seconds{daemon="SCHEDULER"}' in served, served[-2000:]
+
         if chromium_path() is not None:
             shot = shoot_asset_checks(ui, artifacts_dir)
             assert shot.stat().st_size > 0
