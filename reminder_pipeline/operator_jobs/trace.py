@@ -23,7 +23,7 @@ from sqlalchemy.engine import Engine
 from ..store import operator_repository
 
 #: The fields of each reminder, in this order (``--json`` and the Dagster table); the first
-#: eleven are the names the issue fixed, the rest are extra.
+#: eleven are the names scripts rely on (docs/cli.md), the rest are extra.
 FIELDS = (
     "reminder_id",
     "event_id",
