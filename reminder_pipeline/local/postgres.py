@@ -169,8 +169,9 @@ class EmbeddedPostgres:
             self._pg_ctl_start(bin_dir)
             return self.url()
 
-    def stop(self) -> None:
-        """Fast shutdown (``pg_ctl stop -m fast -w``); harmless if not running."""
+    def stop(self, mode: str = "fast") -> None:
+        """Shut down (``pg_ctl stop -m fast -w``; ``mode`` "immediate": no checkpoint, crash
+        recovery on the next start); harmless if not running."""
         if not self.data_dir.exists():
             return
         with _file_lock(self._lock_file):
@@ -185,7 +186,7 @@ class EmbeddedPostgres:
                     "-D",
                     str(self.data_dir),
                     "-m",
-                    "fast",
+                    mode,
                     "-w",
                     "-t",
                     str(PG_STOP_TIMEOUT_SECONDS),
