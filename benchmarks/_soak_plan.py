@@ -65,7 +65,7 @@ def plan_faults(seed: int, minutes: float) -> tuple[Fault, ...]:
     """The faults of a ``minutes`` run with ``seed``: the same arguments, the same plan."""
     if minutes <= 0:
         raise ValueError("minutes must be more than 0")
-    rng = random.Random(f"soak:{seed}:{minutes!r}")
+    rng = random.Random(f"soak:{seed}:{float(minutes)!r}")  # 30 and 30.0: one plan
     kinds = [k for k in KINDS for _ in range(faults_per_kind(minutes))]
     rng.shuffle(kinds)
     span_start = LEAD_IN_SECONDS
