@@ -13,6 +13,12 @@ several hosts (a partition moves between hosts with a rebalance) share
 :class:`PostgresDedupStore`: one table, ``reminder_dedup``, in a database of the notifications
 side, created by ``docker/postgres/initdb/20-notifications-dedup.sh`` with a login that can only
 read and write it.
+
+A store that goes away while the consumer runs (the database restarted, a failover, a disk that
+fills) raises :class:`DedupStoreUnavailable`: the runner holds the message's partition, logs the
+outage once and probes the store (:meth:`DedupStore.ping`) until it answers. The PostgreSQL store
+reconnects on its next call after a lost connection, so the first statement after a restart
+succeeds without the runner noticing.
 """
 
 from __future__ import annotations
@@ -24,9 +30,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol, Self
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 
 from ..config import ConfigError
 
@@ -67,8 +74,15 @@ class DedupStoreError(RuntimeError):
     """The de-duplication file cannot be used (written by a newer consumer, unreadable)."""
 
 
+class DedupStoreUnavailable(RuntimeError):
+    """The store cannot answer now (connection lost, server down, disk full): an outage."""
+
+
 class DedupStore(Protocol):
     """What the consumer needs to remember about reminders it has handled."""
+
+    def ping(self) -> None:
+        """Return when the store answers; raise :class:`DedupStoreUnavailable` if it does not."""
 
     def is_handled(self, reminder_id: uuid.UUID) -> bool:
         """True when every notification of ``reminder_id`` has been delivered."""
@@ -87,6 +101,10 @@ class DedupStore(Protocol):
 
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+def _unavailable(exc: BaseException) -> DedupStoreUnavailable:
+    return DedupStoreUnavailable(" ".join(f"{type(exc).__name__}: {exc}".split())[:300])
 
 
 class _Closing:
@@ -159,32 +177,41 @@ class SqliteDedupStore(_Closing):
     def _write(self, *statements: tuple[str, tuple[object, ...]]) -> int:
         """Run ``statements`` in one immediate transaction (other processes wait, not fail)."""
         changed = 0
-        self._conn.execute("BEGIN IMMEDIATE")
         try:
-            for sql, params in statements:
-                changed += self._conn.execute(sql, params).rowcount
-            self._conn.execute("COMMIT")
-        except BaseException:
-            self._conn.execute("ROLLBACK")
-            raise
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                for sql, params in statements:
+                    changed += self._conn.execute(sql, params).rowcount
+                self._conn.execute("COMMIT")
+            except BaseException:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise
+        except sqlite3.OperationalError as exc:  # locked past the timeout, disk full, I/O error
+            raise _unavailable(exc) from exc
         return changed
+
+    def _exists(self, sql: str, params: tuple[object, ...]) -> bool:
+        with self._lock:
+            try:
+                return self._conn.execute(sql, params).fetchone() is not None
+            except sqlite3.OperationalError as exc:
+                raise _unavailable(exc) from exc
+
+    def ping(self) -> None:
+        """Return when the file can be read; raise :class:`DedupStoreUnavailable` if not."""
+        self._exists("SELECT 1 FROM reminders LIMIT 1", ())
 
     def is_handled(self, reminder_id: uuid.UUID) -> bool:
         """True when every notification of ``reminder_id`` has been delivered."""
-        with self._lock:
-            row = self._conn.execute(
-                "SELECT 1 FROM reminders WHERE reminder_id = ?", (str(reminder_id),)
-            ).fetchone()
-        return row is not None
+        return self._exists("SELECT 1 FROM reminders WHERE reminder_id = ?", (str(reminder_id),))
 
     def is_delivered(self, reminder_id: uuid.UUID, recipient_user_id: uuid.UUID) -> bool:
         """True when ``recipient_user_id`` has already been notified of ``reminder_id``."""
-        with self._lock:
-            row = self._conn.execute(
-                "SELECT 1 FROM deliveries WHERE reminder_id = ? AND recipient_user_id = ?",
-                (str(reminder_id), str(recipient_user_id)),
-            ).fetchone()
-        return row is not None
+        return self._exists(
+            "SELECT 1 FROM deliveries WHERE reminder_id = ? AND recipient_user_id = ?",
+            (str(reminder_id), str(recipient_user_id)),
+        )
 
     def mark_delivered(
         self, reminder_id: uuid.UUID, recipient_user_id: uuid.UUID, notification_id: uuid.UUID
@@ -240,26 +267,38 @@ HANDLED = uuid.UUID(int=0)
 
 
 def psycopg_dsn(url: str) -> str:
-    """A libpq URL from a SQLAlchemy-style one (``postgresql+psycopg://`` → ``postgresql://``)."""
+    """A libpq URL from a SQLAlchemy-style one (``postgresql+psycopg://`` → ``postgresql://``).
+
+    The host may be in the authority or, as libpq allows, in the query (``?host=/socket/dir``).
+    """
     parts = urlsplit(url)
     scheme = parts.scheme.split("+", 1)[0]
-    if scheme not in ("postgresql", "postgres") or not parts.hostname:
+    query = parse_qs(parts.query)
+    has_host = bool(parts.hostname) or any(query.get(name) for name in ("host", "hostaddr"))
+    if scheme not in ("postgresql", "postgres") or not has_host:
         raise ConfigError(f"--dedup-url: {scheme!r} is not a postgresql:// URL with a host")
     return urlunsplit(("postgresql", *parts[1:]))
+
+
+def _host(dsn: str) -> str:
+    """The host (or socket directory) a libpq URL names, for one-line errors."""
+    try:
+        return str(conninfo_to_dict(dsn).get("host") or "?")
+    except psycopg.Error:
+        return "?"
 
 
 class PostgresDedupStore(_Closing):
     """:class:`DedupStore` in a PostgreSQL table shared by consumers on any number of hosts."""
 
     def __init__(self, url: str, *, retention: timedelta = DEFAULT_RETENTION) -> None:
-        dsn = psycopg_dsn(url)
+        self._dsn = psycopg_dsn(url)
         try:
-            # autocommit: each write is durable when the call returns, like the SQLite store.
-            self._conn = psycopg.connect(dsn, autocommit=True, connect_timeout=10)
+            self._conn = self._connect()
         except psycopg.Error as exc:
-            host = urlsplit(dsn).hostname
             raise DedupStoreError(
-                f"--dedup-url: cannot connect to {host} ({' '.join(str(exc).split())[:200]})"
+                f"--dedup-url: cannot connect to {_host(self._dsn)} "
+                f"({' '.join(str(exc).split())[:200]})"
             ) from None
         self._lock = threading.Lock()
         try:
@@ -273,22 +312,46 @@ class PostgresDedupStore(_Closing):
             ) from None
         self.prune(retention)
 
-    def _exists(self, reminder_id: uuid.UUID, recipient: uuid.UUID) -> bool:
+    def _connect(self) -> psycopg.Connection[tuple[Any, ...]]:
+        # autocommit: each write is durable when the call returns, like the SQLite store.
+        return psycopg.connect(self._dsn, autocommit=True, connect_timeout=10)
+
+    def _run(self, sql: str, params: tuple[object, ...] = ()) -> psycopg.Cursor[tuple[Any, ...]]:
+        """Run one statement, reconnecting first when the session was lost.
+
+        A statement that fails because the connection broke (the server restarted) is run once
+        more on a new connection: every statement here is a read or an idempotent write. When
+        the server does not answer, :class:`DedupStoreUnavailable`; the next call reconnects.
+        """
         with self._lock:
-            row = self._conn.execute(
-                f"SELECT 1 FROM {PG_TABLE} WHERE reminder_id = %s AND recipient_user_id = %s",
-                (reminder_id, recipient),
-            ).fetchone()
-        return row is not None
+            for attempt in (1, 2):
+                try:
+                    if self._conn.closed:
+                        self._conn = self._connect()
+                    return self._conn.execute(sql, params)
+                except psycopg.OperationalError as exc:
+                    if attempt == 2 or not self._conn.closed:
+                        raise _unavailable(exc) from exc
+            raise AssertionError("unreachable")
+
+    def _exists(self, reminder_id: uuid.UUID, recipient: uuid.UUID) -> bool:
+        cursor = self._run(
+            f"SELECT 1 FROM {PG_TABLE} WHERE reminder_id = %s AND recipient_user_id = %s",
+            (reminder_id, recipient),
+        )
+        return cursor.fetchone() is not None
 
     def _record(self, reminder_id: uuid.UUID, recipient: uuid.UUID, other_id: uuid.UUID) -> None:
         # ON CONFLICT DO NOTHING: two hosts recording the same fact both succeed.
-        with self._lock:
-            self._conn.execute(
-                f"INSERT INTO {PG_TABLE} (reminder_id, recipient_user_id, other_id) "
-                "VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
-                (reminder_id, recipient, other_id),
-            )
+        self._run(
+            f"INSERT INTO {PG_TABLE} (reminder_id, recipient_user_id, other_id) "
+            "VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
+            (reminder_id, recipient, other_id),
+        )
+
+    def ping(self) -> None:
+        """Return when the table answers (reconnecting first), else DedupStoreUnavailable."""
+        self._run(f"SELECT 1 FROM {PG_TABLE} LIMIT 1").fetchall()
 
     def is_handled(self, reminder_id: uuid.UUID) -> bool:
         """True when every notification of ``reminder_id`` has been delivered."""
@@ -310,19 +373,15 @@ class PostgresDedupStore(_Closing):
 
     def prune(self, retention: timedelta = DEFAULT_RETENTION) -> int:
         """Forget entries older than ``retention`` (the database's clock); returns how many."""
-        with self._lock:
-            cursor = self._conn.execute(
-                f"DELETE FROM {PG_TABLE} WHERE recorded_at < now() - %s", (retention,)
-            )
+        cursor = self._run(f"DELETE FROM {PG_TABLE} WHERE recorded_at < now() - %s", (retention,))
         return cursor.rowcount
 
     def counts(self) -> tuple[int, int]:
         """(handled reminders, delivered notifications) currently remembered."""
-        with self._lock:
-            row = self._conn.execute(
-                f"SELECT count(*) FILTER (WHERE recipient_user_id = %s), "
-                f"count(*) FILTER (WHERE recipient_user_id <> %s) FROM {PG_TABLE}",
-                (HANDLED, HANDLED),
-            ).fetchone()
+        row = self._run(
+            f"SELECT count(*) FILTER (WHERE recipient_user_id = %s), "
+            f"count(*) FILTER (WHERE recipient_user_id <> %s) FROM {PG_TABLE}",
+            (HANDLED, HANDLED),
+        ).fetchone()
         assert row is not None
         return int(row[0]), int(row[1])

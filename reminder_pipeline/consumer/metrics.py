@@ -39,6 +39,8 @@ MESSAGE_TO_NOTIFIED = PREFIX + "message_to_notified_seconds"
 HELD_PARTITIONS = PREFIX + "held_partitions"
 ASSIGNED_PARTITIONS = PREFIX + "assigned_partitions"
 LAST_NOTIFIED = PREFIX + "last_notified_timestamp_seconds"
+DEPENDENCY_UP = PREFIX + "dependency_up"
+OUTAGES = PREFIX + "outages_total"
 
 #: Every metric family the consumer serves (the dashboard and the rules use only these).
 METRIC_NAMES: tuple[str, ...] = (
@@ -57,11 +59,15 @@ METRIC_NAMES: tuple[str, ...] = (
     HELD_PARTITIONS,
     ASSIGNED_PARTITIONS,
     LAST_NOTIFIED,
+    DEPENDENCY_UP,
+    OUTAGES,
 )
 
 OUTCOMES = ("notified", "duplicate", "start_passed", "dead_lettered", "dead_letter_refused")
 #: Where a failed attempt failed: reading the message, delivering it, or writing the dead letter.
 RETRY_STAGES = ("read", "deliver", "dead_letter")
+#: The servers whose outages the consumer rides out (``outages.py``).
+DEPENDENCIES = ("broker", "dedup_store")
 #: Around the two promises (60 s, 120 s), fine enough below them to see the usual few seconds.
 LATENCY_BUCKETS = (0.25, 0.5, 1, 2.5, 5, 10, 15, 30, 45, 60, 90, 120, 180, 300, 600, 1800, 3600)
 
@@ -139,6 +145,21 @@ class ConsumerMetrics:
         self.last_notified = Gauge(
             LAST_NOTIFIED, "Unix time of the last reminder notified.", registry=r
         )
+        self.dependency_up = Gauge(
+            DEPENDENCY_UP,
+            "1 while the dependency answers, 0 during an outage (work held until it answers).",
+            ["dependency"],
+            registry=r,
+        )
+        self.outages = Counter(
+            OUTAGES,
+            "Outages of a dependency: each counted once, when it starts.",
+            ["dependency"],
+            registry=r,
+        )
+        for dependency in DEPENDENCIES:
+            self.dependency_up.labels(dependency).set(1)
+            self.outages.labels(dependency)
         for outcome in OUTCOMES:
             self.messages.labels(outcome)
         for kind in NotificationKind:

@@ -18,12 +18,16 @@ At least once, in key order, never twice:
   and re-assign, so every partition is resumed when it is assigned;
 * ReminderId de-duplication in a durable store, so a redelivery never notifies twice (on one
   host with the SQLite file, on every host with the shared PostgreSQL store);
-* a reminder whose StartAt passed more than a grace ago is dropped, counted and logged.
+* a reminder whose StartAt passed more than a grace ago is dropped, counted and logged;
+* a de-dup store or a broker that goes away is an outage (:mod:`.outages`): logged once when it
+  starts and once when it ends, never per message; the partitions of the messages it failed stay
+  held (key order) and are retried as soon as a probe finds the server answering again.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -35,10 +39,11 @@ from ..config import KafkaSettings
 from ..logs import event
 from . import kafka_messages
 from .dead_letters import DeadLetters
-from .dedup import DedupStore
+from .dedup import DedupStore, DedupStoreUnavailable
 from .handling import MessageHandling, Retry
 from .metrics import ConsumerMetrics
 from .options import ConsumerOptions, ConsumeStats
+from .outages import Outage
 from .sinks import NotificationSink
 from .texts import parse_locale
 
@@ -84,6 +89,14 @@ class ReminderConsumer:
         self._handling: MessageHandling | None = None
         self._held: dict[tuple[str, int], _Held] = {}
         self._assigned_at = 0.0
+        first_probe = self.options.retry_backoff_seconds
+        group_id = self.options.group_id
+        self.store_outage = Outage(
+            "dedup_store", self.metrics, group_id=group_id, first_probe_seconds=first_probe
+        )
+        self.broker_outage = Outage(
+            "broker", self.metrics, group_id=group_id, first_probe_seconds=first_probe
+        )
 
     def consumer_config(self) -> dict[str, Any]:
         """librdkafka properties of the consumer."""
@@ -163,6 +176,7 @@ class ReminderConsumer:
             while not stop.is_set():
                 if max_messages is not None and self.stats.messages >= max_messages:
                     break
+                self._probe_outages(time.monotonic())
                 self._retry_due(time.monotonic())
                 message = consumer.poll(self._poll_timeout())
                 now = time.monotonic()
@@ -194,6 +208,7 @@ class ReminderConsumer:
                     self._on_error(error)
                     continue
                 last_activity = now
+                self.broker_outage.end(now)
                 if kafka_messages.position(message)[:2] in self._held:
                     # Prefetched behind a held message: dropped now, read again after the seek.
                     continue
@@ -207,11 +222,37 @@ class ReminderConsumer:
 
     def _poll_timeout(self) -> float:
         """Poll no longer than until the next held message is due for another attempt."""
+        now = time.monotonic()
         timeout = self.options.poll_timeout_seconds
         if self._held:
             next_retry = min(h.retry_at for h in self._held.values())
-            timeout = min(timeout, max(next_retry - time.monotonic(), 0.0))
+            timeout = min(timeout, max(next_retry - now, 0.0))
+        for outage in (self.store_outage, self.broker_outage):
+            probe_in = outage.seconds_to_probe(now)
+            if probe_in is not None:
+                timeout = min(timeout, probe_in)
         return timeout
+
+    def _probe_outages(self, now: float) -> None:
+        """Probe a server that is away; when it answers, retry what its outage held, now."""
+        assert self._consumer is not None
+        if self.store_outage.probe_due(now):
+            try:
+                self.dedup.ping()
+            except DedupStoreUnavailable:
+                self.store_outage.probe_failed(time.monotonic())
+            else:
+                self.store_outage.end(time.monotonic())
+                for held in self._held.values():
+                    if held.retry_at == math.inf:
+                        held.retry_at = now
+        if self.broker_outage.probe_due(now):
+            try:
+                self._consumer.list_topics(self.options.topic, timeout=2.0)
+            except KafkaException:
+                self.broker_outage.probe_failed(time.monotonic())
+            else:
+                self.broker_outage.end(time.monotonic())
 
     def _retry_due(self, now: float) -> None:
         for held in [h for h in self._held.values() if h.retry_at <= now]:
@@ -224,6 +265,12 @@ class ReminderConsumer:
         key = (topic, partition)
         try:
             retry = self._handling.handle(message, attempt, read_failures)
+        except DedupStoreUnavailable as exc:
+            # Logged once per outage, not per message; the message waits for the store to answer
+            # (a probe releases it), its partition held so nothing of its key overtakes it.
+            self.store_outage.begin(kafka_messages.one_line(exc), time.monotonic())
+            self.metrics.retries.labels("deliver").inc()
+            retry = Retry(math.inf, read_failed=False)
         except Exception as exc:  # noqa: BLE001 - an outage or a bug must not skip a reminder
             retry_in = self.options.backoff(attempt)
             self.metrics.retries.labels("deliver").inc()
@@ -317,6 +364,13 @@ class ReminderConsumer:
     def _on_error(self, error: KafkaError) -> None:
         if error.fatal():
             raise KafkaException(error)
+        if error.code() == KafkaError._ALL_BROKERS_DOWN:
+            # librdkafka reconnects by itself (with its own back-off); the outage is logged once
+            # and ends when a message arrives or a metadata probe is answered.
+            self.broker_outage.begin(f"{error.name()}: {error.str()}", time.monotonic())
+            return
+        if self.broker_outage.active and error.code() == KafkaError._TRANSPORT:
+            return  # each failed reconnect during the outage: already reported
         event(
             log,
             logging.WARNING,

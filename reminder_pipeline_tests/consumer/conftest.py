@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import subprocess
@@ -39,13 +40,13 @@ def psql() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin" / "psql"
 
 
-@pytest.fixture
-def shared_dedup_url(pg_admin_url: str) -> Iterator[str]:
+@contextlib.contextmanager
+def dedup_database(admin_url: str) -> Iterator[str]:
     """The shared de-dup store as compose makes it: the initdb role script run as the superuser
-    (a database and login of this test's own); yields the narrow login's URL."""
+    of ``admin_url`` (a database and login of its own); yields the narrow login's URL."""
     suffix = uuid.uuid4().hex[:10]
     database, login, password = f"rp_dedup_{suffix}", f"rp_dedup_login_{suffix}", uuid.uuid4().hex
-    admin = make_url(pg_admin_url)
+    admin = make_url(admin_url)
     env = {
         **os.environ,
         "PATH": f"{psql().parent}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -68,3 +69,10 @@ def shared_dedup_url(pg_admin_url: str) -> Iterator[str]:
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
         conn.execute(f'DROP ROLE IF EXISTS "{login}"')
+
+
+@pytest.fixture
+def shared_dedup_url(pg_admin_url: str) -> Iterator[str]:
+    """The shared de-dup store on the session's server (:func:`dedup_database`)."""
+    with dedup_database(pg_admin_url) as url:
+        yield url
