@@ -243,14 +243,18 @@ def _windows(
             out.append((fault.kind, fault.started, fault.ended, None))
             continue
         back = max((done_at[r.reminder_id] for r in owed), default=fault.ended)
-        out.append((fault.kind, fault.started, max(back, fault.ended), max(0.0, back - fault.ended)))
+        out.append(
+            (fault.kind, fault.started, max(back, fault.ended), max(0.0, back - fault.ended))
+        )
     return out
 
 
 def table(report: dict) -> str:
     """The report for people: one line per fault kind, then the totals."""
     head = f"{'fault kind':<28} {'faults':>6} {'checked':>7} {'lost':>5} {'doubled':>7} "
-    head += f"{'sent after cancel':>17} {'late p95 s':>10} {'late max s':>10} {'recovery max s':>14}"
+    head += (
+        f"{'sent after cancel':>17} {'late p95 s':>10} {'late max s':>10} {'recovery max s':>14}"
+    )
     lines = [head]
     for kind, v in report["by_kind"].items():
         lat = v["lateness_in_window"]

@@ -1,4 +1,4 @@
-"""The soak's fault plan: a pure function of the seed and the minutes (no clock, no servers).
+"""The soak's fault plan: a pure function of ``seed`` and ``minutes`` (no clock, no servers).
 
 Every kind is injected ``max(1, minutes // 15)`` times (twice in a 30-minute run), in a seeded
 order, one per equal slot of the faulted span, early in its slot so the stack has the rest of

@@ -7,7 +7,7 @@ de-dup store, the broker, ``dagster-daemon run`` with the shipped every-minute s
 reference consumer (``reminder-pipeline consume`` with ``REMINDER_CONSUMER_DEDUP_URL``), all on
 free ports in a temp dir. For N minutes a calendar workload runs (``_soak_load``: events created,
 cancelled and moved while their reminders fall due; bursts on the compressed hour's :00 and :30)
-while the faults of a plan that depends only on the seed and N (``_soak_plan``) are injected:
+while the faults of a plan that depends only on S and N (``_soak_plan``) are injected:
 a run worker SIGKILLed mid-drain, the daemon SIGKILLed and restarted, PostgreSQL restarted fast
 and immediate, the de-dup database restarted, the broker paused (SIGSTOP/SIGCONT), the consumer
 SIGKILLed and restarted. Then it waits for the pipeline to drain and checks (``_soak_check``).

@@ -30,7 +30,7 @@ def test_every_kind_is_planned_often_enough_apart_and_inside_the_run(minutes: in
     faults = plan_faults(5, minutes)
     times = [f.at_s for f in faults]
     assert times == sorted(times)
-    assert 0 < times[0] and times[-1] < minutes * 60
+    assert times[0] > 0 and times[-1] < minutes * 60
     expected = max(1, minutes // 15)  # twice in the 30-minute run
     assert {k: sum(f.kind == k for f in faults) for k in KINDS} == dict.fromkeys(KINDS, expected)
     pauses = [f.down_s for f in faults if f.kind == "broker_pause"]
@@ -64,17 +64,15 @@ def test_the_command_prints_the_plan_of_its_seed() -> None:
 @pytest.mark.slow
 @pytest.mark.server
 def test_a_short_seeded_soak_loses_nothing_doubles_nothing_sends_nothing_cancelled() -> None:
-    proc = _soak(
-        "--minutes", str(SHORT_MINUTES), "--seed", str(SHORT_SEED), "--json", timeout=1500
-    )
+    proc = _soak("--minutes", str(SHORT_MINUTES), "--seed", str(SHORT_SEED), "--json", timeout=1500)
     assert proc.stdout.strip(), proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     for key in ("faults", "checked", "lost", "doubled", "sent_after_cancel", "recovery_max_s"):
         assert key in report
     summary = {k: report[k] for k in ("lost", "doubled", "sent_after_cancel")}
-    assert summary == {"lost": 0, "doubled": 0, "sent_after_cancel": 0}, (
-        json.dumps({k: report[k] for k in ("examples", "fault_log", "by_kind")})[:3000]
-    )
+    assert summary == {"lost": 0, "doubled": 0, "sent_after_cancel": 0}, json.dumps(
+        {k: report[k] for k in ("examples", "fault_log", "by_kind")}
+    )[:3000]
     assert report["checked"] > 0
     assert report["faults"] >= len(KINDS) - 1  # a run worker may not be caught mid-drain
     assert proc.returncode == 0
