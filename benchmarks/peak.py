@@ -15,7 +15,8 @@ config and the every-minute ``reminder_dispatch_schedule``, then:
 For each phase it prints lateness DueAt -> published (the broker's timestamp) p50 / p95 / max,
 rows and batches per run, run duration, tick -> success, the run workers' peak RSS, DueAt -> the
 reference consumer's notification (p95 / max) and how long after a phase's last message the
-consumer delivered its last notification (its lag back to zero), and the load average. ``--plan`` prints what it would feed and exits (no servers).
+consumer delivered its last notification (its lag back to zero), and the load average. ``--plan`` prints what it would feed and exits (no servers). The reference consumer is one member on the
+shared PostgreSQL de-dup store (``--dedup sqlite``: the host's SQLite file).
 """
 
 from __future__ import annotations
@@ -192,9 +193,9 @@ class RecordingSink:
 class ConsumerThread(threading.Thread):
     """The reference consumer (``reminder_pipeline.consumer``) with a recording sink."""
 
-    def __init__(self, srv: Servers) -> None:
+    def __init__(self, srv: Servers, dedup_url: str | None = None) -> None:
         super().__init__(name="peak-consumer", daemon=True)
-        from reminder_pipeline.consumer.dedup import SqliteDedupStore
+        from reminder_pipeline.consumer.dedup import PostgresDedupStore, SqliteDedupStore
         from reminder_pipeline.consumer.runner import ConsumerOptions, ReminderConsumer
 
         self.sink = RecordingSink()
@@ -202,7 +203,9 @@ class ConsumerThread(threading.Thread):
         self.consumer = ReminderConsumer(
             srv.kafka,
             self.sink,
-            SqliteDedupStore(srv.workdir / "dedup.sqlite"),
+            PostgresDedupStore(dedup_url)
+            if dedup_url
+            else SqliteDedupStore(srv.workdir / "dedup.sqlite"),
             ConsumerOptions(group_id=f"peak-{os.getpid()}"),
         )
 
@@ -455,6 +458,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--week-scales", default="1,10", help="multiples of the target load")
     parser.add_argument("--plan", action="store_true", help="print the feed and exit")
     parser.add_argument("--json", default=None, help="write every figure to this file")
+    parser.add_argument(
+        "--dedup",
+        choices=("postgres", "sqlite"),
+        default="postgres",
+        help="the reference consumer's de-dup store (postgres: the shared one, as compose makes it)",
+    )
     args = parser.parse_args(argv)
     try:
         sizes = args.bursts or ",".join(map(str, QUICK_BURSTS if args.quick else BURSTS))
@@ -470,16 +479,21 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     results: list[Phase] = []
     started = time.time()
-    with servers() as srv:
+    with servers() as srv, contextlib.ExitStack() as stack:
         from reminder_pipeline.messaging.kafka import ensure_topic
 
         from ._dagster import Reader
+        from .consumer import dedup_database
+
+        dedup_url = (
+            stack.enter_context(dedup_database(srv.admin_url)) if args.dedup == "postgres" else None
+        )
 
         ensure_topic(srv.kafka)
         daemon, dsn, _, instance = _start_daemon(srv)
         reader = Reader(srv.bootstrap_servers)
         reader.start()
-        consumer = ConsumerThread(srv)
+        consumer = ConsumerThread(srv, dedup_url)
         consumer.start()
         sampler = RssSampler(daemon.pid)
         sampler.start()

