@@ -16,7 +16,7 @@ from sqlalchemy.engine import Engine
 
 from .. import logs
 from ..config import ConfigError, KafkaSettings, mask_secrets
-from ..messaging.kafka import KafkaPublisher, ensure_topic
+from ..messaging.kafka import DELIVERY_TIMEOUT_MS, KafkaPublisher, ensure_topic
 from ..store.engine import DatabaseUnavailable, check_connection, make_engine
 
 
@@ -67,7 +67,11 @@ class KafkaResource(ConfigurableResource):
 
     bootstrap_servers: str = Field(description="host:port[,host:port].")
     message_timeout_ms: int = Field(
-        default=15_000, ge=1_000, le=300_000, description="How long the producer retries a message."
+        default=DELIVERY_TIMEOUT_MS,
+        ge=1_000,
+        le=300_000,
+        description="How long the producer retries a message (a broker that pauses this long "
+        "is ridden out; a publish waits at most 15 s for acks, the rest stay in flight).",
     )
     topic_timeout_seconds: float = Field(
         default=10.0, gt=0, le=120, description="How long the topic check waits."

@@ -170,8 +170,11 @@ class EmbeddedPostgres:
             return self.url()
 
     def stop(self, mode: str = "fast") -> None:
-        """Shut down (``pg_ctl stop -m fast -w``; ``mode`` "immediate": no checkpoint, crash
-        recovery on the next start); harmless if not running."""
+        """Fast shutdown (``pg_ctl stop -m fast -w``); harmless if not running.
+
+        ``mode="immediate"`` ends every server process at once, as a crash would (the next start
+        recovers from the WAL): what a test of a client that must heal after a crash uses.
+        """
         if not self.data_dir.exists():
             return
         with _file_lock(self._lock_file):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -90,46 +91,96 @@ class DeliveryResult:
     error: str | None
 
 
-class KafkaPublisher:
-    """An idempotent, acks=all producer that reports per-row delivery of outbox rows."""
+#: How long librdkafka keeps a message and retries it before reporting it failed. Long, so a
+#: broker that stops answering for a while (paused, frozen, cut off) is ridden out: a message
+#: already sent may be written when the broker resumes, and one that timed out meanwhile would be
+#: produced again (a duplicate) and would make the broker fence the producer.
+DELIVERY_TIMEOUT_MS = 300_000
+#: How long :meth:`KafkaPublisher.publish` waits for reports before handing back; a message
+#: still unreported then stays in flight in the producer (see :meth:`KafkaPublisher.publish`).
+REPORT_WAIT_SECONDS = 15.0
+IN_FLIGHT = "no delivery report yet: still in flight in the producer (not produced again)"
+#: A producer refused with one of these never delivers again (after a long pause the broker sees
+#: its epoch as stale, and librdkafka does not always raise it as fatal): it is replaced.
+FENCED = frozenset(
+    {KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH, KafkaError._FENCED}
+)
 
-    def __init__(self, settings: KafkaSettings, *, message_timeout_ms: int = 15_000) -> None:
+
+class KafkaPublisher:
+    """An idempotent, acks=all producer that reports per-row delivery of outbox rows.
+
+    It heals by itself: a message whose report has not come yet is never produced again by this
+    publisher (a later publish waits for that report), and a producer the broker fenced or that
+    failed fatally is replaced by a new one (logged once per replacement, counted in
+    :attr:`replacements`).
+    """
+
+    def __init__(
+        self, settings: KafkaSettings, *, message_timeout_ms: int = DELIVERY_TIMEOUT_MS
+    ) -> None:
         self.settings = settings
         self.message_timeout_ms = message_timeout_ms
-        self._producer = Producer(
+        #: Producers replaced after a fatal error (a fenced producer never publishes again).
+        self.replacements = 0
+        self._reports: dict[int, str | None] = {}  # outbox id -> report not yet handed back
+        self._in_flight: set[int] = set()  # produced, no report yet
+        self._fatal: str | None = None
+        self._generation = 0  # which producer a callback belongs to (a replaced one is ignored)
+        self._producer = self._new_producer()
+
+    def _new_producer(self) -> Producer:
+        self._generation += 1
+        generation = self._generation
+
+        def on_error(error: KafkaError) -> None:
+            if (error.fatal() or error.code() in FENCED) and generation == self._generation:
+                self._fatal = str(error)
+
+        return Producer(
             {
-                **settings.client_config(),
+                **self.settings.client_config(),
                 "enable.idempotence": True,
                 "acks": "all",
                 "linger.ms": 5,
                 "compression.type": "none",
-                # Bounded so a broker outage turns into failed deliveries within the cycle,
-                # leaving the rows unpublished for the next one, instead of hanging.
-                "message.timeout.ms": message_timeout_ms,
+                # Bounded so a broker that is gone turns into failed deliveries, leaving the rows
+                # unpublished for a later pass, instead of holding them for ever.
+                "message.timeout.ms": self.message_timeout_ms,
                 "socket.connection.setup.timeout.ms": 5_000,
+                "error_cb": on_error,
             }
         )
+
+    def _on_delivery(self, outbox_id: int) -> Callable[[KafkaError | None, Message], None]:
+        generation = self._generation
+
+        def callback(err: KafkaError | None, _msg: Message) -> None:
+            if generation != self._generation:
+                return  # a replaced producer's report: its row is produced again (or was)
+            self._in_flight.discard(outbox_id)
+            self._reports[outbox_id] = None if err is None else str(err)
+            if err is not None and (err.fatal() or err.code() in FENCED):
+                self._fatal = str(err)
+
+        return callback
 
     def publish(
         self, messages: Sequence[ClaimedMessage], timeout: float | None = None
     ) -> list[DeliveryResult]:
         """Produce ``messages`` in order and return each one's delivery report.
 
-        librdkafka reports every message within ``message.timeout.ms`` of producing it (an
-        acknowledgement, or a failure once its retries are spent), so by default this waits for
-        all reports, bounded by that timeout plus a margin: a slow broker's late acks count as
-        deliveries, not failures. ``timeout`` bounds the wait instead; a message still without a
-        report then counts as failed (it stays unpublished and goes out again: at least once).
+        Waits for the reports at most ``timeout`` (by default the delivery timeout, at most
+        :data:`REPORT_WAIT_SECONDS`, plus a margin): a slow broker's late acks count as
+        deliveries, not failures. A message still without a report then counts as failed for
+        this call but stays in flight: it is not produced again by a later call, which waits for
+        its report instead (an ack that comes after the broker resumes marks it then), so a
+        broker that pauses never gets a row twice from this producer.
         """
-        results: dict[int, str | None] = {}
-
-        def on_delivery(outbox_id: int) -> Callable[[KafkaError | None, Message], None]:
-            def callback(err: KafkaError | None, _msg: Message) -> None:
-                results[outbox_id] = None if err is None else str(err)
-
-            return callback
-
         for message in messages:
+            if message.id in self._in_flight:
+                continue
+            self._reports.pop(message.id, None)
             while True:
                 try:
                     self._producer.produce(
@@ -137,26 +188,53 @@ class KafkaPublisher:
                         key=message.message_key.encode(),
                         value=message.payload.encode(),
                         headers=[(k, str(v).encode()) for k, v in message.headers.items()],
-                        on_delivery=on_delivery(message.id),
+                        on_delivery=self._on_delivery(message.id),
                     )
+                    self._in_flight.add(message.id)
                     break
                 except BufferError:  # the local queue is full: serve reports, then retry
                     self._producer.poll(0.05)
                 except KafkaException as error:  # refused at once (too large, a bad topic): that
-                    results[message.id] = str(error)  # row fails; it stays in the outbox
+                    self._reports[message.id] = str(error)  # row fails; it stays in the outbox
                     break
         # No poll(0) per message: each one releases and re-takes the GIL, and while another
         # thread runs Python (the dispatcher, during a catch-up) every re-take waits for the
         # interpreter's switch interval. The reports are served by flush() below.
         if timeout is None:
-            timeout = self.message_timeout_ms / 1000 + REPORT_MARGIN_SECONDS
+            wait = min(self.message_timeout_ms / 1000, REPORT_WAIT_SECONDS)
+            timeout = wait + REPORT_MARGIN_SECONDS
         deadline = time.monotonic() + timeout
-        while len(results) < len(messages) and time.monotonic() < deadline:
+        ids = [m.id for m in messages]
+        while any(i in self._in_flight for i in ids) and time.monotonic() < deadline:
             self._producer.flush(min(1.0, max(deadline - time.monotonic(), 0.0)))
+            if self._fatal is not None:
+                break
+        pending = IN_FLIGHT
+        if self._fatal is not None:
+            pending = f"producer fenced or failed fatally, replaced: {self._fatal}"
+            self._replace()
         return [
-            DeliveryResult(m.id, results.get(m.id, "no delivery report within the timeout"))
-            for m in messages
+            DeliveryResult(i, self._reports.pop(i) if i in self._reports else pending) for i in ids
         ]
+
+    def _replace(self) -> None:
+        """A fatal error (the broker fenced this producer): nothing it holds will be delivered,
+        and it refuses every new message. Start a new one; the rows go out with it."""
+        event(
+            log,
+            logging.WARNING,
+            "kafka producer fenced or failed fatally; replaced by a new one",
+            error=" ".join((self._fatal or "").split())[:300],
+            in_flight=len(self._in_flight),
+        )
+        old = self._producer
+        self._producer = self._new_producer()  # the old one's reports are ignored from now
+        self._fatal = None
+        self.replacements += 1
+        self._in_flight.clear()  # their rows stay unpublished and are produced again
+        with contextlib.suppress(KafkaException, RuntimeError):
+            old.purge()
+            old.flush(0)
 
     def close(self, timeout: float = 10.0) -> int:
         """Flush what is still queued; returns how many messages were left undelivered."""

@@ -11,11 +11,19 @@ Each scrape is a handful of index-backed statements in one short read-only REPEA
 transaction (one snapshot: a ledger roll-up moving rows between the two tables cannot be seen
 half-done, which would make a counter step back), bounded by a statement time-out. If the
 database cannot be read, the scrape still answers, with ``calendar_reminder_dispatch_up 0``.
+
+The exporter heals by itself when its database restarts (a failover, a crash, a minor upgrade):
+a failed scrape drops every pooled connection, so the next scrape connects afresh (the pool's
+pre-ping would also catch a dead one), and the first scrape after the server answers serves the
+figures again. An outage is logged twice, when it starts and when it ends, never per scrape, and
+counted in ``calendar_reminder_dispatch_database_reconnects_total``. The scraper's interval is
+the retry's pace: nothing is retried between scrapes.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -59,6 +67,7 @@ TIME_ZONE_FALLBACKS = PREFIX + "time_zone_fallbacks_total"
 CLOCK_SKEW = PREFIX + "clock_skew_seconds"
 CLOCK_SKEWED_CYCLES = PREFIX + "clock_skewed_cycles"
 UP = PREFIX + "up"
+RECONNECTS = PREFIX + "database_reconnects_total"
 SCRAPE_DURATION = PREFIX + "scrape_duration_seconds"
 
 #: Every metric family the endpoint serves (the dashboard and the alert rules use only these).
@@ -76,6 +85,7 @@ METRIC_NAMES: tuple[str, ...] = (
     OUTBOX_LAG,
     LAST_SUCCESS,
     UP,
+    RECONNECTS,
     SCRAPE_DURATION,
     POISON_ROWS,
     POISON_OLDEST_AGE,
@@ -254,6 +264,8 @@ class LedgerCollector(Collector):
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
         self._healthy: bool | None = None
+        self._reconnects = 0  # outages this process saw end (the first read is not one)
+        self._lock = threading.Lock()  # scrapes may overlap: each change is logged once
 
     def describe(self) -> Iterator[Metric]:
         """The families' names, without touching the database (used at registration)."""
@@ -265,11 +277,15 @@ class LedgerCollector(Collector):
         try:
             snapshot = read_snapshot(self._engine)
         except Exception as exc:  # noqa: BLE001 - a scrape answers even when the DB does not
+            # Connections to a server that went away are dead: the next scrape connects afresh.
+            self._engine.dispose()
             self._transition(False, type(exc).__name__)
             yield GaugeMetricFamily(UP, "1 if the last scrape read the database.", value=0)
+            yield self._reconnects_family()
             return
         self._transition(True, None)
         yield GaugeMetricFamily(UP, "1 if the last scrape read the database.", value=1)
+        yield self._reconnects_family()
         yield from families(snapshot)
         yield GaugeMetricFamily(
             SCRAPE_DURATION,
@@ -277,13 +293,24 @@ class LedgerCollector(Collector):
             value=time.monotonic() - started,
         )
 
+    def _reconnects_family(self) -> Metric:
+        return CounterMetricFamily(
+            RECONNECTS,
+            "Times this exporter read the database again after failing to (an outage it "
+            "recovered from; kept in the exporter's memory, so it restarts at 0 with it).",
+            value=self._reconnects,
+        )
+
     def _transition(self, healthy: bool, error_kind: str | None) -> None:
         # Log changes only: Prometheus scrapes every 15 s, a log line each time would drown others.
-        if healthy == self._healthy:
-            return
-        self._healthy = healthy
+        with self._lock:
+            if healthy == self._healthy:
+                return
+            recovered = healthy and self._healthy is False
+            self._healthy = healthy
+            self._reconnects += recovered
         if healthy:
-            event(log, logging.INFO, "metrics scrape reads the database")
+            event(log, logging.INFO, "metrics scrape reads the database", recovered=recovered)
         else:
             event(
                 log,

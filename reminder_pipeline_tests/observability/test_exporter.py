@@ -199,7 +199,8 @@ def test_the_scrape_answers_up_0_when_the_database_cannot_be_read(pg_admin_url):
     finally:
         running.stop()
     assert result.value(exp.UP) == 0
-    assert result.sample_families() == {exp.UP}
+    assert result.sample_families() == {exp.UP, exp.RECONNECTS}
+    assert result.value(exp.RECONNECTS) == 0  # never read: no outage has ended
 
 
 def test_a_port_in_use_is_a_one_line_error(database_url):
