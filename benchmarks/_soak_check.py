@@ -284,7 +284,9 @@ def table(report: dict) -> str:
     )
     lines.append(
         "(per kind: lateness of reminders due inside that kind's windows; total: outside every "
-        f"fault window, {out['n']} reminders)"
+        f"fault window, {out['n']} reminders; {report['on_topic']} messages on the topic, "
+        f"{report['notifications']} notifications, {report['notified_but_not_read_from_topic']} "
+        "notified but missed by the checker's read of the topic)"
     )
     return "\n".join(lines)
 

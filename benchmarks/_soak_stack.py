@@ -1,5 +1,5 @@
 """The soak's stack and its faults: embedded PostgreSQL (application + Dagster storage), a second
-embedded PostgreSQL for the consumer's shared de-dup store, the broker, ``dagster-daemon run``
+embedded PostgreSQL for the consumer's shared de-dup store (made by the shipped initdb script), the broker, ``dagster-daemon run``
 with the shipped schedules, and ``reminder-pipeline consume --dedup-url``, all on free ports in a
 temp dir; and the code that injects each fault kind of ``_soak_plan.KINDS``.
 
@@ -23,16 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
-from sqlalchemy.engine import make_url
 
-from reminder_pipeline.local.postgres import _postgres_bin_dir
 from reminder_pipeline.local.servers import EmbeddedBroker, EmbeddedPostgres, free_port
 
-from ._infra import REPO_ROOT, Servers, progress
+from ._infra import Servers, progress
+from .consumer import dedup_database
 from .peak import prepare_dagster, run_workers, spawn_daemon
-
-DEDUP_ROLE_SCRIPT = REPO_ROOT / "docker" / "postgres" / "initdb" / "20-notifications-dedup.sh"
-
 
 #: (due rows still Pending, rows sent in the last 5 s): both > 0 while a drain is under way.
 MID_DRAIN = """
@@ -89,6 +85,7 @@ class Stack:
         self._held: set[str] = set()  # processes a fault has taken down on purpose
         self._stopping = threading.Event()
         self._group = f"soak-{uuid.uuid4().hex[:8]}"
+        self._exit = contextlib.ExitStack()
 
     # --- start / stop -------------------------------------------------------------------------
 
@@ -102,7 +99,8 @@ class Stack:
         from reminder_pipeline.messaging.kafka import ensure_topic
 
         ensure_topic(self.srv.kafka)
-        self.dedup_url = self._dedup_store()
+        # The shipped initdb script on the de-dup server: its database, table and narrow login.
+        self.dedup_url = self._exit.enter_context(dedup_database(self.dedup_pg.url("postgres")))
         env, self.home, self.app_db, self.instance = prepare_dagster(self.srv, "soak")
         self.env = env
         self.app_dsn = self.srv.dsn(self.app_db)
@@ -127,36 +125,14 @@ class Stack:
         with contextlib.suppress(Exception):
             self.instance.dispose()  # type: ignore[attr-defined]
         with contextlib.suppress(Exception):
+            self._exit.close()
+        with contextlib.suppress(Exception):
             pid = self.broker.pid()
             if pid:
                 os.kill(pid, signal.SIGCONT)  # never leave it stopped
         for server in (self.broker, self.dedup_pg, self.pg):
             with contextlib.suppress(Exception):
                 server.stop()
-
-    def _dedup_store(self) -> str:
-        """The shipped initdb script against the de-dup server: its database, table and login."""
-        login, password = "soak_dedup", uuid.uuid4().hex
-        env = {
-            **os.environ,
-            "PATH": f"{_postgres_bin_dir()}{os.pathsep}{os.environ.get('PATH', '')}",
-            "PGHOST": self.dedup_pg.host,
-            "PGPORT": str(self.dedup_pg.port),
-            "POSTGRES_USER": make_url(self.dedup_pg.url()).username or "postgres",
-            "POSTGRES_DB": "postgres",
-            "NOTIFICATIONS_DEDUP_DB_USER": login,
-            "NOTIFICATIONS_DEDUP_DB_NAME": "notifications",
-            "NOTIFICATIONS_DEDUP_DB_PASSWORD": password,
-        }
-        done = subprocess.run(
-            ["bash", str(DEDUP_ROLE_SCRIPT)], env=env, capture_output=True, text=True, timeout=120
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"de-dup store setup failed: {' '.join(done.stderr.split())[-300:]}")
-        url = make_url(self.dedup_pg.url("notifications")).set(
-            drivername="postgresql", username=login, password=password
-        )
-        return url.render_as_string(hide_password=False)
 
     def _spawn_consumer(self) -> subprocess.Popen:
         exe = Path(sys.executable).with_name("reminder-pipeline")
