@@ -38,6 +38,11 @@ SELECT count(*) FILTER (WHERE status = 'Pending' AND due_at <= now()),
 """
 
 
+#: Due rows still Pending for a kill to count as mid-drain: more than a stray row a cancel holds,
+#: so the worker dies with a burst's later batches still to go.
+MID_DRAIN_PENDING = 20
+
+
 @dataclass
 class FaultRecord:
     """One injected (or attempted) fault: when it began and ended (epoch), and what happened."""
@@ -206,7 +211,7 @@ class Stack:
                     conn = None
                     time.sleep(0.5)
                     continue
-                if row and row[0] > 0 and row[1] > 0:
+                if row and row[0] >= MID_DRAIN_PENDING and row[1] > 0:
                     for worker in workers:
                         with contextlib.suppress(Exception):
                             worker.kill()
