@@ -34,6 +34,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import psutil
 import psycopg
@@ -162,13 +163,21 @@ class RssSampler(threading.Thread):
 
     def run(self) -> None:
         while not self.stopped.wait(0.2):
+            for child in run_workers(self.pid):
+                with contextlib.suppress(psutil.Error):
+                    self.peak_mb = max(self.peak_mb, child.memory_info().rss / 2**20)
+
+
+def run_workers(daemon_pid: int) -> list[psutil.Process]:
+    """The daemon's run workers: the code server starts each run in a multiprocessing child."""
+    found = []
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process(daemon_pid).children(recursive=True):
             with contextlib.suppress(psutil.Error):
-                for child in psutil.Process(self.pid).children(recursive=True):
-                    with contextlib.suppress(psutil.Error):
-                        cmd = " ".join(child.cmdline())
-                        # The code server starts each run in a multiprocessing child.
-                        if "spawn_main" in cmd or "execute_run" in cmd:
-                            self.peak_mb = max(self.peak_mb, child.memory_info().rss / 2**20)
+                cmd = " ".join(child.cmdline())
+                if "spawn_main" in cmd or "execute_run" in cmd:
+                    found.append(child)
+    return found
 
 
 class RecordingSink:
@@ -384,13 +393,20 @@ def _table(phases: list[Phase]) -> str:
 
 
 def _start_daemon(srv: Servers) -> tuple[subprocess.Popen, str, str, object]:
+    env, home, app_db, instance = prepare_dagster(srv, "peak")
+    return spawn_daemon(env, home), srv.dsn(app_db), app_db, instance
+
+
+def prepare_dagster(srv: Servers, app_suffix: str) -> tuple[dict[str, str], Path, str, object]:
+    """The application and Dagster databases, a ``DAGSTER_HOME`` with the shipped instance config,
+    the daemon's environment; returns (env, home, application database, instance)."""
     from dagster import DagsterInstance
 
     from reminder_pipeline.local.dagster_processes import dagster_storage_url, prepare_home
     from reminder_pipeline.store import migrate
     from reminder_pipeline.store.engine import make_engine
 
-    app_db, dag_db = srv.create_database("peak"), srv.create_database("dagster")
+    app_db, dag_db = srv.create_database(app_suffix), srv.create_database("dagster")
     engine = make_engine(srv.url(app_db), pool_size=1)
     migrate.upgrade(engine)
     engine.dispose()
@@ -406,9 +422,14 @@ def _start_daemon(srv: Servers) -> tuple[subprocess.Popen, str, str, object]:
     }
     os.environ.update({k: env[k] for k in ("DAGSTER_PG_URL", "DAGSTER_HOME")})
     instance = DagsterInstance.from_config(str(home))  # Dagster's schema before the daemon
+    return env, home, app_db, instance
+
+
+def spawn_daemon(env: dict[str, str], home: Path) -> subprocess.Popen:
+    """``dagster-daemon run`` in a session of its own (its group: the code server, the runs)."""
     exe = os.path.join(os.path.dirname(sys.executable), "dagster-daemon")
     log = (home / "daemon.log").open("ab")
-    daemon = subprocess.Popen(
+    return subprocess.Popen(
         [exe, "run", "-w", str(home / "workspace.yaml")],
         env=env,
         cwd=home,
@@ -416,7 +437,6 @@ def _start_daemon(srv: Servers) -> tuple[subprocess.Popen, str, str, object]:
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    return daemon, srv.dsn(app_db), app_db, instance
 
 
 def plan(args: argparse.Namespace) -> list[tuple[str, list[tuple[int, int, bool]]]]:

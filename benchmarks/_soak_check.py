@@ -1,0 +1,295 @@
+"""The soak's checker: the database, the whole topic and the consumer's output, judged per reminder.
+
+Every reminder row the workload made (and every message on the topic) is checked:
+
+* **lost**: a reminder of a live event (never cancelled, or cancelled only after its DueAt and
+  sent anyway) that is not Sent, not on the topic, or not notified to each recipient;
+* **doubled**: on the topic with two different payloads, in the outbox twice, or one recipient
+  notified twice;
+* **sent_after_cancel**: a reminder whose event was cancelled before its DueAt (the cancel call
+  had returned) that is Sent, on the topic or notified; and any message for a reminder the
+  database does not hold (a moved event's deleted row).
+
+A fault's window runs from its start to the moment everything due before its end was notified
+("back to normal"); the recovery is that moment minus the fault's end. Lateness (DueAt -> the
+broker's timestamp) is reported outside every window (with a minute of lead-in) and inside.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+import psycopg
+
+from reminder_pipeline.domain import contract
+
+from ._dueq import percentile
+from ._soak_load import EventRecord
+from ._soak_plan import KINDS
+from ._soak_stack import FaultRecord
+
+#: The topic is read until no message has come for this long and the watermarks agree.
+QUIET_S = 5.0
+#: Before a fault starts, reminders due this long before it may be delayed by it.
+LEAD_IN_S = 60.0
+
+
+@dataclass
+class Row:
+    reminder_id: str
+    event_id: str
+    due: float
+    status: str
+    event_status: str
+    recipients: tuple[str, ...]
+    outbox_rows: int
+
+
+@dataclass
+class Topic:
+    messages: dict[str, list[tuple[float, bytes]]] = field(default_factory=dict)
+    unreadable: int = 0
+
+
+def read_topic(bootstrap: str, timeout: float = 300.0) -> Topic:
+    """Every message of the contract topic, from the beginning to the high watermarks."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"soak-check-{time.time_ns()}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    topic = Topic()
+    parts = [TopicPartition(contract.TOPIC, p) for p in range(contract.PARTITIONS)]
+    read: dict[int, int] = {}  # partition -> next offset
+    try:
+        consumer.assign(
+            [TopicPartition(contract.TOPIC, p, OFFSET_BEGINNING) for p in range(len(parts))]
+        )
+        deadline = time.time() + timeout
+        quiet_since = time.time()
+        # To the high watermarks, then on until nothing has come for QUIET_S and the watermarks
+        # (asked again) hold nothing more: a watermark can lag what a fetch already returns.
+        while time.time() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None or msg.error():
+                if time.time() - quiet_since < QUIET_S:
+                    continue
+                highs = {
+                    tp.partition: consumer.get_watermark_offsets(tp, timeout=30)[1] for tp in parts
+                }
+                if all(read.get(p, 0) >= h for p, h in highs.items()):
+                    return topic
+                quiet_since = time.time()
+                continue
+            quiet_since = time.time()
+            read[msg.partition()] = msg.offset() + 1
+            value = msg.value() or b""
+            try:
+                rid = str(json.loads(value)["ReminderId"]).lower()
+            except (ValueError, KeyError, TypeError):
+                topic.unreadable += 1
+                continue
+            topic.messages.setdefault(rid, []).append((msg.timestamp()[1] / 1000.0, value))
+        raise RuntimeError(f"the topic was not read to its end in {timeout:.0f} s")
+    finally:
+        consumer.close()
+
+
+def read_rows(dsn: str) -> list[Row]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT r.id::text, e.id::text, extract(epoch FROM r.due_at), r.status, e.status,"
+            " e.owner_user_id::text, e.client_user_id::text,"
+            " (SELECT count(*) FROM outbox o WHERE o.reminder_id = r.id)"
+            " FROM event_reminders r JOIN calendar_events e ON e.id = r.calendar_event_id"
+        ).fetchall()
+    out = []
+    for rid, eid, due, status, event_status, owner, client, outbox in rows:
+        recipients = (owner,) if client is None or client == owner else (owner, client)
+        out.append(Row(rid, eid, float(due), status, event_status, recipients, int(outbox)))
+    return out
+
+
+def _stats(values: list[float]) -> dict[str, float | int | None]:
+    if not values:
+        return {"n": 0, "p50_s": None, "p95_s": None, "max_s": None}
+    return {
+        "n": len(values),
+        "p50_s": round(statistics.median(values), 1),
+        "p95_s": round(percentile(values, 95), 1),
+        "max_s": round(max(values), 1),
+    }
+
+
+def check(
+    rows: list[Row],
+    topic: Topic,
+    notified: list[tuple[float, str, str]],
+    faults: list[FaultRecord],
+    events: dict[str, EventRecord],
+) -> dict:
+    """The report: totals (the six top-level keys) and the same figures per fault kind."""
+    by_pair: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for at, rid, recipient in notified:
+        by_pair[(rid.lower(), recipient.lower())].append(at)
+    known = {r.reminder_id for r in rows}
+    lost: dict[str, str] = {}
+    doubled: dict[str, str] = {}
+    after_cancel: dict[str, str] = {}
+    read_gaps: set[str] = set()
+    done_at: dict[str, float] = {}  # reminder -> when its last recipient was notified
+    lateness: dict[str, float] = {}
+    for row in rows:
+        msgs = topic.messages.get(row.reminder_id, [])
+        times = [by_pair.get((row.reminder_id, u), []) for u in row.recipients]
+        if msgs:
+            lateness[row.reminder_id] = min(t for t, _ in msgs) - row.due
+        if all(times):
+            done_at[row.reminder_id] = max(min(t) for t in times)
+        if len({payload for _, payload in msgs}) > 1 or row.outbox_rows > 1:
+            doubled[row.reminder_id] = "published twice with different payloads"
+        if any(len(t) > 1 for t in times):
+            doubled[row.reminder_id] = "a recipient notified twice"
+        sent = row.status == "Sent" or bool(msgs) or any(times)
+        record = events.get(row.event_id)
+        cancelled_at = record.cancelled_at if record else None
+        if row.event_status == "Cancelled":
+            if cancelled_at is not None and cancelled_at < row.due and sent:
+                after_cancel[row.reminder_id] = "event cancelled before DueAt, reminder sent"
+            if cancelled_at is None or cancelled_at < row.due or not sent:
+                continue  # cancelled (when unknown, either outcome is right): nothing owed
+        if row.status != "Sent":
+            lost[row.reminder_id] = f"{row.status}, not sent"
+        elif not msgs and all(times):
+            # The consumer reads only the topic: it was there, the checker's read missed it.
+            read_gaps.add(row.reminder_id)
+        elif not msgs:
+            lost[row.reminder_id] = "Sent but not on the topic"
+        elif not all(times):
+            lost[row.reminder_id] = "on the topic but not notified"
+    for rid in topic.messages:
+        if rid not in known:
+            after_cancel[rid] = "on the topic, no such reminder in the database"
+
+    windows = _windows(rows, faults, done_at)
+    due = {r.reminder_id: r.due for r in rows}
+
+    def in_window(rid: str, kind: str | None = None) -> bool:
+        d = due.get(rid)
+        return d is not None and any(
+            (kind is None or k == kind) and start - LEAD_IN_S <= d <= end
+            for k, start, end, _ in windows
+        )
+
+    outside = [v for rid, v in lateness.items() if not in_window(rid)]
+    recovered = [w[3] for w in windows if w[3] is not None]
+    by_kind = {}
+    for kind in KINDS:
+        mine = [w for w in windows if w[0] == kind]
+        ids = {r.reminder_id for r in rows if in_window(r.reminder_id, kind)}
+        rec = [w[3] for w in mine if w[3] is not None]
+        by_kind[kind] = {
+            "faults": len(mine),
+            "checked": len(ids),
+            "lost": len(ids & lost.keys()),
+            "doubled": len(ids & doubled.keys()),
+            "sent_after_cancel": len(ids & after_cancel.keys()),
+            "lateness_in_window": _stats([lateness[i] for i in ids if i in lateness]),
+            "recovery_max_s": round(max(rec), 1) if rec else None,
+            "not_recovered": sum(1 for w in mine if w[3] is None),
+        }
+    statuses = Counter(r.status for r in rows)
+    return {
+        "faults": len(windows),
+        "checked": len(rows),
+        "lost": len(lost),
+        "doubled": len(doubled),
+        "sent_after_cancel": len(after_cancel),
+        "recovery_max_s": round(max(recovered), 1) if recovered else None,
+        "faults_by_kind": {k: v["faults"] for k, v in by_kind.items()},
+        "faults_not_injected": [
+            {"kind": f.kind, "planned_s": f.planned_s, "detail": f.detail}
+            for f in faults
+            if not f.injected
+        ],
+        "not_recovered": sum(1 for w in windows if w[3] is None),
+        "lateness_outside_faults": _stats(outside),
+        "lateness_all": _stats(list(lateness.values())),
+        "statuses": dict(statuses),
+        "cancelled_before_due": sum(
+            1
+            for r in rows
+            if (rec := events.get(r.event_id)) and rec.cancelled_at and rec.cancelled_at < r.due
+        ),
+        "on_topic": sum(len(v) for v in topic.messages.values()),
+        "notified_but_not_read_from_topic": len(read_gaps),
+        "notifications": len(notified),
+        "examples": {
+            "lost": dict(list(lost.items())[:5]),
+            "doubled": dict(list(doubled.items())[:5]),
+            "sent_after_cancel": dict(list(after_cancel.items())[:5]),
+        },
+        "by_kind": by_kind,
+    }
+
+
+def _windows(
+    rows: list[Row], faults: list[FaultRecord], done_at: dict[str, float]
+) -> list[tuple[str, float, float, float | None]]:
+    """(kind, start, back to normal, recovery seconds or None) of each injected fault."""
+    out = []
+    for fault in faults:
+        if not fault.injected:
+            continue
+        owed = [r for r in rows if fault.started - LEAD_IN_S <= r.due <= fault.ended]
+        owed = [r for r in owed if r.status == "Sent"]
+        if any(r.reminder_id not in done_at for r in owed):
+            out.append((fault.kind, fault.started, fault.ended, None))
+            continue
+        back = max((done_at[r.reminder_id] for r in owed), default=fault.ended)
+        out.append(
+            (fault.kind, fault.started, max(back, fault.ended), max(0.0, back - fault.ended))
+        )
+    return out
+
+
+def table(report: dict) -> str:
+    """The report for people: one line per fault kind, then the totals."""
+    head = f"{'fault kind':<28} {'faults':>6} {'checked':>7} {'lost':>5} {'doubled':>7} "
+    head += (
+        f"{'sent after cancel':>17} {'late p95 s':>10} {'late max s':>10} {'recovery max s':>14}"
+    )
+    lines = [head]
+    for kind, v in report["by_kind"].items():
+        lat = v["lateness_in_window"]
+        lines.append(
+            f"{kind:<28} {v['faults']:>6} {v['checked']:>7} {v['lost']:>5} {v['doubled']:>7} "
+            f"{v['sent_after_cancel']:>17} {_f(lat['p95_s']):>10} {_f(lat['max_s']):>10} "
+            f"{_f(v['recovery_max_s']):>14}"
+        )
+    out = report["lateness_outside_faults"]
+    lines.append(
+        f"{'total':<28} {report['faults']:>6} {report['checked']:>7} {report['lost']:>5} "
+        f"{report['doubled']:>7} {report['sent_after_cancel']:>17} {_f(out['p95_s']):>10} "
+        f"{_f(out['max_s']):>10} {_f(report['recovery_max_s']):>14}"
+    )
+    lines.append(
+        "(per kind: lateness of reminders due inside that kind's windows; total: outside every "
+        f"fault window, {out['n']} reminders; {report['on_topic']} messages on the topic, "
+        f"{report['notifications']} notifications, {report['notified_but_not_read_from_topic']} "
+        "notified but missed by the checker's read of the topic)"
+    )
+    return "\n".join(lines)
+
+
+def _f(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
