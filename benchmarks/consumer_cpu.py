@@ -1,13 +1,14 @@
 """CPU time of the reference consumer per message, without servers: ``python -m benchmarks.consumer_cpu``.
 
-``[--messages N] [--batch N] [--rounds R] [--profile]`` (issue 28). The messages
+``[--messages N] [--batch N] [--rounds R] [--log] [--profile]`` (issue 28). The messages
 ``benchmarks.consumer`` puts on its topic (contract v1, half with a client) are built in memory as
 ``confluent_kafka.Message`` objects and handed to :meth:`MessageHandling.handle_batch` in batches
 of one partition, with the SQLite de-dup file in a temp dir and a sink that only counts: all of
 the consumer's Python work per message (reading, the store's question and write, delivering,
 metrics, logs) and none of the broker's. ``time.process_time`` over each round, divided by N:
 CPU seconds, so a loaded machine slows it far less than a wall-clock rate (the median of the
-rounds is printed). ``--profile`` prints cProfile's hottest functions of one more round.
+rounds is printed). ``--log`` writes the JSON log lines at INFO (to /dev/null), as ``consume``
+writes them to stderr. ``--profile`` prints cProfile's hottest functions of one more round.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import argparse
 import cProfile
 import io
 import json
+import logging
 import os
 import pstats
 import statistics
@@ -29,6 +31,7 @@ from typing import Any
 
 from confluent_kafka import TIMESTAMP_CREATE_TIME, Message
 
+from reminder_pipeline import logs
 from reminder_pipeline.consumer.dead_letters import DeadLetters
 from reminder_pipeline.consumer.dedup import SqliteDedupStore
 from reminder_pipeline.consumer.handling import MessageHandling
@@ -57,7 +60,9 @@ def messages(count: int, partition: int = 0) -> list[Message]:
             "OffsetMinutes": 60,
             "AppointmentId": None,
         }
-        headers = [(k, v.encode()) for k, v in contract.headers(reminder_id, None).items()]
+        headers: list[tuple[str, str | bytes | None]] = [
+            (k, v.encode()) for k, v in contract.headers(reminder_id, None).items()
+        ]
         result.append(
             Message(
                 topic="bench.reminder-due",
@@ -102,11 +107,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--batch", type=int, default=167, help="messages per partition batch")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--log", action="store_true", help="JSON log lines at INFO, to /dev/null")
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args(argv)
     if args.messages < 1 or args.batch < 1 or args.rounds < 1:
         parser.error("--messages, --batch and --rounds take at least 1")
     load = os.getloadavg()[0]
+    if args.log:
+        logs.configure(logging.INFO, open(os.devnull, "w"))  # noqa: SIM115 - for the whole run
     with tempfile.TemporaryDirectory(prefix="rp-consumer-cpu-") as tmp:
         workdir = Path(tmp)
         rounds = []
@@ -118,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
             rounds.append(spent / args.messages * 1e6)
         median = statistics.median(rounds)
         print(
-            f"{args.messages} messages, batches of {args.batch}, {delivered} notifications a round;"
+            f"{args.messages} messages, batches of {args.batch}, {delivered} notifications a round"
+            f"{', INFO lines logged' if args.log else ''};"
             f" CPU per message: median {median:.1f} us (rounds: "
             + ", ".join(f"{r:.1f}" for r in rounds)
             + f"); load average {load:.1f} -> {os.getloadavg()[0]:.1f}"
