@@ -7,6 +7,8 @@ the messages handled. A message that needs another attempt ends the batch there:
 before it is recorded and committed, it holds its partition, and what came after it is read
 again once it is handled (key order). Deliveries whose record could not be written (the store
 went away) are kept and recorded first on the next call, so a retry does not notify them again.
+The batch's counters go to the metrics once, as it ends, and its "reminder notified" lines (one
+per reminder, built only when INFO is logged) are one log record.
 
 Reading (parsing, the local time, the text) is deterministic: any error there, expected or not,
 counts toward ``max_attempts``, then the message is dead-lettered. Delivering is not: sink and
