@@ -14,6 +14,7 @@ writes them to stderr. ``--profile`` prints cProfile's hottest functions of one 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import json
@@ -25,6 +26,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -102,6 +104,26 @@ def one_round(batches: list[list[Message]], workdir: Path) -> tuple[float, int]:
     return spent, sink.delivered
 
 
+@contextlib.contextmanager
+def _logged(enabled: bool) -> Iterator[None]:
+    """The package's JSON lines at INFO to /dev/null while enabled, as ``consume`` logs them."""
+    if not enabled:
+        yield
+        return
+    logger = logging.getLogger("reminder_pipeline")
+    level = logger.level
+    with open(os.devnull, "w") as sink:
+        handler = logging.StreamHandler(sink)
+        handler.setFormatter(logs.JsonFormatter())
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        try:
+            yield
+        finally:
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.consumer_cpu", description=__doc__)
     parser.add_argument("--messages", type=int, default=20_000)
@@ -113,9 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.messages < 1 or args.batch < 1 or args.rounds < 1:
         parser.error("--messages, --batch and --rounds take at least 1")
     load = os.getloadavg()[0]
-    if args.log:
-        logs.configure(logging.INFO, open(os.devnull, "w"))  # noqa: SIM115 - for the whole run
-    with tempfile.TemporaryDirectory(prefix="rp-consumer-cpu-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="rp-consumer-cpu-") as tmp, _logged(args.log):
         workdir = Path(tmp)
         rounds = []
         for _ in range(args.rounds):
