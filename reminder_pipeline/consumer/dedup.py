@@ -394,7 +394,7 @@ class PostgresDedupStore(_Closing):
     def known(self, reminder_ids: Collection[uuid.UUID]) -> Known:
         """Which of ``reminder_ids`` are handled, and which of their recipients delivered."""
         rows = self._run(
-            f"SELECT reminder_id, recipient_user_id FROM {PG_TABLE} WHERE reminder_id = ANY(%s)",
+            f"SELECT reminder_id, recipient_user_id FROM {PG_TABLE} WHERE reminder_id = ANY(%b)",
             (list(set(reminder_ids)),),
         ).fetchall()
         return Known(
@@ -408,10 +408,11 @@ class PostgresDedupStore(_Closing):
             *records.deliveries,
             *((r, HANDLED, e) for r, e in records.handled),
         ]
-        # ON CONFLICT DO NOTHING: two hosts recording the same fact both succeed.
+        # ON CONFLICT DO NOTHING: two hosts recording the same fact both succeed. The arrays go
+        # in binary (%b): 16 bytes per UUID, not a text literal quoted element by element.
         self._run(
             f"INSERT INTO {PG_TABLE} (reminder_id, recipient_user_id, other_id) "
-            "SELECT * FROM unnest(%s::uuid[], %s::uuid[], %s::uuid[]) ON CONFLICT DO NOTHING",
+            "SELECT * FROM unnest(%b::uuid[], %b::uuid[], %b::uuid[]) ON CONFLICT DO NOTHING",
             tuple([row[i] for row in rows] for i in range(3)),
         )
 

@@ -7,6 +7,8 @@ the messages handled. A message that needs another attempt ends the batch there:
 before it is recorded and committed, it holds its partition, and what came after it is read
 again once it is handled (key order). Deliveries whose record could not be written (the store
 went away) are kept and recorded first on the next call, so a retry does not notify them again.
+The batch's counters go to the metrics once, as it ends, and its "reminder notified" lines (one
+per reminder, built only when INFO is logged) are one log record.
 
 Reading (parsing, the local time, the text) is deterministic: any error there, expected or not,
 counts toward ``max_attempts``, then the message is dead-lettered. Delivering is not: sink and
@@ -17,6 +19,7 @@ reminder whose StartAt passed more than a grace ago is dropped, counted and logg
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -24,7 +27,7 @@ from typing import Any
 from confluent_kafka import Message
 
 from ..domain import contract
-from ..logs import event
+from ..logs import event, events
 from . import kafka_messages
 from .dead_letters import DeadLetters
 from .dedup import DedupStore, Known, Records
@@ -33,6 +36,7 @@ from .notifications import (
     IncompatibleMessage,
     MappedReminder,
     MessageProblem,
+    ReminderDue,
     due_at,
     notifications_for,
     parse_reminder,
@@ -66,11 +70,20 @@ class BatchOutcome:
 
 @dataclass
 class _Batch:
-    """What a batch knows as it goes: the store's answer plus its own deliveries, to record."""
+    """What a batch knows as it goes: the store's answer plus its own deliveries, to record, and
+    what it counts and logs per reminder, added to the metrics and written once per batch."""
 
     handled: set[Any]
     delivered: set[tuple[Any, Any]]
     records: Records = field(default_factory=Records)
+    #: Notifications sent by (kind, recipient role), reminders notified, and the fallbacks.
+    sent: Counter[tuple[str, str]] = field(default_factory=Counter)
+    notified: int = 0
+    last_notified: float | None = None
+    time_zone_fallbacks: int = 0
+    unknown_kinds: int = 0
+    #: The "reminder notified" lines (only when INFO is logged).
+    notified_lines: list[dict[str, Any]] = field(default_factory=list)
 
 
 class MessageHandling:
@@ -122,9 +135,10 @@ class MessageHandling:
         try:
             for index, (message, reminder, failure) in enumerate(read):
                 first = index == 0
-                where = kafka_messages.where(message)
+                found = kafka_messages.headers(message)
+                where = kafka_messages.where(message, found)
                 if attempt == 1 or not first:
-                    self._check_version(message, where)
+                    self._check_version(found, where)
                 tries, failures = (attempt, read_failures) if first else (1, 0)
                 if failure is not None:
                     retry = self._read_failed(message, *failure, tries, failures)
@@ -135,6 +149,7 @@ class MessageHandling:
                     outcome = BatchOutcome(index, retry)
                     break
         finally:
+            self._count(batch)
             # Delivered is delivered: recorded whatever stopped the batch (a crash before this
             # write is the one window where a restart notifies again; the notification id is the
             # channel's idempotency key for it).
@@ -142,6 +157,21 @@ class MessageHandling:
             self._pending.handled.extend(batch.records.handled)
             self._record_pending()
         return outcome
+
+    def _count(self, batch: _Batch) -> None:
+        """Add what the batch notified to the metrics and log its reminders (a line each)."""
+        metrics = self.metrics
+        for (kind, role), sent in batch.sent.items():
+            metrics.notifications.labels(kind, role).inc(sent)
+        if batch.notified:
+            metrics.messages.labels("notified").inc(batch.notified)
+        if batch.last_notified is not None:
+            metrics.last_notified.set(batch.last_notified)
+        if batch.time_zone_fallbacks:
+            metrics.time_zone_fallbacks.inc(batch.time_zone_fallbacks)
+        if batch.unknown_kinds:
+            metrics.unknown_kinds.inc(batch.unknown_kinds)
+        events(log, logging.INFO, "reminder notified", batch.notified_lines)
 
     def _record_pending(self) -> None:
         """Write what was delivered and not yet recorded (raises if the store is away)."""
@@ -185,12 +215,6 @@ class MessageHandling:
     ) -> Retry | None:
         """Deliver each recipient's notification once; None when the reminder is done."""
         reminder = mapped.reminder
-        ids = {
-            **where,
-            "reminder_id": str(reminder.reminder_id),
-            "event_id": str(reminder.event_id),
-            "tenant_id": str(reminder.tenant_id),
-        }
         past = self._seconds_past_start(reminder.start_at)
         if past is not None:
             self.stats.passed_dropped += 1
@@ -200,7 +224,7 @@ class MessageHandling:
                 log,
                 logging.WARNING,
                 "reminder dropped: its StartAt has passed",
-                **ids,
+                **_ids(where, reminder),
                 start_at=reminder.start_at.isoformat(),
                 seconds_past_start=past,
             )
@@ -209,7 +233,7 @@ class MessageHandling:
             self.stats.duplicates += 1
             self.metrics.duplicates.inc()
             self.metrics.messages.labels("duplicate").inc()
-            event(log, logging.INFO, "duplicate reminder ignored", **ids)
+            event(log, logging.INFO, "duplicate reminder ignored", **_ids(where, reminder))
             return None
         for notification in mapped.notifications:
             recipient = notification.recipient_user_id
@@ -228,7 +252,7 @@ class MessageHandling:
                     log,
                     logging.WARNING,
                     "delivery failed; will retry",
-                    **ids,
+                    **_ids(where, reminder),
                     recipient_user_id=str(recipient),
                     attempt=attempt,
                     retry_in_seconds=retry_in,
@@ -240,12 +264,10 @@ class MessageHandling:
                 (reminder.reminder_id, recipient, notification.notification_id)
             )
             self.stats.notifications += 1
-            self.metrics.notifications.labels(
-                notification.kind.value, notification.recipient_role.value
-            ).inc()
+            batch.sent[notification.kind.value, notification.recipient_role.value] += 1
         batch.handled.add(reminder.reminder_id)
         batch.records.handled.append((reminder.reminder_id, reminder.event_id))
-        self._notified(message, mapped, attempt, ids)
+        self._notified(message, mapped, attempt, where, batch)
         return None
 
     def _seconds_past_start(self, start_at: datetime) -> float | None:
@@ -257,14 +279,20 @@ class MessageHandling:
         return round(past, 3) if past > grace else None
 
     def _notified(
-        self, message: Message, mapped: MappedReminder, attempt: int, ids: dict[str, Any]
+        self,
+        message: Message,
+        mapped: MappedReminder,
+        attempt: int,
+        where: dict[str, Any],
+        batch: _Batch,
     ) -> None:
-        """Count, time and log a reminder whose every recipient has been notified."""
+        """Count, time and log a reminder whose every recipient has been notified (the counters
+        and the INFO line go out with the batch, :meth:`_count`)."""
         reminder = mapped.reminder
         now = datetime.now(UTC)
         self.stats.reminders_notified += 1
-        self.metrics.messages.labels("notified").inc()
-        self.metrics.last_notified.set(now.timestamp())
+        batch.notified += 1
+        batch.last_notified = now.timestamp()
         since_due = kafka_messages.seconds_since(due_at(reminder), now)
         since_message = kafka_messages.seconds_since(kafka_messages.message_time(message), now)
         # Early counts as on time (0): a reminder notified before its DueAt is not late, and a
@@ -276,35 +304,36 @@ class MessageHandling:
         # Warned once per reminder, when it is notified (not on each failed delivery attempt).
         if mapped.time_zone_fallback:
             self.stats.time_zone_fallbacks += 1
-            self.metrics.time_zone_fallbacks.inc()
+            batch.time_zone_fallbacks += 1
         if not mapped.known_kind:
-            self.metrics.unknown_kinds.inc()
+            batch.unknown_kinds += 1
         for warning in mapped.warnings:
             self.stats.warnings += 1
             event(
                 log,
                 logging.WARNING,
                 warning,
-                **ids,
+                **_ids(where, reminder),
                 kind=reminder.kind[:64],
                 time_zone=reminder.time_zone[:64],
             )
-        event(
-            log,
-            logging.INFO,
-            "reminder notified",
-            **ids,
-            notification_kind=str(mapped.notifications[0].kind),
-            recipients=len(mapped.notifications),
-            offset_minutes=reminder.offset_minutes,
-            attempts=attempt,
-            due_to_notified_seconds=since_due,
-            message_to_notified_seconds=since_message,
-        )
+        if log.isEnabledFor(logging.INFO):
+            batch.notified_lines.append(
+                {
+                    **_ids(where, reminder),
+                    "notification_kind": str(mapped.notifications[0].kind),
+                    "recipients": len(mapped.notifications),
+                    "offset_minutes": reminder.offset_minutes,
+                    "attempts": attempt,
+                    "due_to_notified_seconds": since_due,
+                    "message_to_notified_seconds": since_message,
+                }
+            )
 
-    def _check_version(self, message: Message, where: dict[str, Any]) -> None:
-        """Warn on a ContractVersion other than ours; the message is still processed (contract)."""
-        version = kafka_messages.headers(message).get(contract.HEADER_CONTRACT_VERSION)
+    def _check_version(self, found: dict[str, str], where: dict[str, Any]) -> None:
+        """Warn on a ContractVersion other than ours (``found``: the message's headers); the
+        message is still processed (contract)."""
+        version = found.get(contract.HEADER_CONTRACT_VERSION)
         if version is None or version.strip() != str(contract.CONTRACT_VERSION):
             self.stats.warnings += 1
             self.metrics.version_mismatches.inc()
@@ -323,3 +352,13 @@ class MessageHandling:
         """Dead-letter ``message``; None once it is there or refused for good, else the retry."""
         retry_in = self.dead_letters.send(message, reason, error, attempts)
         return None if retry_in is None else Retry(retry_in, read_failed=False)
+
+
+def _ids(where: dict[str, Any], reminder: ReminderDue) -> dict[str, Any]:
+    """A message's identifiers for a log line: its position and headers' ids, and the reminder's."""
+    return {
+        **where,
+        "reminder_id": str(reminder.reminder_id),
+        "event_id": str(reminder.event_id),
+        "tenant_id": str(reminder.tenant_id),
+    }

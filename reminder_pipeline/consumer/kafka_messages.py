@@ -13,8 +13,9 @@ from ..domain import contract
 def headers(message: Message) -> dict[str, str]:
     """The message's headers as text (the last value of a repeated name wins)."""
     result: dict[str, str] = {}
-    for name, value in raw_headers(message):
-        result[name] = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+    for name, value in message.headers() or ():
+        text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+        result[str(name)] = text
     return result
 
 
@@ -30,9 +31,11 @@ def position(message: Message) -> tuple[str, int, int]:
     return topic, partition, offset
 
 
-def where(message: Message) -> dict[str, Any]:
-    """Identifiers of a message for logs: position and the ids the producer put in headers."""
-    found = headers(message)
+def where(message: Message, found: dict[str, str] | None = None) -> dict[str, Any]:
+    """Identifiers of a message for logs: position and the ids the producer put in headers
+    (``found``: the message's :func:`headers`, when the caller has them already)."""
+    if found is None:
+        found = headers(message)
     topic, partition, offset = position(message)
     result: dict[str, Any] = {"topic": topic, "partition": partition, "offset": offset}
     for name, header in (

@@ -18,21 +18,27 @@ retries a bounded number of times and then dead-letters.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
+from functools import lru_cache
 from typing import Any
 
 from ..domain import contract, time_zones
 from .spellings import SpellingError, parse_guid, parse_instant
-from .texts import Locale, reminder_text
+from .texts import Locale, ReminderText, parse_locale, reminder_text
 
 #: Stable namespace for notification ids: the same reminder and recipient give the same id, so a
 #: sink can pass it on as an idempotency key (push providers, mail APIs).
 NOTIFICATION_NAMESPACE = uuid.UUID("0b6f5d0e-3c55-4d39-9a52-7e2d1f0c8a41")
+_NAMESPACE_BYTES = NOTIFICATION_NAMESPACE.bytes
+#: RFC 4122's version (5) and variant bits, as :func:`uuid.uuid5` sets them.
+_NOT_VERSION_VARIANT = ~(0xF000 << 64) & ~(0xC000 << 48)
+_VERSION_5_VARIANT = (5 << 76) | (0x8000 << 48)
 
 #: .NET's ``int``: the contract's type of OffsetMinutes.
 INT32_MAX = 2**31 - 1
@@ -222,6 +228,14 @@ def parse_reminder(raw: bytes | str | None) -> ReminderDue:
     )
 
 
+def notification_id(reminder_id: str, recipient_user_id: uuid.UUID) -> uuid.UUID:
+    """``uuid5(NOTIFICATION_NAMESPACE, "<reminder>/<recipient>")``, computed as :func:`uuid.uuid5`
+    does but without its intermediate objects (two per recipient of every reminder)."""
+    digest = hashlib.sha1(_NAMESPACE_BYTES + f"{reminder_id}/{recipient_user_id}".encode())
+    value = int.from_bytes(digest.digest()[:16], "big")
+    return uuid.UUID(int=(value & _NOT_VERSION_VARIANT) | _VERSION_5_VARIANT)
+
+
 def local_time(start_at: datetime, time_zone: str) -> tuple[datetime, str, bool]:
     """(``start_at`` in ``time_zone``, the zone shown, whether it fell back to UTC).
 
@@ -252,17 +266,20 @@ def recipients(reminder: ReminderDue) -> list[tuple[uuid.UUID, RecipientRole]]:
 
 def notifications_for(reminder: ReminderDue, locale: Locale | str = Locale.EN) -> MappedReminder:
     """The notifications for ``reminder`` in ``locale``; unknown values fall back, with warnings."""
-    local_start, zone, zone_fallback = local_time(reminder.start_at, reminder.time_zone)
-    wording = reminder_text(reminder.kind, reminder.offset_minutes, local_start, zone, locale)
+    locale = locale if isinstance(locale, Locale) else parse_locale(locale)
+    local_start, zone, zone_fallback, wording = _wording(
+        reminder.start_at, reminder.time_zone, reminder.kind, reminder.offset_minutes, locale
+    )
     warnings = []
     if zone_fallback:
         warnings.append(WARNING_TIME_ZONE_FALLBACK)
     if not wording.known_kind:
         warnings.append(WARNING_UNKNOWN_KIND)
     kind = notification_kind(reminder)
+    reminder_id = str(reminder.reminder_id)
     notifications = tuple(
         Notification(
-            notification_id=uuid.uuid5(NOTIFICATION_NAMESPACE, f"{reminder.reminder_id}/{user_id}"),
+            notification_id=notification_id(reminder_id, user_id),
             kind=kind,
             reminder_id=reminder.reminder_id,
             event_id=reminder.event_id,
@@ -278,7 +295,7 @@ def notifications_for(reminder: ReminderDue, locale: Locale | str = Locale.EN) -
             horizon=wording.horizon,
             text=wording.text,
             appointment_id=reminder.appointment_id,
-            locale=Locale(locale),
+            locale=locale,
         )
         for user_id, role in recipients(reminder)
     )
@@ -289,6 +306,18 @@ def notifications_for(reminder: ReminderDue, locale: Locale | str = Locale.EN) -
         known_kind=wording.known_kind,
         time_zone_fallback=zone_fallback,
     )
+
+
+# A burst's reminders share few StartAts, zones, kinds and horizons: the local time and the text
+# are pure functions of those, computed once per distinct combination (errors are not cached).
+@lru_cache(maxsize=4096)
+def _wording(
+    start_at: datetime, time_zone: str, kind: str, offset_minutes: int, locale: Locale
+) -> tuple[datetime, str, bool, ReminderText]:
+    """(local start, zone shown, zone fell back, text) of a reminder; see :func:`local_time`."""
+    local_start, zone, zone_fallback = local_time(start_at, time_zone)
+    text = reminder_text(kind, offset_minutes, local_start, zone, locale)
+    return local_start, zone, zone_fallback, text
 
 
 def due_at(reminder: ReminderDue) -> datetime | None:

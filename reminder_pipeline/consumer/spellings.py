@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
+from functools import lru_cache
 
 _FRACTION = r"(?:[.,](?P<fraction>[0-9]+))?"
 _OFFSET = r"(?P<offset>[Zz]|(?P<sign>[+-])(?P<oh>[0-9]{2})(?::?(?P<om>[0-9]{2}))?)"
@@ -51,6 +52,12 @@ def parse_instant(value: object) -> datetime:
     """The UTC instant of an ISO-8601 date-time with an offset; :class:`SpellingError` if none."""
     if not isinstance(value, str):
         raise SpellingError(f"is a {type(value).__name__}, not an ISO-8601 date-time string")
+    return _instant(value)
+
+
+# A burst's reminders share few StartAts: each spelling is read once (a refusal is not cached).
+@lru_cache(maxsize=4096)
+def _instant(value: str) -> datetime:
     match = _EXTENDED.fullmatch(value) or _BASIC.fullmatch(value)
     if match is None:
         raise SpellingError(f"{_quote(value)} is not an ISO-8601 date-time with a UTC offset")

@@ -13,16 +13,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reminder_pipeline.consumer.notifications import (
+    NOTIFICATION_NAMESPACE,
     WARNING_TIME_ZONE_FALLBACK,
     WARNING_UNKNOWN_KIND,
     IncompatibleMessage,
     MessageProblem,
     NotificationKind,
     RecipientRole,
+    local_time,
     notifications_for,
     parse_reminder,
 )
-from reminder_pipeline.consumer.texts import horizon_en
+from reminder_pipeline.consumer.texts import Locale, horizon_en, reminder_text
 from reminder_pipeline.domain import contract
 from reminder_pipeline.domain.model import DueReminder
 from reminder_pipeline.domain.payload import build_payload
@@ -302,3 +304,41 @@ def test_any_valid_payload_maps_without_failing(
     assert mapped.notifications[0].recipient_role is RecipientRole.OWNER
     assert len(mapped.notifications) == 1 + client
     assert all(n.text and n.horizon for n in mapped.notifications)
+
+
+def test_the_notification_id_is_uuid5_of_reminder_and_recipient() -> None:
+    """The channel's idempotency key: computed without uuid.uuid5, it must stay its exact value."""
+    for _ in range(200):
+        data = payload(ClientUserId=str(uuid.uuid4()))
+        mapped = notifications_for(parse_reminder(raw(data)))
+        for notification in mapped.notifications:
+            name = f"{data['ReminderId']}/{notification.recipient_user_id}"
+            assert notification.notification_id == uuid.uuid5(NOTIFICATION_NAMESPACE, name)
+            assert notification.notification_id.version == 5
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    kind=st.sampled_from(["Meeting", "meeting", "Showing", "Lunch"]),
+    zone=st.sampled_from(["Europe/Moscow", "Asia/Tokyo", "UTC", "Mars/Olympus", "localtime"]),
+    offset=st.sampled_from([0, 1, 60, 90, 1440, 10080]),
+    start=st.sampled_from(["2026-11-30T10:00:00Z", "2026-11-30T13:00:00+03:00", "20261130T1000Z"]),
+    locale=st.sampled_from(list(Locale)),
+)
+def test_texts_read_again_from_the_cache_are_the_ones_computed_afresh(
+    kind: str, zone: str, offset: int, start: str, locale: Locale
+) -> None:
+    """A burst shares StartAts, zones and kinds: what is computed once per distinct value (the
+    instant, the local time, the text) is what the uncached functions give for each reminder."""
+    reminder = parse_reminder(
+        raw(payload(Kind=kind, TimeZone=zone, OffsetMinutes=offset, StartAt=start))
+    )
+    mapped = notifications_for(reminder, locale)
+    local_start, shown, fallback = local_time(reminder.start_at, zone)
+    expected = reminder_text(kind, offset, local_start, shown, locale)
+    (notification,) = mapped.notifications
+    assert reminder.start_at == datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
+    assert (notification.text, notification.horizon) == (expected.text, expected.horizon)
+    assert (notification.local_start, notification.time_zone) == (local_start, shown)
+    assert notification.local_start.utcoffset() == local_start.utcoffset()
+    assert mapped.time_zone_fallback is fallback and notification.locale is locale
