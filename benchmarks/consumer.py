@@ -93,25 +93,35 @@ def dedup_database(admin_url: str) -> Iterator[str]:
             conn.execute(f'DROP ROLE IF EXISTS "{login}"')
 
 
+def start_in_an_hour() -> str:
+    """The StartAt of the benchmark's messages: an hour from now, so none is dropped as passed."""
+    return (datetime.now(UTC) + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def contract_value(i: int, start: str) -> dict[str, Any]:
+    """The ``i``-th benchmark message's value: the contract's fields, a client on every other."""
+    return {
+        "ReminderId": str(uuid.uuid4()),
+        "EventId": str(uuid.uuid4()),
+        "TenantId": str(uuid.uuid4()),
+        "OwnerUserId": str(uuid.uuid4()),
+        "ClientUserId": str(uuid.uuid4()) if i % 2 else None,
+        "Kind": "Meeting",
+        "StartAt": start,
+        "TimeZone": "Europe/Moscow",
+        "OffsetMinutes": 60,
+        "AppointmentId": None,
+    }
+
+
 def fill_topic(kafka: KafkaSettings, topic: str, count: int) -> None:
     """``count`` contract messages on ``topic`` (due now, starting in an hour)."""
     ensure_topic(kafka, topic=topic)
     producer = Producer({**kafka.client_config(), "linger.ms": 20, "enable.idempotence": True})
-    start = (datetime.now(UTC) + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    start = start_in_an_hour()
     for i in range(count):
-        reminder_id, event_id = str(uuid.uuid4()), str(uuid.uuid4())
-        value = {
-            "ReminderId": reminder_id,
-            "EventId": event_id,
-            "TenantId": str(uuid.uuid4()),
-            "OwnerUserId": str(uuid.uuid4()),
-            "ClientUserId": str(uuid.uuid4()) if i % 2 else None,
-            "Kind": "Meeting",
-            "StartAt": start,
-            "TimeZone": "Europe/Moscow",
-            "OffsetMinutes": 60,
-            "AppointmentId": None,
-        }
+        value = contract_value(i, start)
+        reminder_id, event_id = value["ReminderId"], value["EventId"]
         headers = list(contract.headers(reminder_id, None).items())
         while True:
             try:

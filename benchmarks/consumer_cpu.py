@@ -27,12 +27,12 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from confluent_kafka import TIMESTAMP_CREATE_TIME, Message
 
+from benchmarks.consumer import contract_value, start_in_an_hour
 from reminder_pipeline import logs
 from reminder_pipeline.consumer.dead_letters import DeadLetters
 from reminder_pipeline.consumer.dedup import SqliteDedupStore
@@ -45,23 +45,12 @@ from reminder_pipeline.domain import contract
 
 def messages(count: int, partition: int = 0) -> list[Message]:
     """``count`` contract messages as ``benchmarks.consumer`` produces them (half with a client)."""
-    start = (datetime.now(UTC) + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    start = start_in_an_hour()
     now_ms = int(time.time() * 1000)
     result = []
     for i in range(count):
-        reminder_id, event_id = str(uuid.uuid4()), str(uuid.uuid4())
-        value = {
-            "ReminderId": reminder_id,
-            "EventId": event_id,
-            "TenantId": str(uuid.uuid4()),
-            "OwnerUserId": str(uuid.uuid4()),
-            "ClientUserId": str(uuid.uuid4()) if i % 2 else None,
-            "Kind": "Meeting",
-            "StartAt": start,
-            "TimeZone": "Europe/Moscow",
-            "OffsetMinutes": 60,
-            "AppointmentId": None,
-        }
+        value = contract_value(i, start)
+        reminder_id, event_id = value["ReminderId"], value["EventId"]
         headers: list[tuple[str, str | bytes | None]] = [
             (k, v.encode()) for k, v in contract.headers(reminder_id, None).items()
         ]

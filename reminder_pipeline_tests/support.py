@@ -499,3 +499,17 @@ def insert_as_another_writer(conn: sa.Connection, spec: dict[str, Any]) -> uuid.
         {"id": reminder_id, "event": event_id, "offset": spec["offset"], "due": due_value},
     )
     return reminder_id
+
+
+def read_until(proc: subprocess.Popen, needle: str, timeout: float) -> list[str]:
+    """A child's stdout lines up to the first holding ``needle``; fails naming what it printed."""
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line.rstrip())
+        if needle in line:
+            return lines
+    raise AssertionError(f"{needle!r} not printed within {timeout:.0f}s: {lines}")

@@ -22,7 +22,7 @@ import urllib.request
 
 import pytest
 
-from ..support import up_env
+from ..support import read_until, up_env
 from .ui import chromium_path, shoot_asset_checks
 
 pytestmark = pytest.mark.slow
@@ -60,19 +60,6 @@ def _graphql(ui: str, query: str) -> dict:
     return payload["data"]
 
 
-def _read_until(proc: subprocess.Popen, needle: str, timeout: float) -> list[str]:
-    lines: list[str] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line.rstrip())
-        if needle in line:
-            return lines
-    raise AssertionError(f"{needle!r} not printed within {timeout:.0f}s: {lines}")
-
-
 def _checks(ui: str) -> tuple[str | None, dict[str, dict | None]]:
     """The latest materialization's run id and each check's execution for it (None: blank)."""
     [node] = _graphql(ui, CHECKS_QUERY)["assetNodes"]
@@ -97,7 +84,7 @@ def test_up_with_its_demo_shows_every_check_green_and_never_blank(tmp_path, arti
         start_new_session=True,
     )
     try:
-        lines = _read_until(proc, "Watch reminders arrive:", timeout=UP_TIMEOUT)
+        lines = read_until(proc, "Watch reminders arrive:", timeout=UP_TIMEOUT)
         ui = next(line for line in lines if line.startswith("Dagster UI:")).split()[2]
         database = next(line for line in lines if line.startswith("Database:"))
         assert f"postgresql://postgres@127.0.0.1:{env['REMINDER_EMBEDDED_PG_PORT']}/calendar" in (

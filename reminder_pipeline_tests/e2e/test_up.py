@@ -10,33 +10,19 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import psutil
 import pytest
 
-from ..support import up_env
+from ..support import read_until, up_env
 
 pytestmark = pytest.mark.slow
 
 
 def _env(home: Path) -> dict[str, str]:
     return up_env(home)
-
-
-def _read_until(proc: subprocess.Popen, needle: str, timeout: float) -> list[str]:
-    lines: list[str] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line.rstrip())
-        if needle in line:
-            return lines
-    raise AssertionError(f"{needle!r} not printed within {timeout:.0f}s: {lines}")
 
 
 def test_up_runs_everything_and_ctrl_c_stops_it(tmp_path):
@@ -52,7 +38,7 @@ def test_up_runs_everything_and_ctrl_c_stops_it(tmp_path):
         start_new_session=True,
     )
     try:
-        lines = _read_until(proc, "Dagster UI:", timeout=240)
+        lines = read_until(proc, "Dagster UI:", timeout=240)
         first = next(line for line in lines if line.startswith("first dispatch cycle:"))
         assert "sent=" in first and "published=" in first
         sent = int(first.split("sent=")[1].split()[0])
