@@ -3,12 +3,14 @@
 ``up`` runs in a subprocess with its own home and free ports, its progress on every poll. The
 signal (SIGINT, SIGTERM or SIGHUP) is sent at one point of the start per case: at a line it
 prints (the servers starting, the first cycle done, polls of the wait for Dagster), or some
-seconds after one. (The wait's last line, "code location ... loaded", is past the start's last
-checkpoint: a signal then is the clean stop, exit 0, ``test_up_stops.py``.) Most cases start ``up`` the way a shell starts a background
-job, with SIGINT and SIGTERM inherited *ignored* (and Dagster's in-process runs map SIGTERM onto
-SIGINT's disposition, so a test session may hand both on): a signal must stop it all the same.
-Afterwards no process of that home runs (the Dagster processes and code servers, the guard, the
-embedded PostgreSQL and broker), awaited with a generous deadline, not slept for.
+seconds after one. A timed point may fall past the start on a quick machine: then the output
+shows the start's end before the stop, and the exit is the clean stop's 0. (The wait's last
+line, "code location ... loaded", is past the start's last checkpoint: a signal then is the
+clean stop, exit 0, ``test_up_stops.py``.) Most cases start ``up`` the way a shell starts a
+background job, with SIGINT and SIGTERM inherited *ignored* (and Dagster's in-process runs map
+SIGTERM onto SIGINT's disposition, so a test session may hand both on): a signal must stop it
+all the same. Afterwards no process of that home runs (the Dagster processes and code servers,
+the guard, the embedded PostgreSQL and broker), awaited with a generous deadline, not slept for.
 """
 
 from __future__ import annotations
@@ -115,8 +117,13 @@ def test_a_stop_signal_at_any_moment_of_the_start_stops_everything_and_exits_130
         started = psutil.Process(proc.pid).children(recursive=True)
         proc.send_signal(sig)
         out, _ = proc.communicate(timeout=GONE_SECONDS + 60)
-        assert proc.returncode == EXIT_INTERRUPTED, "".join(seen[-20:]) + out
-        assert "Dagster UI:" not in out
+        if delay and "Dagster UI:" in out.partition("stopping...")[0]:
+            # A point in time, not a line: on a quick machine the start was over before the
+            # signal came, so this was the clean stop of a running stack (exit 0).
+            assert proc.returncode == 0, "".join(seen[-20:]) + out
+        else:
+            assert proc.returncode == EXIT_INTERRUPTED, "".join(seen[-20:]) + out
+            assert "Dagster UI:" not in out
         if "Dagster" in line:  # up stopped Dagster itself, in order (librdkafka's lines: "%")
             ours = [t for t in out.splitlines() if t.strip() and not t.startswith("%")]
             assert ours[-1] == "stopped", out
