@@ -73,8 +73,9 @@ POINTS = [
     ("reminder-pipeline: starting under", 1, 6.0, signal.SIGHUP, True),
     ("first dispatch cycle:", 1, 0.0, signal.SIGTERM, True),
     ("reminder-pipeline: waiting for Dagster: webserver", 1, 0.0, signal.SIGINT, True),
-    ("reminder-pipeline: waiting for Dagster: webserver", 8, 0.0, signal.SIGTERM, True),
-    ("reminder-pipeline: waiting for Dagster: webserver", 16, 0.0, signal.SIGHUP, True),
+    # Polls are 0.25 s apart; a quiet machine's webserver answers after ~15 of them.
+    ("reminder-pipeline: waiting for Dagster: webserver", 4, 0.0, signal.SIGTERM, True),
+    ("reminder-pipeline: waiting for Dagster: webserver", 8, 0.0, signal.SIGHUP, True),
     # The plain case: dispositions as a terminal gives them, Ctrl-C while Dagster loads.
     ("reminder-pipeline: waiting for Dagster:", 1, 0.0, signal.SIGINT, False),
 ]
