@@ -19,11 +19,13 @@ from .memory import young_generation
 from .records import Progress
 
 CLOCK_SKEW_WARN_SECONDS = ledger.CLOCK_SKEW_WARN_SECONDS
-#: Rows a drain may have handed to its relay and not yet published: ten batches of 1,000, or
-#: fifty of 200 (the relay publishes what queued up in rounds of its batch size; ~12 MB at
-#: most). Enough that a fresh idempotent producer (ready 0.5-1 s after it is created: librdkafka
-#: waits for its producer id) does not hold the first batches of a drain back.
-RELAY_QUEUE_ROWS = 10_000
+#: Rows a drain may have handed to its relay and not yet published: twenty batches of 1,000, or
+#: a hundred of 200 (the relay publishes what queued up in rounds of its batch size; ~25 MB at
+#: most). Enough that a fresh idempotent producer does not hold the first batches of a drain
+#: back: it is ready 0.5 or 1.0 s after it is created (librdkafka replaces the bootstrap broker
+#: by the one the metadata names and asks for the producer id on its next 500 ms timer tick),
+#: i.e. up to ~15,000 rows of a drain; a run creates its producer when it starts.
+RELAY_QUEUE_ROWS = 20_000
 
 
 def drain(
