@@ -50,7 +50,7 @@ from .stack_record import StackRecord
 # Named, not __name__: the guard runs this module as __main__.
 log = logging.getLogger("reminder_pipeline.local.dagster_processes")
 
-#: The instance config shipped in the package; identical to the repository's root dagster.yaml.
+#: The instance config shipped in the package (its only copy; the image copies it too).
 INSTANCE_YAML = Path(__file__).parents[1] / "dagster_instance.yaml"
 #: The workspace shipped in the package; identical to the repository's root workspace.yaml.
 WORKSPACE_YAML = Path(__file__).parents[1] / "dagster_workspace.yaml"
