@@ -48,8 +48,8 @@ from ..domain import contract
 from ..logs import FoldingJournal
 from ..operator_jobs import republish
 from .config import CheckedConfig, checked
-from .jobs import CONCURRENCY_TAG, KIND_TAG
-from .limits import refuse_overridden_limits
+from .jobs import KIND_TAG
+from .limits import CONCURRENCY_TAG, refuse_overridden_limits
 from .resources import KafkaResource, PostgresResource
 
 #: Run tags Dagster sets (documented tag names; no public constant for them).
@@ -222,7 +222,7 @@ def _republished_metadata(
         "dagster/max_runtime": str(REPUBLISH_MAX_RUNTIME_SECONDS),
     },
 )
-def reminder_republish():
+def reminder_republish() -> None:
     """One step: the day's re-publish."""
     republish_day()
 

@@ -63,6 +63,10 @@ ROOT_RUN_ID_TAG = "dagster/root_run_id"
 FINISHED_BACKFILL_STATUSES = frozenset(
     {"COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CANCELED"}
 )
+#: Why an old finished run is kept (RetentionReport's runs_kept_* counts).
+KEEP_REASONS = ("in_use", "backfill", "group_recent")
+#: A report's field: plain values, which Dagster shows (and plots) as metadata of their own type.
+MetadataScalar = int | float | bool | str
 
 
 @dataclass(frozen=True)
@@ -87,7 +91,7 @@ class RetentionReport:
     #: Kept because their files could not be deleted (each logged with its run id).
     runs_undeletable: int = 0
 
-    def fields(self) -> dict[str, object]:
+    def fields(self) -> dict[str, MetadataScalar]:
         """The counts as flat log/metadata fields (the cutoff as ISO text)."""
         values = asdict(self)
         values["cutoff"] = self.cutoff.isoformat()
@@ -280,10 +284,6 @@ def runs_in_use(instance: DagsterInstance, own_run_id: str | None = None) -> fro
         if run.parent_run_id:
             ids.add(run.parent_run_id)
     return frozenset(ids)
-
-
-#: Why an old finished run is kept (RetentionReport's runs_kept_* counts).
-KEEP_REASONS = ("in_use", "backfill", "group_recent")
 
 
 def keep_reason(
