@@ -35,7 +35,7 @@ from .defs.sensors import reminder_dispatch_failure_ledger, reminder_health_sens
 from .defs.trace import reminder_trace
 
 
-def build_resources() -> dict:
+def build_resources() -> dict[str, PostgresResource | KafkaResource]:
     """The resources from the environment (the same variable names as the CLI)."""
     return {
         "postgres": PostgresResource(database_url=EnvVar("DATABASE_URL")),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 from click.core import ParameterSource
@@ -54,7 +54,13 @@ def given_as(name: str) -> str:
     return _given_as(param, ctx)
 
 
-class Checked(click.ParamType):
+if TYPE_CHECKING:
+    _ParamType = click.ParamType[Any, Any]  # generic in click 8.5's types, not before at runtime
+else:
+    _ParamType = click.ParamType
+
+
+class Checked(_ParamType):
     """A click type that converts through one of :mod:`reminder_pipeline.config`'s validators."""
 
     def __init__(self, check: Callable[[object, str], Any], metavar: str) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from ..config import mask_url
@@ -63,7 +65,7 @@ def services_status(as_json: bool) -> int:
     settings = load_settings()
     pg, broker = embedded_postgres(settings), embedded_broker(settings)
     stack = StackRecord(settings.home).running()
-    data = {
+    data: dict[str, dict[str, Any]] = {
         "postgres": {
             "running": pg.is_running(),
             "url": mask_url(pg.url()),

@@ -10,7 +10,7 @@ the CLI and the environment give, before a run exists (Launchpad, GraphQL, sched
 import uuid
 from collections.abc import Callable, Mapping
 from functools import partial
-from typing import Any, ClassVar, Literal, Optional
+from typing import Any, ClassVar, Literal, Optional, TypeVar
 
 import pydantic
 from dagster import Config, ConfigMapping, DagsterInvalidConfigError, OpDefinition
@@ -58,24 +58,30 @@ def describe_validation_error(error: pydantic.ValidationError) -> str:
     return "; ".join(parts)
 
 
-def checked(job_name: str, config_cls: type[Config], values: Mapping[str, Any]) -> Config:
+C = TypeVar("C", bound=Config)
+
+
+def _refused(job_name: str, reason: str, values: Mapping[str, Any]) -> DagsterInvalidConfigError:
+    """The job's one-line refusal (Dagster leaves this error's constructor unannotated)."""
+    return DagsterInvalidConfigError(  # type: ignore[no-untyped-call]
+        f"{job_name} run config refused: {reason}", [], dict(values)
+    )
+
+
+def checked(job_name: str, config_cls: type[C], values: Mapping[str, Any]) -> C:
     """``values`` as ``config_cls``, or the job's one-line refusal."""
     if issubclass(config_cls, CheckedConfig) and not config_cls.checked_when_built:
         # Built unchecked by Dagster (a partitioned job's op): the same checks, the same line.
         try:
             values = config_cls.apply_checks(values)
         except ValueError as error:
-            raise DagsterInvalidConfigError(
-                f"{job_name} run config refused: {error}", [], dict(values)
-            ) from None
+            raise _refused(job_name, str(error), values) from None
     try:
         return config_cls(**values)
     except pydantic.ValidationError as error:
         # A DagsterError crosses Dagster's user-code boundary unwrapped: the Launchpad shows this
         # line instead of "the config mapping function has thrown an unexpected error".
-        raise DagsterInvalidConfigError(
-            f"{job_name} run config refused: {describe_validation_error(error)}", [], dict(values)
-        ) from None
+        raise _refused(job_name, describe_validation_error(error), values) from None
 
 
 def validated(job_name: str, config_cls: type[Config], op_def: OpDefinition) -> ConfigMapping:

@@ -38,7 +38,7 @@ CATCH_UP_MAX_RUNTIME_SECONDS = 285
 
 
 @graph(description="select_due_batch → resolve_event_status → transition_and_outbox → relay_outbox")
-def dispatch_cycle():
+def dispatch_cycle() -> None:
     """The design's cycle as four steps."""
     relay_outbox(transition_and_outbox(resolve_event_status(select_due_batch())))
 
@@ -88,7 +88,7 @@ reminder_health_checks = define_asset_job(
     executor_def=in_process_executor,
     tags={KIND_TAG: "operator", "dagster/max_runtime": "60"},
 )
-def reminder_poison_rows():
+def reminder_poison_rows() -> None:
     """One step: the operator's action."""
     poison_rows()
 
@@ -101,6 +101,6 @@ def reminder_poison_rows():
     executor_def=in_process_executor,
     tags={KIND_TAG: "maintenance", "dagster/max_runtime": "300"},
 )
-def outbox_retention():
+def outbox_retention() -> None:
     """One step: the purge."""
     purge_outbox()

@@ -11,10 +11,11 @@ dispatch (status predicates, SKIP LOCKED, small batches), so neither waits for t
 import logging
 import time
 import uuid
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
-from dagster import Failure, MetadataValue, Output, op
+from dagster import Failure, MetadataValue, OpExecutionContext, Output, op
 
 from ..logs import FoldingJournal
 from ..operator_jobs import outbox_retention as retention
@@ -38,7 +39,9 @@ def markdown_table(rows: list[dict[str, Any]], columns: tuple[str, ...] = _COLUM
     )
 
 
-def _change_many(context, config: PoisonConfig, postgres: PostgresResource) -> Output:
+def _change_many(
+    context: OpExecutionContext, config: PoisonConfig, postgres: PostgresResource
+) -> Output[dict[str, Any]]:
     """A filter's retry / skip (or its dry run): the rows as the output and a table."""
     selected = poison.PoisonFilter(
         event_id=uuid.UUID(config.event_id) if config.event_id else None,
@@ -71,7 +74,9 @@ def _change_many(context, config: PoisonConfig, postgres: PostgresResource) -> O
     description="List poison rows, or retry / skip one or those a filter takes (a dry run "
     "first), in one transaction; each action logged."
 )
-def poison_rows(context, config: PoisonConfig, postgres: PostgresResource):
+def poison_rows(
+    context: OpExecutionContext, config: PoisonConfig, postgres: PostgresResource
+) -> Iterator[Output[Any]]:
     """The operator's action; its result is the output (and its metadata)."""
     with FoldingJournal(context.log) as journal:
         if config.action == "list":
@@ -91,6 +96,8 @@ def poison_rows(context, config: PoisonConfig, postgres: PostgresResource):
         if config.filtered:
             yield _change_many(context, config, postgres)
             return
+        # PoisonConfig's validator: a retry or skip without a filter names its reminder.
+        assert config.reminder_id is not None
         # The run's launcher is not known to the run worker: the run id (and its tags) say who.
         done = poison.change(
             postgres.engine,
@@ -114,7 +121,9 @@ def poison_rows(context, config: PoisonConfig, postgres: PostgresResource):
     description="Delete published outbox rows older than the retention, in small batches; "
     "never unpublished ones."
 )
-def purge_outbox(context, config: RetentionConfig, postgres: PostgresResource):
+def purge_outbox(
+    context: OpExecutionContext, config: RetentionConfig, postgres: PostgresResource
+) -> Iterator[Output[int]]:
     """Outbox retention; ``deleted_count`` in the output metadata."""
     started = time.monotonic()
     deleted = retention.purge_published(

@@ -9,7 +9,20 @@ nothing for rows that were sent, skipped or cancelled since (docs/design.md).
 
 # No ``from __future__ import annotations``: Dagster reads the ops' annotations when defining them.
 
-from dagster import AssetMaterialization, DagsterType, Failure, MetadataValue, Out, Output, op
+from collections.abc import Iterator
+from typing import Any
+
+from dagster import (
+    AssetCheckEvaluation,
+    AssetMaterialization,
+    DagsterType,
+    Failure,
+    MetadataValue,
+    OpExecutionContext,
+    Out,
+    Output,
+    op,
+)
 
 from .. import cycle
 from ..config import ConfigError
@@ -59,7 +72,9 @@ CYCLE_REPORT = _step_record(
     description="Due Pending rows, oldest first, reserved for this run in a "
     "short transaction (FOR UPDATE SKIP LOCKED).",
 )
-def select_due_batch(context, config: CycleConfig, postgres: PostgresResource) -> dict:
+def select_due_batch(
+    context: OpExecutionContext, config: CycleConfig, postgres: PostgresResource
+) -> dict[str, Any]:
     """Step 1: the due rows this run takes; concurrent runs take disjoint batches."""
     refuse_overridden_limits(context)
     with FoldingJournal(context.log) as journal:
@@ -89,7 +104,9 @@ def select_due_batch(context, config: CycleConfig, postgres: PostgresResource) -
     description="Send for a Planned/InProgress event, skip for Cancelled/"
     "Completed, from the events' status now (a preview).",
 )
-def resolve_event_status(context, selection: dict, postgres: PostgresResource) -> dict:
+def resolve_event_status(
+    context: OpExecutionContext, selection: dict[str, Any], postgres: PostgresResource
+) -> dict[str, Any]:
     """Step 2: the decision per row; the writing step decides again on what it reads under lock."""
     decided = cycle.preview(postgres.engine, selection["ids"])
     context.log.info(
@@ -105,8 +122,11 @@ def resolve_event_status(context, selection: dict, postgres: PostgresResource) -
     "outbox row per Sent, in one transaction; drain on if configured.",
 )
 def transition_and_outbox(
-    context, decisions: dict, postgres: PostgresResource, kafka: KafkaResource
-) -> dict:
+    context: OpExecutionContext,
+    decisions: dict[str, Any],
+    postgres: PostgresResource,
+    kafka: KafkaResource,
+) -> dict[str, Any]:
     """Step 3: write the batch; with ``max_batches`` > 1 keep draining, publishing as it goes."""
     refuse_overridden_limits(context)
     with FoldingJournal(context.log) as journal:
@@ -127,7 +147,12 @@ def transition_and_outbox(
     description="Publish unpublished outbox rows to Kafka, measure the backlog, "
     "record the run's figures on the asset and evaluate its checks.",
 )
-def relay_outbox(context, written: dict, postgres: PostgresResource, kafka: KafkaResource):
+def relay_outbox(
+    context: OpExecutionContext,
+    written: dict[str, Any],
+    postgres: PostgresResource,
+    kafka: KafkaResource,
+) -> Iterator[AssetCheckEvaluation | AssetMaterialization | Output[dict[str, Any]]]:
     """Step 4: relay, then one materialization of the dispatcher and its checks; Failure if
     Kafka failed."""
     refuse_overridden_limits(context)

@@ -48,8 +48,8 @@ from ..domain import contract
 from ..logs import FoldingJournal
 from ..operator_jobs import republish
 from .config import CheckedConfig, checked
-from .jobs import CONCURRENCY_TAG, KIND_TAG
-from .limits import refuse_overridden_limits
+from .jobs import KIND_TAG
+from .limits import CONCURRENCY_TAG, refuse_overridden_limits
 from .resources import KafkaResource, PostgresResource
 
 #: Run tags Dagster sets (documented tag names; no public constant for them).
@@ -177,26 +177,31 @@ def republish_day(
             asset_key=REPUBLISH_ASSET_KEY,
             partition=context.partition_key,
             description=f"{report.republished} messages due on {day} re-published",
-            metadata={
-                "republished_count": MetadataValue.int(report.republished),
-                "unpublished_count": MetadataValue.int(report.unpublished),
-                # Left out because they no longer hold (the event cancelled, moved, completed).
-                "not_republished_count": MetadataValue.int(sum(report.not_republished.values())),
-                **{
-                    f"not_republished_{reason}": MetadataValue.int(
-                        report.not_republished.get(reason, 0)
-                    )
-                    for reason in republish.STALE_REASONS
-                },
-                "chunks": MetadataValue.int(report.chunks),
-                "duration_ms": MetadataValue.int(report.duration_ms),
-                "first_outbox_id": MetadataValue.int(report.first_outbox_id or 0),
-                "last_outbox_id": MetadataValue.int(report.last_outbox_id or 0),
-                "retention_hours": MetadataValue.float(float(config.retention_hours)),
-                "backfill_id": MetadataValue.text(requester.backfill_id or ""),
-            },
+            metadata=_republished_metadata(report, config, requester),
         )
     )
+
+
+def _republished_metadata(
+    report: republish.RepublishReport, config: RepublishConfig, requester: republish.Requester
+) -> dict[str, MetadataValue[Any]]:
+    """The day's counts on its materialization of ``calendar/reminder_due_republished``."""
+    return {
+        "republished_count": MetadataValue.int(report.republished),
+        "unpublished_count": MetadataValue.int(report.unpublished),
+        # Left out because they no longer hold (the event cancelled, moved, completed).
+        "not_republished_count": MetadataValue.int(sum(report.not_republished.values())),
+        **{
+            f"not_republished_{reason}": MetadataValue.int(report.not_republished.get(reason, 0))
+            for reason in republish.STALE_REASONS
+        },
+        "chunks": MetadataValue.int(report.chunks),
+        "duration_ms": MetadataValue.int(report.duration_ms),
+        "first_outbox_id": MetadataValue.int(report.first_outbox_id or 0),
+        "last_outbox_id": MetadataValue.int(report.last_outbox_id or 0),
+        "retention_hours": MetadataValue.float(float(config.retention_hours)),
+        "backfill_id": MetadataValue.text(requester.backfill_id or ""),
+    }
 
 
 @job(
@@ -217,7 +222,7 @@ def republish_day(
         "dagster/max_runtime": str(REPUBLISH_MAX_RUNTIME_SECONDS),
     },
 )
-def reminder_republish():
+def reminder_republish() -> None:
     """One step: the day's re-publish."""
     republish_day()
 

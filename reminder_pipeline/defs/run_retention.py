@@ -10,7 +10,7 @@ database, so it carries no dispatch concurrency tag.
 
 # No ``from __future__ import annotations``: Dagster reads the op's annotations at definition time.
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import timedelta
 from typing import Any, ClassVar
 
@@ -34,6 +34,7 @@ from ..logs import line
 from . import run_retention_pass as run_retention
 from .config import CheckedConfig, validated
 from .jobs import KIND_TAG
+from .run_retention_pass import MetadataScalar
 
 RUN_RETENTION_JOB_NAME = "dagster_run_retention"
 #: Run monitoring fails the run past this; the budget's upper bound leaves two minutes for the
@@ -71,7 +72,9 @@ class RunRetentionConfig(CheckedConfig):
 
 
 @op(description="Delete old finished runs with their event logs, step outputs and compute logs.")
-def delete_old_runs(context: OpExecutionContext, config: RunRetentionConfig):
+def delete_old_runs(
+    context: OpExecutionContext, config: RunRetentionConfig
+) -> Iterator[Output[dict[str, MetadataScalar]]]:
     """One retention pass over this instance; its counts as output metadata and a log line."""
     run_retention.pool_connections(context.instance)
     report = run_retention.purge_runs(
@@ -105,7 +108,7 @@ def delete_old_runs(context: OpExecutionContext, config: RunRetentionConfig):
     executor_def=in_process_executor,
     tags={KIND_TAG: "maintenance", "dagster/max_runtime": str(RUN_RETENTION_MAX_RUNTIME_SECONDS)},
 )
-def dagster_run_retention():
+def dagster_run_retention() -> None:
     """One step: the retention pass."""
     delete_old_runs()
 
@@ -119,7 +122,7 @@ def dagster_run_retention():
     default_status=DefaultScheduleStatus.RUNNING,
     description="Daily run retention with the defaults (keep 14 days); skipped while one runs.",
 )
-def dagster_run_retention_schedule(context: ScheduleEvaluationContext):
+def dagster_run_retention_schedule(context: ScheduleEvaluationContext) -> RunRequest | SkipReason:
     """A run a day, or a SkipReason naming the retention run still in flight."""
     in_flight = context.instance.get_run_records(
         filters=RunsFilter(

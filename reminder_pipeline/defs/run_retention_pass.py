@@ -33,7 +33,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -63,6 +63,10 @@ ROOT_RUN_ID_TAG = "dagster/root_run_id"
 FINISHED_BACKFILL_STATUSES = frozenset(
     {"COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CANCELED"}
 )
+#: Why an old finished run is kept (RetentionReport's runs_kept_* counts).
+KEEP_REASONS = ("in_use", "backfill", "group_recent")
+#: A report's field: plain values, which Dagster shows (and plots) as metadata of their own type.
+MetadataScalar = int | float | bool | str
 
 
 @dataclass(frozen=True)
@@ -87,7 +91,7 @@ class RetentionReport:
     #: Kept because their files could not be deleted (each logged with its run id).
     runs_undeletable: int = 0
 
-    def fields(self) -> dict[str, object]:
+    def fields(self) -> dict[str, MetadataScalar]:
         """The counts as flat log/metadata fields (the cutoff as ISO text)."""
         values = asdict(self)
         values["cutoff"] = self.cutoff.isoformat()
@@ -103,6 +107,22 @@ def cutoff_for(keep: timedelta, now: datetime | None = None) -> datetime:
 def old_finished_runs(cutoff: datetime) -> RunsFilter:
     """The runs retention deletes: finished, created before ``cutoff``."""
     return RunsFilter(statuses=list(FINISHED_STATUSES), created_before=cutoff)
+
+
+@dataclass
+class _Tally:
+    """What a pass has done so far (the counts of its :class:`RetentionReport`)."""
+
+    deleted: int = 0
+    directories: int = 0
+    size: int = 0
+    batches: int = 0
+    undeletable: int = 0
+    kept: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KEEP_REASONS, 0))
+    #: Ascending ids, so each batch is the oldest left. Deleted runs never come back; only runs
+    #: kept would, so the cursor moves past the last of them (a run that still exists).
+    cursor: str | None = None
+    exhausted: bool = False
 
 
 def purge_runs(
@@ -129,74 +149,29 @@ def purge_runs(
     deadline = started + budget_seconds
     cutoff = cutoff_for(keep, now)
     selection = old_finished_runs(cutoff)
-    deleted = dirs = size = batches = undeletable = 0
-    kept = dict.fromkeys(KEEP_REASONS, 0)
-    # Ascending ids, so each batch is the oldest left. Deleted runs never come back; only runs
-    # kept in use would, so the cursor moves past the last of them (a run that still exists).
-    cursor: str | None = None
-    exhausted = False
+    tally = _Tally()
     next_progress = started + _PROGRESS_EVERY_SECONDS
-    while not exhausted:
+    while not tally.exhausted:
         if clock() >= deadline:
-            exhausted = True
+            tally.exhausted = True
             break
         records = instance.get_run_records(
-            filters=selection, limit=batch_size, ascending=True, cursor=cursor
+            filters=selection, limit=batch_size, ascending=True, cursor=tally.cursor
         )
         if not records:
             break
-        batches += 1
+        tally.batches += 1
         for record in records:
-            run = record.dagster_run
             if clock() >= deadline:
-                exhausted = True
+                tally.exhausted = True
                 break
-            reason = keep_reason(instance, run, cutoff, own_run_id)  # just before the delete
-            if reason is not None:
-                kept[reason] += 1
-                cursor = run.run_id
-                continue
-            try:
-                removed, removed_bytes = remove_run_files(instance, run.run_id)
-            except OSError as error:
-                undeletable += 1
-                cursor = run.run_id
-                event(
-                    log,
-                    logging.WARNING,
-                    "dagster run files not deletable; run kept",
-                    run_id=own_run_id,
-                    kept_run_id=run.run_id,
-                    error_kind=type(error).__name__,
-                    error=str(error),
-                )
-                continue
-            instance.delete_run(run.run_id)
-            deleted += 1
-            dirs += removed
-            size += removed_bytes
+            _purge_run(instance, record.dagster_run, cutoff, own_run_id, tally)
         if clock() >= next_progress:
             next_progress = clock() + _PROGRESS_EVERY_SECONDS
-            so_far = {"run_id": own_run_id, "runs_deleted": deleted, "bytes_removed": size}
-            event(log, logging.INFO, "dagster run retention in progress", **so_far)
-            if on_progress is not None:
-                on_progress(so_far)
+            _report_progress(own_run_id, tally, on_progress)
         if len(records) < batch_size:
             break
-    report = RetentionReport(
-        runs_deleted=deleted,
-        directories_removed=dirs,
-        bytes_removed=size,
-        runs_kept_in_use=kept["in_use"],
-        left_for_next_time=instance.get_runs_count(selection),
-        batches=batches,
-        duration_seconds=clock() - started,
-        budget_exhausted=exhausted,
-        cutoff=cutoff,
-        runs_kept_backfill=kept["backfill"],
-        runs_kept_group_recent=kept["group_recent"],
-        runs_undeletable=undeletable,
-    )
+    report = _final_report(instance, selection, cutoff, tally, clock() - started)
     event(
         log,
         logging.INFO,
@@ -206,6 +181,80 @@ def purge_runs(
         **report.fields(),
     )
     return report
+
+
+def _purge_run(
+    instance: DagsterInstance,
+    run: DagsterRun,
+    cutoff: datetime,
+    own_run_id: str | None,
+    tally: _Tally,
+) -> None:
+    """Delete one old finished run with its files, or keep it (counted, the cursor past it)."""
+    reason = keep_reason(instance, run, cutoff, own_run_id)  # just before the delete
+    if reason is not None:
+        tally.kept[reason] += 1
+        tally.cursor = run.run_id
+        return
+    try:
+        removed, removed_bytes = remove_run_files(instance, run.run_id)
+    except OSError as error:
+        tally.undeletable += 1
+        tally.cursor = run.run_id
+        event(
+            log,
+            logging.WARNING,
+            "dagster run files not deletable; run kept",
+            run_id=own_run_id,
+            kept_run_id=run.run_id,
+            error_kind=type(error).__name__,
+            error=str(error),
+        )
+        return
+    instance.delete_run(run.run_id)
+    tally.deleted += 1
+    tally.directories += removed
+    tally.size += removed_bytes
+
+
+def _report_progress(
+    own_run_id: str | None,
+    tally: _Tally,
+    on_progress: Callable[[dict[str, object]], None] | None,
+) -> None:
+    """The counts so far, logged and handed to ``on_progress``."""
+    so_far: dict[str, object] = {
+        "run_id": own_run_id,
+        "runs_deleted": tally.deleted,
+        "bytes_removed": tally.size,
+    }
+    event(log, logging.INFO, "dagster run retention in progress", **so_far)
+    if on_progress is not None:
+        on_progress(so_far)
+
+
+def _final_report(
+    instance: DagsterInstance,
+    selection: RunsFilter,
+    cutoff: datetime,
+    tally: _Tally,
+    duration_seconds: float,
+) -> RetentionReport:
+    """The pass's report, with what is left for the next one counted now."""
+    return RetentionReport(
+        runs_deleted=tally.deleted,
+        directories_removed=tally.directories,
+        bytes_removed=tally.size,
+        runs_kept_in_use=tally.kept["in_use"],
+        left_for_next_time=instance.get_runs_count(selection),
+        batches=tally.batches,
+        duration_seconds=duration_seconds,
+        budget_exhausted=tally.exhausted,
+        cutoff=cutoff,
+        runs_kept_backfill=tally.kept["backfill"],
+        runs_kept_group_recent=tally.kept["group_recent"],
+        runs_undeletable=tally.undeletable,
+    )
 
 
 def pool_connections(instance: DagsterInstance, statement_timeout_ms: int = 60_000) -> None:
@@ -235,10 +284,6 @@ def runs_in_use(instance: DagsterInstance, own_run_id: str | None = None) -> fro
         if run.parent_run_id:
             ids.add(run.parent_run_id)
     return frozenset(ids)
-
-
-#: Why an old finished run is kept (RetentionReport's runs_kept_* counts).
-KEEP_REASONS = ("in_use", "backfill", "group_recent")
 
 
 def keep_reason(

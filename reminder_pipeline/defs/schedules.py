@@ -19,13 +19,8 @@ from dagster import (
 )
 
 from .. import config as settings
-from .jobs import (
-    CONCURRENCY_TAG,
-    CONCURRENCY_TAGS,
-    CONCURRENCY_VALUE,
-    outbox_retention,
-    reminder_dispatch,
-)
+from .jobs import CONCURRENCY_TAGS, CONCURRENCY_VALUE, outbox_retention, reminder_dispatch
+from .limits import CONCURRENCY_TAG
 
 #: QUEUED and NOT_STARTED included: otherwise, while one run is slow, every tick would queue one
 #: more run behind it and they would pile up.
@@ -43,7 +38,7 @@ IN_FLIGHT_STATUSES = [
 MAX_BATCHES_ENV = "REMINDER_DISPATCH_MAX_BATCHES"
 
 
-def scheduled_run_config() -> dict:
+def scheduled_run_config() -> dict[str, int]:
     """The scheduled run's config: ``max_batches`` from the environment if set, else defaults."""
     value = os.environ.get(MAX_BATCHES_ENV, "").strip()
     if not value:
@@ -70,7 +65,7 @@ def dispatch_concurrency_limit(context: ScheduleEvaluationContext) -> int:
     "at once "
     "(dagster.yaml's limit for the dispatch tag, 1 by default) are queued or running.",
 )
-def reminder_dispatch_schedule(context: ScheduleEvaluationContext):
+def reminder_dispatch_schedule(context: ScheduleEvaluationContext) -> RunRequest | SkipReason:
     """A run per minute, or a SkipReason naming the runs still in flight (no pile-up)."""
     limit = dispatch_concurrency_limit(context)
     # By the concurrency tag rather than the job name: a catch-up run is a cycle too.

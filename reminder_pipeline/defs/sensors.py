@@ -57,7 +57,9 @@ def failure_kind(context: RunFailureSensorContext) -> str:
     for error in errors:
         # Dagster wraps what user code raised (DagsterExecutionStepExecutionError): name the cause.
         while (
-            error is not None and error.cls_name.startswith("Dagster") and error.cause is not None
+            error is not None
+            and (error.cls_name or "").startswith("Dagster")
+            and error.cause is not None
         ):
             error = error.cause
         if error is not None and error.cls_name:

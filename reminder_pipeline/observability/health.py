@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy.engine import Engine
 
+from ..domain.lateness import LATENESS_BUCKETS
 from ..store import metrics_repository, repository
 from . import forecast, ledger
 
@@ -150,7 +151,7 @@ def errors(engine: Engine, now: datetime) -> HealthCheck:
             f"(>= {POISON_MIN_ATTEMPTS} attempts); oldest "
             f"{poison.oldest_due_age_seconds or 0:.0f} s past DueAt."
         )
-    elif sustained_long:
+    elif sustained is not None and sustained_long:  # (sustained_long says it is not None)
         description = (
             f"Errors for {sustained / 60:.0f} min without a {ERRORS_GAP.total_seconds() / 60:.0f}"
             f"-min gap: {window.cycles_with_errors} of {window.cycles} cycles in the last "
@@ -208,11 +209,11 @@ def outbox_backlog(engine: Engine, now: datetime) -> HealthCheck:
 
 def lateness_slo(engine: Engine, now: datetime) -> HealthCheck:
     """Lateness (SentAt - DueAt) at p95 over the last 15 minutes is within the 120 s SLO."""
-    size = len(ledger.LATENESS_BUCKETS) + 1
+    size = len(LATENESS_BUCKETS) + 1
     with engine.connect() as conn:
         counts = metrics_repository.lateness_buckets_since(conn, now - LATENESS_WINDOW, size)
-    p50 = ledger.quantile(0.5, counts, ledger.LATENESS_BUCKETS)
-    p95 = ledger.quantile(0.95, counts, ledger.LATENESS_BUCKETS)
+    p50 = ledger.quantile(0.5, counts, LATENESS_BUCKETS)
+    p95 = ledger.quantile(0.95, counts, LATENESS_BUCKETS)
     sent = sum(counts)
     passed = p95 is None or p95 <= LATENESS_SLO_SECONDS
     description = (

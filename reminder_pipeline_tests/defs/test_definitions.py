@@ -26,6 +26,7 @@ from reminder_pipeline.local import dagster_processes as orchestrator
 
 REPO_ROOT = Path(reminder_pipeline.__file__).resolve().parent.parent
 ROOT_INSTANCE_YAML = REPO_ROOT / "dagster.yaml"
+SHIPPED_INSTANCE_YAML = REPO_ROOT / "reminder_pipeline" / "dagster_instance.yaml"
 ROOT_WORKSPACE_YAML = REPO_ROOT / "workspace.yaml"
 JOBS = ("reminder_dispatch", "reminder_catch_up")
 
@@ -72,8 +73,7 @@ def test_the_dispatch_job_has_the_four_steps_in_order_in_process_and_tagged():
 
 
 def test_dagster_cli_validates_the_workspace(tmp_path):
-    # Run outside the repo root: from there the CLI would pick up the root dagster.yaml (Postgres
-    # storage needing DAGSTER_PG_URL) for its temporary instance.
+    # Run outside the repo root, on an instance directory of its own (the root is checked below).
     env = {
         k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "KAFKA_BOOTSTRAP_SERVERS")
     }
@@ -92,11 +92,53 @@ def test_dagster_cli_validates_the_workspace(tmp_path):
     assert "Validation successful" in done.stdout + done.stderr
 
 
-def test_the_shipped_instance_config_is_the_root_one_and_valid(monkeypatch):
-    monkeypatch.setenv("DAGSTER_PG_URL", "postgresql+psycopg2://dagster@127.0.0.1:5432/dagster")
-    assert orchestrator.INSTANCE_YAML.read_bytes() == ROOT_INSTANCE_YAML.read_bytes()
+#: The front door: what a Dagster user runs from the root of a fresh clone, with nothing set.
+FRONT_DOOR = (
+    ("dg", "check", "defs"),
+    ("dg", "list", "defs"),
+    ("dagster", "definitions", "validate"),
+)
+
+
+@pytest.mark.parametrize("command", FRONT_DOOR, ids=" ".join)
+def test_the_front_door_works_from_the_root_with_no_variable_set(tmp_path, command):
+    # No DAGSTER_HOME, DATABASE_URL, DAGSTER_PG_URL, ...: only PATH and an empty HOME. The CLI then
+    # makes a temporary instance under the root, configured by the root dagster.yaml.
+    env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": str(tmp_path)}
+    executable = Path(sys.executable).with_name(command[0])
+    done = subprocess.run(
+        [str(executable), *command[1:]],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, f"{' '.join(command)}: {output[-3000:]}"
+    assert "Traceback" not in output, output[-3000:]
+    if command[0] == "dagster":
+        assert "Validation successful" in output
+    elif command[1] == "check":
+        assert "All definitions loaded successfully" in output
+    else:
+        assert "reminder_dispatch" in output
+
+
+def test_the_root_instance_config_needs_no_variable_and_sends_nothing():
+    # The temporary instance of the CLI run in the root: Dagster's default storage (in that
+    # temporary directory), no telemetry; the deployed instance is the shipped one, not this.
     config = yaml.safe_load(ROOT_INSTANCE_YAML.read_text())
+    assert config == {"telemetry": {"enabled": False}, "nux": {"enabled": False}}
     dagster_instance_config(str(ROOT_INSTANCE_YAML.parent), ROOT_INSTANCE_YAML.name)  # schema check
+
+
+def test_the_shipped_instance_config_is_valid(monkeypatch):
+    monkeypatch.setenv("DAGSTER_PG_URL", "postgresql+psycopg2://dagster@127.0.0.1:5432/dagster")
+    assert orchestrator.INSTANCE_YAML == SHIPPED_INSTANCE_YAML
+    config = yaml.safe_load(SHIPPED_INSTANCE_YAML.read_text())
+    dagster_instance_config(str(SHIPPED_INSTANCE_YAML.parent), SHIPPED_INSTANCE_YAML.name)
     assert config["storage"]["postgres"]["postgres_url"] == {"env": "DAGSTER_PG_URL"}
     assert config["concurrency"]["runs"]["tag_concurrency_limits"] == [
         {"key": CONCURRENCY_TAG, "value": CONCURRENCY_VALUE, "limit": 1},

@@ -18,7 +18,7 @@ from dagster import FilesystemIOManager, instance_for_test, job, op
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker" / "compose.yaml"
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
-INSTANCE_YAML = ROOT / "dagster.yaml"
+INSTANCE_YAML = ROOT / "reminder_pipeline" / "dagster_instance.yaml"
 VOLUME = "dagster-storage"
 DAGSTER_SERVICES = ("user-code", "webserver", "daemon")
 

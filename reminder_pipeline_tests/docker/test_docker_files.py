@@ -389,8 +389,12 @@ def test_the_dockerfile_parses_and_builds_this_project_from_existing_files():
     env = " ".join(args for i, args in instructions if i == "ENV")
     dagster_home = _environment(_compose()["services"]["webserver"])["DAGSTER_HOME"]
     assert f"DAGSTER_HOME={dagster_home}" in env
-    # The image's instance config is the repository's: Dagster storage from DAGSTER_PG_URL.
-    instance = yaml.safe_load((ROOT / "dagster.yaml").read_text())
+    # The image's instance config is the one the package ships: Dagster storage from DAGSTER_PG_URL.
+    instance_yaml = ROOT / "reminder_pipeline" / "dagster_instance.yaml"
+    assert f'COPY --chown=app {instance_yaml.relative_to(ROOT)} "$DAGSTER_HOME/dagster.yaml"' in (
+        DOCKERFILE.read_text()
+    )
+    instance = yaml.safe_load(instance_yaml.read_text())
     assert instance["storage"]["postgres"]["postgres_url"] == {"env": "DAGSTER_PG_URL"}
 
 

@@ -5,7 +5,7 @@ parse and use the chart's own keys; the run launcher is ``K8sRunLauncher``; the 
 deployment runs the image docker/Dockerfile builds and loads a module and attribute that exist;
 every environment variable the code reads is set for the code's processes (the code location,
 its run pods, the migration Job and the exporter); Dagster's storage is its own PostgreSQL
-database; and the instance settings are the repository's dagster.yaml ones. The dispatch
+database; and the instance settings are those of the shipped dagster_instance.yaml. The dispatch
 schedule is evaluated on an instance configured the way the chart renders these values, so the
 concurrency limit written here is the one the schedule follows.
 """
@@ -85,7 +85,7 @@ def _values() -> dict:
 
 
 def _instance_yaml() -> dict:
-    return yaml.safe_load((ROOT / "dagster.yaml").read_text())
+    return yaml.safe_load((ROOT / "reminder_pipeline" / "dagster_instance.yaml").read_text())
 
 
 def _deployment() -> dict:

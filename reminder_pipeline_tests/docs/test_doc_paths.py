@@ -93,6 +93,14 @@ def test_the_readme_is_a_door():
     assert pages <= linked, f"docs pages the README does not link: {sorted(pages - linked)}"
 
 
+def test_the_docs_index_lists_every_page():
+    """docs/README.md is the index of docs/: every page (the glossary too) is in its table."""
+    linked = set(LINK.findall((ROOT / "docs" / "README.md").read_text()))
+    pages = {p.name for p in (ROOT / "docs").glob("*.md") if p.name != "README.md"}
+    assert "glossary.md" in pages
+    assert pages <= linked, f"docs pages docs/README.md does not link: {sorted(pages - linked)}"
+
+
 def test_nothing_a_user_reads_cites_the_seed():
     """Users have docs/design.md and docs/contract.md, not the spec they were written from."""
     places = [ROOT / "README.md", ROOT / "dagster.yaml"]
