@@ -21,6 +21,8 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
@@ -192,27 +194,34 @@ def test_the_reader_reads_the_tables_dagster_makes_after_the_script(
     assert_the_reader_reads_and_writes_nothing(reader_url, tmp_path, monkeypatch)
 
 
-def test_the_exporter_started_before_dagsters_tables_serves_the_heartbeats_once_they_exist(
-    deployment: Deployment,  # noqa: F811
-    make_reader: Callable[[], str],
-    database_url: str,
-    tmp_path: Path,
-) -> None:
-    """``reminder-pipeline metrics`` as compose runs it: up while Dagster's storage is empty (the
-    reader cannot create the tables: the series is absent, one log line for any number of
-    scrapes, no traceback), then the heartbeats from the first scrape after Dagster made them."""
-    reader_url = make_reader()
+@dataclass
+class Exporter:
+    """``reminder-pipeline metrics`` in a process of its own; ``err`` once it stopped."""
+
+    url: str
+    home: Path
+    err: str = ""
+
+    def warnings(self) -> list[str]:
+        """Its log's WARNING lines (JSON lines; anything else on stderr is not the package's)."""
+        lines = [line for line in self.err.splitlines() if line.startswith("{")]
+        return [line for line in lines if json.loads(line).get("level") == "WARNING"]
+
+
+@contextmanager
+def exporter(database_url: str, dagster_pg_url: str, tmp_path: Path) -> Iterator[Exporter]:
+    """The exporter as compose runs it: the app database, the image's DAGSTER_HOME and the
+    Dagster storage URL it is given; stopped with SIGTERM (exit 0) when the block ends."""
     port = free_port()
-    home = dagster_home(tmp_path / "exporter_home")
+    running = Exporter(f"http://127.0.0.1:{port}/metrics", dagster_home(tmp_path / "exporter"))
     env = {
         **os.environ,
         "DATABASE_URL": database_url,
         "REMINDER_METRICS_PORT": str(port),
         "REMINDER_PIPELINE_HOME": str(tmp_path / "rp_home"),
-        "DAGSTER_HOME": str(home),
-        "DAGSTER_PG_URL": reader_url,
+        "DAGSTER_HOME": str(running.home),
+        "DAGSTER_PG_URL": dagster_pg_url,
     }
-    url = f"http://127.0.0.1:{port}/metrics"
     process = subprocess.Popen(
         [sys.executable, "-m", "reminder_pipeline.cli", "metrics"],
         env=env,
@@ -224,34 +233,71 @@ def test_the_exporter_started_before_dagsters_tables_serves_the_heartbeats_once_
         deadline = time.monotonic() + 60
         while True:
             try:
-                before = [scrape(url)]
+                scrape(running.url)
                 break
             except OSError:
                 assert process.poll() is None, process.communicate()
                 assert time.monotonic() < deadline, "the exporter did not start listening"
                 time.sleep(0.1)
-        before += [scrape(url), scrape(url)]
-        dagster_creates_its_tables_and_beats(deployment, tmp_path, seconds_ago=300)
-        after = scrape(url)
+        yield running
         process.send_signal(signal.SIGTERM)
-        _, err = process.communicate(timeout=30)
+        _, running.err = process.communicate(timeout=30)
+        assert process.returncode == 0, running.err
     finally:
         if process.poll() is None:
             process.kill()
             process.communicate()
-    assert process.returncode == 0, err
+
+
+def test_the_exporter_started_before_dagsters_tables_serves_the_heartbeats_once_they_exist(
+    deployment: Deployment,  # noqa: F811
+    make_reader: Callable[[], str],
+    database_url: str,
+    tmp_path: Path,
+) -> None:
+    """``reminder-pipeline metrics`` as compose runs it: up while Dagster's storage is empty (the
+    reader cannot create the tables: the series is absent, one log line for any number of
+    scrapes, no traceback), then the heartbeats once Dagster made its tables."""
+    with exporter(database_url, make_reader(), tmp_path) as running:
+        before = [scrape(running.url) for _ in range(3)]
+        dagster_creates_its_tables_and_beats(deployment, tmp_path, seconds_ago=300)
+        deadline = time.monotonic() + 60
+        while (
+            age := scrape(running.url).value(exp.DAEMON_HEARTBEAT_AGE, daemon="SCHEDULER")
+        ) is None:
+            assert time.monotonic() < deadline, "the heartbeats never appeared"
+            time.sleep(0.2)
     for scraped in before:
         assert scraped.value(exp.UP) == 1
         assert exp.DAEMON_HEARTBEAT_AGE not in scraped.families
-    age = after.value(exp.DAEMON_HEARTBEAT_AGE, daemon="SCHEDULER")
-    assert age is not None and 300 <= age < 400
-    assert "Traceback" not in err, err
-    warnings = [
-        line
-        for line in err.splitlines()
-        if line.startswith("{") and json.loads(line).get("level") == "WARNING"
-    ]
-    assert len(warnings) == 1, err
-    assert "cannot read Dagster's daemon heartbeats" in warnings[0]
+    assert 300 <= age < 400
+    assert "Traceback" not in running.err, running.err
+    [warning] = running.warnings()
+    assert "cannot read Dagster's daemon heartbeats" in warning
     # The image's dagster.yaml is all its DAGSTER_HOME needs: the exporter writes nothing there.
-    assert [p.name for p in home.iterdir()] == ["dagster.yaml"]
+    assert [p.name for p in running.home.iterdir()] == ["dagster.yaml"]
+
+
+def test_a_dagster_storage_that_refuses_the_reader_costs_the_scrape_that_series_only(
+    deployment: Deployment,  # noqa: F811
+    database_url: str,
+    tmp_path: Path,
+) -> None:
+    """A login the role step never made (dagster-postgres retries a refused connection for about
+    12 s, beyond Prometheus' 10 s scrape timeout): every scrape still answers within it, with
+    the dispatcher's metrics, and the exporter says once why the series is absent."""
+    dagster_creates_its_tables_and_beats(deployment, tmp_path, seconds_ago=10)
+    password = uuid.uuid4().hex
+    stranger = make_url(deployment.dagster_url).set(username="rp_no_such_login", password=password)
+    with exporter(
+        database_url, stranger.render_as_string(hide_password=False), tmp_path
+    ) as running:
+        scrapes = [scrape(running.url) for _ in range(3)]  # each within scrape()'s 10 s
+    for scraped in scrapes:
+        assert scraped.value(exp.UP) == 1
+        assert exp.DAEMON_HEARTBEAT_AGE not in scraped.families
+        duration = scraped.value(exp.SCRAPE_DURATION)
+        assert duration is not None and duration < 10
+    [warning] = running.warnings()
+    assert "cannot read Dagster's daemon heartbeats" in warning
+    assert password not in running.err
