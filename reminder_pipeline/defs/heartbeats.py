@@ -9,6 +9,7 @@ heartbeat means the daemon is down, the cause behind a quiet dispatcher.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -29,24 +30,33 @@ def daemon_heartbeats(instance: DagsterInstance) -> dict[str, float]:
 def instance_heartbeats(
     instance: DagsterInstance | None = None, *, wait_seconds: float = READ_WAIT_SECONDS
 ) -> Callable[[], dict[str, float]]:
-    """A reader of ``instance``'s heartbeats (default: ``DAGSTER_HOME``'s, opened on first use,
-    so a storage that is down fails a scrape, not the exporter's start; a failed open is tried
-    again on the next read, so an exporter started before Dagster created its tables serves the
-    heartbeats from the first read after).
+    """A reader of ``instance``'s heartbeats (default: ``DAGSTER_HOME``'s, opened in the
+    background from now on, so a storage that is down fails a read, not the exporter's start; a
+    failed open is tried again on the next read, so an exporter started before Dagster created
+    its tables serves the heartbeats from the first read after).
 
     Each read runs in a thread of its own and is awaited ``wait_seconds`` at most (then
     ``TimeoutError``); while it runs, later reads await the same one rather than start another.
     """
     opened: list[DagsterInstance] = [] if instance is None else [instance]
+    opening = threading.Lock()
     lock = threading.Lock()
     pending: list[Future[dict[str, float]]] = []
 
-    def fetch(future: Future[dict[str, float]]) -> None:
-        # One fetch at a time (a new one starts only when the last is done): no lock needed.
-        try:
+    def open_instance() -> DagsterInstance:
+        with opening:  # the first read waits for the opening begun at the start
             if not opened:
                 opened.append(DagsterInstance.get())
-            future.set_result(daemon_heartbeats(opened[0]))
+            return opened[0]
+
+    def open_early() -> None:
+        # A storage not ready yet is not reported here: the first read tries again and says so.
+        with contextlib.suppress(Exception):
+            open_instance()
+
+    def fetch(future: Future[dict[str, float]]) -> None:
+        try:
+            future.set_result(daemon_heartbeats(open_instance()))
         except Exception as exc:  # noqa: BLE001 - handed to the reader, which raises it
             future.set_exception(exc)
 
@@ -62,4 +72,7 @@ def instance_heartbeats(
             current = pending[0]
         return current.result(timeout=wait_seconds)  # TimeoutError when it takes longer
 
+    if not opened:
+        # Opening the instance (its storages, their table checks) takes a while: not in a read.
+        threading.Thread(target=open_early, name="dagster-instance", daemon=True).start()
     return read
