@@ -279,6 +279,7 @@ def test_the_exporter_started_before_dagsters_tables_serves_the_heartbeats_once_
         assert exp.DAEMON_HEARTBEAT_AGE not in scraped.families
     assert 300 <= age < 400
     assert "Traceback" not in running.err, running.err
+    assert all(line.startswith("{") for line in running.err.splitlines()), running.err
     [warning] = running.warnings()
     assert "cannot read Dagster's daemon heartbeats" in warning
     # The image's dagster.yaml is all its DAGSTER_HOME needs: the exporter writes nothing there.
