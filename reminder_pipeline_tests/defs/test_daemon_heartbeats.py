@@ -4,7 +4,8 @@ Heartbeats written to a real Dagster instance's storage (what ``dagster-daemon``
 30 s) are read through the public instance API and served as
 ``calendar_reminder_dispatch_daemon_heartbeat_age_seconds{daemon}``, in process and by
 ``reminder-pipeline metrics`` run with ``DAGSTER_HOME`` naming the instance; a heartbeat store
-that cannot be read leaves the dispatcher's metrics served.
+that cannot be read leaves the dispatcher's metrics served, and one that does not answer costs a
+read its bounded wait, not more.
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import cast
 
+import pytest
 from dagster import DagsterInstance, instance_for_test
 
 # Test-only: the record dagster-daemon writes (its module is not public API; the code reads it
@@ -91,11 +95,13 @@ def test_the_metrics_command_reads_the_instance_dagster_home_names(
         while True:
             try:
                 scraped = scrape(f"http://127.0.0.1:{port}/metrics")
-                break
+                # A scrape awaits the instance's opening (begun at the start) 3 s at most.
+                if exp.DAEMON_HEARTBEAT_AGE in scraped.families:
+                    break
             except OSError:
                 assert process.poll() is None, process.communicate()
-                assert time.monotonic() < deadline, "the exporter did not start listening"
-                time.sleep(0.1)
+            assert time.monotonic() < deadline, "no heartbeats served within 60 s"
+            time.sleep(0.1)
         process.send_signal(signal.SIGTERM)
         _, err = process.communicate(timeout=30)
     finally:
@@ -105,3 +111,33 @@ def test_the_metrics_command_reads_the_instance_dagster_home_names(
     assert process.returncode == 0, err
     age = scraped.value(exp.DAEMON_HEARTBEAT_AGE, daemon="SCHEDULER")
     assert age is not None and age >= 400
+
+
+class _Unanswered:
+    """An instance whose storage answers only once released."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.reads = 0
+
+    def get_daemon_heartbeats(self) -> dict[str, DaemonHeartbeat]:
+        self.reads += 1
+        self.release.wait()
+        return {"SCHEDULER": DaemonHeartbeat(123.0, "SCHEDULER", "test")}
+
+
+def test_a_storage_that_does_not_answer_costs_a_read_its_wait_and_one_read_goes_on() -> None:
+    storage = _Unanswered()
+    read = instance_heartbeats(cast(DagsterInstance, storage), wait_seconds=0.5)
+    for _ in range(2):
+        with pytest.raises(TimeoutError):
+            read()
+    assert storage.reads == 1  # the second read awaited the first, it did not start another
+    storage.release.set()
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            assert read() == {"SCHEDULER": 123.0}
+            break
+        except TimeoutError:
+            assert time.monotonic() < deadline, "the read never answered after the release"

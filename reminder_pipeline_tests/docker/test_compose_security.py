@@ -5,7 +5,8 @@ published port listens on 127.0.0.1 unless REMINDER_BIND_ADDRESS says otherwise;
 as the schema owner and nothing else does; the role script runs after them, and the user code
 and its run workers connect as the least-privilege login it creates. Each service is given only
 the credentials it uses (the notifications consumer, which parses outside input, only its Kafka
-user and its de-dup login); Prometheus has no lifecycle API; Alertmanager is reachable by
+user and its de-dup login; the exporter only its read-only logins on the app database and on
+Dagster's storage); Prometheus has no lifecycle API; Alertmanager is reachable by
 Prometheus only.
 """
 
@@ -32,6 +33,7 @@ PASSWORDS = (
     "KAFKA_DISPATCHER_PASSWORD",
     "KAFKA_NOTIFICATIONS_PASSWORD",
     "REMINDER_READER_DB_PASSWORD",
+    "DAGSTER_READER_DB_PASSWORD",
     "NOTIFICATIONS_DEDUP_DB_PASSWORD",
 )
 _VARIABLE = re.compile(r"\$\{([A-Z0-9_]+)(?:(:?[-?])([^}]*))?\}")
@@ -126,10 +128,12 @@ USES = {
     "migrate": {"POSTGRES_PASSWORD"},
     "db-roles": {"POSTGRES_PASSWORD", "REMINDER_APP_DB_PASSWORD", "DAGSTER_DB_PASSWORD"},
     "db-reader-role": {"POSTGRES_PASSWORD", "REMINDER_READER_DB_PASSWORD"},
+    "db-dagster-reader-role": {"POSTGRES_PASSWORD", "DAGSTER_READER_DB_PASSWORD"},
     "user-code": {"REMINDER_APP_DB_PASSWORD", "DAGSTER_DB_PASSWORD", "KAFKA_DISPATCHER_PASSWORD"},
     "webserver": {"DAGSTER_DB_PASSWORD"},
     "daemon": {"DAGSTER_DB_PASSWORD"},
-    "exporter": {"REMINDER_READER_DB_PASSWORD"},
+    # Its two read-only logins (the app database, Dagster's storage), never an owner's.
+    "exporter": {"REMINDER_READER_DB_PASSWORD", "DAGSTER_READER_DB_PASSWORD"},
     "prometheus": set(),
     "alertmanager": set(),
     "grafana": {"GRAFANA_ADMIN_PASSWORD"},
@@ -170,10 +174,45 @@ def test_the_notifications_consumer_holds_no_database_or_dagster_login_of_the_ca
     assert "GRANT SELECT, INSERT, DELETE ON reminder_dedup" in script
 
 
-def test_only_dagsters_processes_get_the_dagster_storage_url():
+#: Who gets a URL of Dagster's storage, and as which login: Dagster's processes as its owner,
+#: the exporter (the daemons' heartbeats) as the read-only login db-dagster-reader-role makes.
+DAGSTER_STORAGE_LOGINS = {
+    "user-code": ("dagster_storage", "DAGSTER_DB_PASSWORD"),
+    "webserver": ("dagster_storage", "DAGSTER_DB_PASSWORD"),
+    "daemon": ("dagster_storage", "DAGSTER_DB_PASSWORD"),
+    "exporter": ("dagster_reader", "DAGSTER_READER_DB_PASSWORD"),
+}
+
+
+def test_only_dagsters_processes_and_the_exporter_get_the_dagster_storage_url():
     for name in SERVICES:
         env = _environment(name, FULL_ENV)
-        assert ("DAGSTER_PG_URL" in env) == (name in {"user-code", "webserver", "daemon"}), name
+        assert ("DAGSTER_PG_URL" in env) == (name in DAGSTER_STORAGE_LOGINS), name
+        if "DAGSTER_PG_URL" in env:
+            storage = make_url(env["DAGSTER_PG_URL"])
+            user, password = DAGSTER_STORAGE_LOGINS[name]
+            assert (storage.username, storage.password) == (user, FULL_ENV[password]), name
+            assert env["DAGSTER_HOME"] == "/opt/dagster/dagster_home", name
+
+
+def test_the_exporters_dagster_login_is_the_read_only_one_the_role_step_makes():
+    step = _environment("db-dagster-reader-role", FULL_ENV)
+    assert (step["PGUSER"], step["PGPASSWORD"]) == ("reminder", FULL_ENV["POSTGRES_PASSWORD"])
+    assert step["PGDATABASE"] == "dagster"
+    exporter = make_url(_environment("exporter", FULL_ENV)["DAGSTER_PG_URL"])
+    assert exporter.database == step["PGDATABASE"]
+    assert (exporter.username, exporter.password) == (
+        step["DAGSTER_READER_DB_USER"],
+        step["DAGSTER_READER_DB_PASSWORD"],
+    )
+    # The default privileges are for the login that creates Dagster's tables.
+    storage = make_url(_environment("daemon", FULL_ENV)["DAGSTER_PG_URL"])
+    assert step["DAGSTER_DB_USER"] == storage.username
+    script = (DOCKER / "postgres" / "roles" / "dagster_reader_role.sql").read_text()
+    for variable in re.findall(r"\\getenv \w+ (\w+)", script):
+        assert variable in step, f"dagster_reader_role.sql reads {variable}, which is not set"
+    assert "default_transaction_read_only = on" in script
+    assert "NOINHERIT" in script and "NOSUPERUSER" in script
 
 
 def test_only_the_migrate_step_connects_as_the_schema_owner():
@@ -200,10 +239,8 @@ def test_only_the_migrate_step_connects_as_the_schema_owner():
             assert "DATABASE_URL" not in env, name
         if "DAGSTER_PG_URL" in env:
             dagster = make_url(env["DAGSTER_PG_URL"])
-            assert (dagster.username, dagster.password) == (
-                "dagster_storage",
-                FULL_ENV["DAGSTER_DB_PASSWORD"],
-            )
+            user, password = DAGSTER_STORAGE_LOGINS[name]
+            assert (dagster.username, dagster.password) == (user, FULL_ENV[password]), name
 
 
 def test_prometheus_has_no_lifecycle_api():
@@ -236,7 +273,9 @@ def test_the_role_scripts_run_after_migrating_and_before_the_user_code_and_expor
     for name, step in (
         ("user-code", "db-roles"),
         ("db-reader-role", "db-roles"),
+        ("db-dagster-reader-role", "db-roles"),
         ("exporter", "db-reader-role"),
+        ("exporter", "db-dagster-reader-role"),
     ):
         assert SERVICES[name]["depends_on"][step]["condition"] == "service_completed_successfully"
     env = _environment("db-roles", FULL_ENV)

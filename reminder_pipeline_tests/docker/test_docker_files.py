@@ -245,7 +245,10 @@ def test_every_env_var_the_code_reads_is_set_for_every_service_running_the_code(
         "user-code": required,
         "webserver": common | dagster,
         "daemon": common | dagster,
-        "exporter": common | {"DATABASE_URL", "REMINDER_METRICS_HOST", "REMINDER_METRICS_PORT"},
+        # Dagster's instance too: the daemons' heartbeats (as a read-only login).
+        "exporter": common
+        | dagster
+        | {"DATABASE_URL", "REMINDER_METRICS_HOST", "REMINDER_METRICS_PORT"},
         "migrate": common | {"DATABASE_URL"},
         "notifications-consumer": common | kafka | {"REMINDER_METRICS_HOST"},
     }

@@ -72,7 +72,8 @@ NOT_KUBERNETES_SETTINGS = {
     "REMINDER_EMBEDDED_PG_PORT": "embedded PostgreSQL only; DATABASE_URL names the server",
     "REMINDER_EMBEDDED_BROKER_PORT": "embedded broker only; KAFKA_BOOTSTRAP_SERVERS names it",
     "DAGSTER_PG_URL": "read only where the project prepares its own instance (`up`, compose's "
-    "dagster.yaml); the chart writes Dagster's storage into the instance it mounts",
+    "dagster.yaml, the exporter's image instance); the chart writes Dagster's storage into the "
+    "instance it mounts",
     "DAGSTER_WEBSERVER_PORT": "the port of the webserver `reminder-pipeline up` starts; the chart "
     "runs the webserver",
     "DAGSTER_HOME": "set by the image (`ENV DAGSTER_HOME`, the chart's global.dagsterHome, checked "
@@ -186,12 +187,20 @@ def test_every_env_var_the_code_reads_is_set_for_every_process_running_the_code(
 
 
 def test_the_migration_and_the_exporter_get_only_their_own_login():
-    """The owner only for the migration Job, a read-only login for the exporter, no Kafka user."""
+    """The owner only for the migration Job; read-only logins for the exporter (the app database,
+    and Dagster's storage for the daemons' heartbeats, from its own Secret); no Kafka user."""
     secret_of = {}
     for name, container in _manifest_containers():
         by_name = {item["name"]: item for item in container["env"]}
-        assert not {n for n in by_name if n.startswith(("KAFKA_", "DAGSTER_"))}, name
+        dagster = {"DAGSTER_PG_URL"} if name == "reminder-pipeline-exporter" else set()
+        assert {n for n in by_name if n.startswith(("KAFKA_", "DAGSTER_"))} == dagster, name
         secret_of[name] = by_name["DATABASE_URL"]["valueFrom"]["secretKeyRef"]["name"]
+        for variable in dagster:
+            assert "value" not in by_name[variable], name
+            assert by_name[variable]["valueFrom"]["secretKeyRef"] == {
+                "name": secret_of[name],
+                "key": "dagster-pg-url",
+            }
         assert by_name["REMINDER_PIPELINE_HOME"] == {
             "name": "REMINDER_PIPELINE_HOME",
             "value": "/home/app/.reminder-pipeline",
