@@ -40,13 +40,13 @@ def read_clock(engine: Engine) -> tuple[datetime, float]:
     return now, (before + after) / 2 - now.timestamp()
 
 
-def as_of_or_now(as_of: object, now: datetime) -> datetime:
+def as_of_or_now(as_of: datetime | None, now: datetime) -> datetime:
     """Default ``as_of`` to ``now`` (the database's clock); refuse a naive or future one
     (``config.check_as_of``'s lines)."""
     return settings.check_as_of(as_of, now=now) or now
 
 
-def check_as_of(engine: Engine, as_of: object, name: str = "as_of") -> datetime | None:
+def check_as_of(engine: Engine, as_of: datetime | None, name: str = "as_of") -> datetime | None:
     """An operator's AsOf checked against the database's clock (None: now, at the cycle's start).
 
     Where it is given (the CLI, the run config) the host's clock may be off either way; a slow

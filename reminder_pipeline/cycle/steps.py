@@ -40,7 +40,7 @@ def start(
     run_id: str,
     *,
     engine: Engine,
-    as_of: datetime | str | None = None,
+    as_of: datetime | None = None,
     batch_size: int,
     max_batches: int = 1,
     budget_seconds: float = 30.0,
@@ -48,8 +48,9 @@ def start(
 ) -> Cycle:
     """A new cycle on the database's clock, read once: AsOf defaults to it and is never after it.
 
-    ``as_of`` may be an operator's ISO-8601 text. The host's clock only times the cycle (its
-    budget, its duration); a host more than :data:`CLOCK_SKEW_WARN_SECONDS` off the database's
+    ``as_of``: an operator's AsOf, a datetime since it was parsed where it was given (the run
+    config, the CLI). The host's clock only times the cycle (its budget, its duration); a host
+    more than :data:`CLOCK_SKEW_WARN_SECONDS` off the database's
     is logged (``host clock differs from the database's``) and counted in the cycle's figures.
     """
     journal = journal or Journal()

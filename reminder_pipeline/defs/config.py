@@ -9,6 +9,7 @@ the CLI and the environment give, before a run exists (Launchpad, GraphQL, sched
 
 import uuid
 from collections.abc import Callable, Mapping
+from datetime import datetime
 from functools import partial
 from typing import Any, ClassVar, Literal, Optional, TypeVar
 
@@ -129,6 +130,14 @@ class CycleConfig(CheckedConfig):
         description="AsOf, ISO-8601 with a zone (2026-11-30T10:00:00Z); "
         "default now; never in the future.",
     )
+
+    def as_of_time(self) -> Optional[datetime]:
+        """AsOf as the cycle takes it: a timezone-aware datetime (None: the database's now).
+
+        Run config is text (the Launchpad's YAML); this is where it becomes a datetime, with
+        the validator's rule (:func:`config.parse_as_of`); the step outputs carry the datetime.
+        """
+        return settings.parse_as_of(self.as_of)
 
 
 #: The scheduled cycle drains what is due: batches of ``batch_size`` (each one transaction) until

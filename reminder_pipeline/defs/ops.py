@@ -83,7 +83,7 @@ def select_due_batch(
                 context.run_id,
                 engine=postgres.engine,
                 batch_size=config.batch_size,
-                as_of=config.as_of,
+                as_of=config.as_of_time(),
                 max_batches=config.max_batches,
                 budget_seconds=config.budget_seconds,
                 journal=journal,
@@ -191,4 +191,4 @@ def relay_outbox(
                 "outbox_unpublished": report.outbox_unpublished,
             },
         )
-    yield Output(report.as_dict())
+    yield Output(report.plain())
