@@ -12,9 +12,9 @@ from ..domain.model import COUNTERS
 from .context import load_settings, open_publisher, open_servers, progress_line, require_schema
 from .exits import relay_exit
 from .options import (
-    AS_OF,
-    BATCH_SIZE,
-    MAX_BATCHES,
+    AS_OF_TYPE,
+    BATCH_SIZE_TYPE,
+    MAX_BATCHES_TYPE,
     batch_size_option,
     budget_option,
     env_option,
@@ -30,14 +30,14 @@ if TYPE_CHECKING:
 
 @click.command()
 @batch_size_option(
-    type=BATCH_SIZE,
+    type=BATCH_SIZE_TYPE,
     default=DEFAULT_BATCH_SIZE,
     envvar="REMINDER_BATCH_SIZE",
     help="Rows per batch (each batch one transaction), 1..10,000.",
 )
 @env_option(
     "--max-batches",
-    type=MAX_BATCHES,
+    type=MAX_BATCHES_TYPE,
     default=DEFAULT_MAX_BATCHES,
     envvar="REMINDER_MAX_BATCHES",
     help="Batches this cycle may drain (1 = the design's cycle), 1..10,000.",
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 @budget_option(help="No new batch starts after this many seconds, 1..600.")
 @env_option(
     "--as-of",
-    type=AS_OF,
+    type=AS_OF_TYPE,
     default=None,
     envvar="REMINDER_AS_OF",
     show_default="now",

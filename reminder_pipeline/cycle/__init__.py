@@ -20,9 +20,9 @@ re-read, decide, one set-based statement), :func:`dispatch_batch` (those three i
 transaction, logged after commit); and :func:`drain` (:mod:`.drain`), batch after batch.
 """
 
+from ..observability.ledger import CLOCK_SKEW_WARN_SECONDS
 from .batch import decide_batch, dispatch_batch, lock_due_batch, report_batch, write_batch
 from .clock import (
-    CLOCK_SKEW_WARN_SECONDS,
     as_of_or_now,
     check_as_of,
     database_now,

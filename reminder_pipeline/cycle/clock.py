@@ -12,12 +12,11 @@ from datetime import UTC, datetime
 from sqlalchemy.engine import Engine
 
 from .. import config as settings
-from ..observability import ledger
 from ..store import repository
 
-#: A host whose clock differs from the database's by more than this is logged and counted (its
-#: clock is never used for what is due or for what a cycle writes: the database's is).
-CLOCK_SKEW_WARN_SECONDS = ledger.CLOCK_SKEW_WARN_SECONDS
+# A host whose clock differs from the database's by more than CLOCK_SKEW_WARN_SECONDS (defined
+# with the ledger that counts such cycles) is logged and counted; its clock is never used for
+# what is due or for what a cycle writes: the database's is.
 
 
 def now_utc() -> datetime:

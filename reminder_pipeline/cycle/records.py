@@ -16,7 +16,7 @@ from ..domain.model import (
     PoisonRow,
 )
 from ..messaging.relay import RelayResult
-from .clock import CLOCK_SKEW_WARN_SECONDS
+from ..observability.ledger import CLOCK_SKEW_WARN_SECONDS
 
 #: What a batch progress callback receives: the cycle's counts so far.
 Progress = Callable[[CycleCounts], None]

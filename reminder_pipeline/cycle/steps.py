@@ -18,18 +18,16 @@ from ..domain.transitions import action_for
 from ..logs import Journal
 from ..messaging.relay import Publisher, RelayResult, publish_outbox
 from ..observability import ledger, tracing
+from ..observability.ledger import CLOCK_SKEW_WARN_SECONDS
 from ..store import repository
 from .batch import report_batch, write_batch
-from .clock import CLOCK_SKEW_WARN_SECONDS, as_of_or_now, read_clock
+from .clock import as_of_or_now, read_clock
 from .drain import drain
 from .records import Cycle, CycleReport, Decisions, Progress, Written
 
 #: How long the rows a Dagster run selected stay reserved for its writing step. The write
 #: follows the selection within seconds; a run that dies in between releases its rows by
 #: itself, before the next minute's tick selects again.
-RESERVATION_SECONDS = 30.0
-
-
 RESERVATION_SECONDS = 30.0
 #: The relay always gets at least this long, even when the drain spent the budget: a few seconds
 #: past the budget beat a "publish failed" for messages the broker was about to acknowledge.

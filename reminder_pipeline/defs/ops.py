@@ -29,9 +29,9 @@ from ..config import ConfigError
 from ..logs import FoldingJournal
 from .assets import DISPATCH_ASSET_KEY
 from .checks import evaluate_all
-from .config import CycleConfig
 from .limits import refuse_overridden_limits
 from .resources import KafkaResource, PostgresResource
+from .run_config import CycleConfig
 
 
 def _step_record(name: str, keys: set[str], description: str) -> DagsterType:
