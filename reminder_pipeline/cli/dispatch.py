@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ..config import DEFAULT_BATCH_SIZE, DEFAULT_MAX_BATCHES
+from ..config import CYCLE_MAX_BATCHES, CYCLE_MAX_BATCHES_ENV, DEFAULT_BATCH_SIZE
 from ..domain.model import COUNTERS
 from .context import load_settings, open_publisher, open_servers, progress_line, require_schema
 from .exits import relay_exit
@@ -38,9 +38,10 @@ if TYPE_CHECKING:
 @env_option(
     "--max-batches",
     type=MAX_BATCHES_TYPE,
-    default=DEFAULT_MAX_BATCHES,
-    envvar="REMINDER_MAX_BATCHES",
-    help="Batches this cycle may drain (1 = the design's cycle), 1..10,000.",
+    default=CYCLE_MAX_BATCHES,
+    envvar=CYCLE_MAX_BATCHES_ENV,
+    help="Batches at most, as a scheduled run: the cycle stops earlier when nothing due is "
+    "left or the budget is spent (1 = the literal one-batch cycle), 1..10,000.",
 )
 @budget_option(help="No new batch starts after this many seconds, 1..600.")
 @env_option(

@@ -117,7 +117,7 @@ class CycleConfig(CheckedConfig):
         description="Rows per batch (each one transaction), 1..10,000.",
     )
     max_batches: int = Field(
-        default=settings.DEFAULT_MAX_BATCHES,
+        default=settings.CYCLE_MAX_BATCHES,
         description="Batches per run (1 = the design's cycle); more drains a "
         "backlog, publishing as it goes, until the budget ends.",
     )
@@ -140,12 +140,6 @@ class CycleConfig(CheckedConfig):
         return settings.parse_as_of(self.as_of)
 
 
-#: The scheduled cycle drains what is due: batches of ``batch_size`` (each one transaction) until
-#: none is due or the budget is spent. The design's SLO (2 minutes) outranks a per-minute cap of
-#: 200 rows; ``max_batches: 1`` restores the literal one-batch cycle (docs/design.md, "Peaks").
-DISPATCH_MAX_BATCHES = settings.MAX_BATCHES
-
-
 class DispatchRunConfig(CycleConfig):
     """``reminder_dispatch``: the design's cycle (batches of 200 while due rows remain, 30 s)."""
 
@@ -155,7 +149,7 @@ class DispatchRunConfig(CycleConfig):
     }
 
     max_batches: int = Field(
-        default=DISPATCH_MAX_BATCHES,
+        default=settings.CYCLE_MAX_BATCHES,
         description="Batches at most (each one transaction); the run stops "
         "earlier when nothing due is left or the budget is spent. 1 = one batch a cycle.",
     )

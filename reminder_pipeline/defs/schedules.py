@@ -22,8 +22,8 @@ from .jobs import CONCURRENCY_TAGS, CONCURRENCY_VALUE, outbox_retention, reminde
 from .limits import CONCURRENCY_TAG, IN_FLIGHT_STATUSES
 
 #: The operator's switch back to the literal one-batch cycle (``1``): the scheduled runs'
-#: ``max_batches``. Unset, a run drains what is due within its budget (docs/design.md, "Peaks").
-MAX_BATCHES_ENV = "REMINDER_DISPATCH_MAX_BATCHES"
+#: ``max_batches`` (and the CLI's). Unset, a run drains what is due within its budget.
+MAX_BATCHES_ENV = settings.CYCLE_MAX_BATCHES_ENV
 
 
 def scheduled_run_config() -> dict[str, int]:
