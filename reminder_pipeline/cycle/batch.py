@@ -35,7 +35,8 @@ from .records import BatchOutcome, Selection
 
 
 def lock_due_batch(conn: Connection, as_of: datetime, batch_size: int) -> Selection:
-    """Step 1: due Pending rows (``due_at < as_of``), oldest first, locked FOR UPDATE SKIP LOCKED.
+    """A batch's selection: due Pending rows (``due_at < as_of``), oldest first, locked FOR UPDATE
+    SKIP LOCKED.
 
     The locks last as long as ``conn``'s transaction. Rows held by another instance are not
     waited for; how many there were is counted exactly (``skipped_locked``).
@@ -45,7 +46,8 @@ def lock_due_batch(conn: Connection, as_of: datetime, batch_size: int) -> Select
 
 
 def decide_batch(candidates: Sequence[DueReminder]) -> list[Decision]:
-    """Step 2 (pure): send for a Planned/InProgress event, skip for Cancelled/Completed."""
+    """A batch's decision (pure): send for a Planned/InProgress event, skip for a
+    Cancelled/Completed one."""
     return decide_all(list(candidates))
 
 
@@ -59,7 +61,7 @@ def write_batch(
     held: Sequence[DueReminder] | None = None,
     now: datetime | None = None,
 ) -> BatchOutcome:
-    """Step 3 in ``conn``'s transaction: lock and re-read the candidates, decide, write.
+    """A batch's write in ``conn``'s transaction: lock and re-read the candidates, decide, write.
 
     The design's rule: the candidates are locked again here (FOR UPDATE SKIP LOCKED) and re-read
     with their event; only what is still Pending and due, and not reserved by another run, is

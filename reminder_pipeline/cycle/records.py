@@ -131,7 +131,7 @@ class CycleReport:
 
 @dataclass(frozen=True)
 class Selection:
-    """Step 1 in the caller's transaction: the candidates, oldest first, locked by it."""
+    """A batch's selection in the caller's transaction: the candidates, oldest first, locked."""
 
     as_of: datetime
     batch_size: int

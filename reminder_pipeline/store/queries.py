@@ -95,7 +95,8 @@ _DUE_NAMES = ", ".join(
 )
 
 # The due rows a batch takes, with their event's payload fields, each locked (picked), and the
-# last of a full batch (last_taken): the CTEs step 1 and a drain's one-statement batch share.
+# last of a full batch (last_taken): the CTEs a batch's selection and a drain's one-statement
+# batch share.
 _PICKED = f"""
     picked AS (
         SELECT {_DUE_COLUMNS}, r.due_at AS row_due_at, r.id AS row_id
@@ -108,7 +109,7 @@ _PICKED = f"""
            FOR UPDATE OF r SKIP LOCKED
     ),{_LAST_TAKEN}"""
 
-# Step 1 of the cycle (docs/design.md): due rows, oldest first, at most :batch_size, each locked
+# A batch's selection (docs/design.md): due rows, oldest first, at most :batch_size, each locked
 # FOR UPDATE; rows locked by another instance (or by an event's cancel/reschedule cascade in
 # flight) are skipped without waiting, and counted. One row per taken reminder (the DueReminder
 # columns, then the count); when nothing was taken, one row of NULLs carrying the count.
@@ -190,7 +191,7 @@ COUNT_STILL_PENDING = text(
     """
 )
 
-# Step 3 of the cycle in one statement: every decided row moves Pending -> Sent/Skipped, and
+# A batch's write in one statement: every decided row moves Pending -> Sent/Skipped, and
 # each row that became Sent gets exactly one outbox row (its id and stored payload come back, so
 # a drain's relay can publish it without reading it again). The batch arrives as one jsonb array
 # (one orjson dump per batch; five text[] parameters cost a regex escape per payload quote). The
@@ -254,9 +255,9 @@ _PAYLOAD = """
 """
 
 # A drain's batch in one statement (docs/design.md, "A drain's batches: one statement each"):
-# step 1's selection (the same rows, the same lock, the same exact skipped_locked count), the
+# a batch's selection (the same rows, the same lock, the same exact skipped_locked count), the
 # decision on the event status read with the row under that lock (:live: the statuses that
-# send), and step 3's write (Pending -> Sent/Skipped, one outbox row per Sent row, its payload
+# send), and its write (Pending -> Sent/Skipped, one outbox row per Sent row, its payload
 # built here, its headers :headers with the row's reminder-id). It returns one row per reminder
 # that moved (the ids its log lines name, its status and lateness: no timestamps to parse),
 # oldest first, then one row per outbox row written (the reminder's id, the outbox id and the
