@@ -14,14 +14,16 @@ relay_outbox`` (the op names). Each is one plain call here, taking and returning
   (``cycle completed``, the metrics ledger);
 * :func:`run_cycle` - all of it in one process (CLI, demo, tests).
 
-Underneath, one batch in the caller's transaction (:mod:`.batch`): :func:`lock_due_batch`
-(``FOR UPDATE SKIP LOCKED``), :func:`decide_batch` (pure), :func:`write_batch` (lock again,
-re-read, decide, one set-based statement), :func:`dispatch_batch` (those three in one
-transaction, logged after commit); and :func:`drain` (:mod:`.drain`), batch after batch.
+Underneath, one batch in the caller's transaction (:mod:`.batch`), every batch written by the
+same statement (decision and payload in SQL, each payload checked against the contract before
+the commit): :func:`lock_due_batch` (``FOR UPDATE SKIP LOCKED``), :func:`write_batch` (lock
+again, re-read, decide, write), :func:`dispatch_batch` (a drain's batch: selection and write in
+one statement, in one transaction, logged after commit); and :func:`drain` (:mod:`.drain`),
+batch after batch.
 """
 
 from ..observability.ledger import CLOCK_SKEW_WARN_SECONDS
-from .batch import decide_batch, dispatch_batch, lock_due_batch, report_batch, write_batch
+from .batch import dispatch_batch, lock_due_batch, report_batch, write_batch
 from .clock import (
     as_of_or_now,
     check_as_of,
@@ -68,7 +70,6 @@ __all__ = [
     "backlog_left",
     "check_as_of",
     "database_now",
-    "decide_batch",
     "dispatch_batch",
     "drain",
     "fail",

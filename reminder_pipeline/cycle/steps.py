@@ -11,10 +11,9 @@ from datetime import datetime
 from sqlalchemy.engine import Engine
 
 from ..domain.model import (
-    Action,
     CycleCounts,
 )
-from ..domain.transitions import action_for
+from ..domain.transitions import LIVE_EVENT_STATUSES
 from ..logs import Journal
 from ..messaging.relay import Publisher, RelayResult, publish_outbox
 from ..observability import ledger, tracing
@@ -95,13 +94,13 @@ def reserve(
 
 
 def preview(engine: Engine, ids: Sequence[str]) -> Decisions:
-    """Step 2: each selected row's event status, read without a lock, as send or skip."""
+    """Step 2: send or skip for each selected row, on its event status read without a lock (the
+    batch statement's rule; a row gone since is a skip)."""
     with engine.connect() as conn:
-        statuses = repository.event_statuses(conn, ids)
+        sends = repository.preview_decisions(conn, ids, LIVE_EVENT_STATUSES)
     decided = Decisions([], [])
     for reminder_id in ids:
-        action = action_for(statuses.get(reminder_id))
-        (decided.send if action is Action.SEND else decided.skip).append(reminder_id)
+        (decided.send if sends.get(reminder_id) else decided.skip).append(reminder_id)
     return decided
 
 
