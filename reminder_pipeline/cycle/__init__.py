@@ -19,11 +19,11 @@ same statement (decision and payload in SQL, each payload checked against the co
 the commit): :func:`lock_due_batch` (``FOR UPDATE SKIP LOCKED``), :func:`write_batch` (lock
 again, re-read, decide, write), :func:`dispatch_batch` (a drain's batch: selection and write in
 one statement, in one transaction, logged after commit); and :func:`drain` (:mod:`.drain`),
-batch after batch.
+batch after batch. :func:`decide_batch` is the decision described in Python (pure).
 """
 
 from ..observability.ledger import CLOCK_SKEW_WARN_SECONDS
-from .batch import dispatch_batch, lock_due_batch, report_batch, write_batch
+from .batch import decide_batch, dispatch_batch, lock_due_batch, report_batch, write_batch
 from .clock import (
     as_of_or_now,
     check_as_of,
@@ -70,6 +70,7 @@ __all__ = [
     "backlog_left",
     "check_as_of",
     "database_now",
+    "decide_batch",
     "dispatch_batch",
     "drain",
     "fail",

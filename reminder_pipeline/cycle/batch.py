@@ -23,12 +23,13 @@ from sqlalchemy.engine import Connection, Engine
 from ..domain import contract
 from ..domain.model import (
     ClaimedMessage,
+    Decision,
     DueReminder,
     PoisonRow,
     ReminderStatus,
 )
 from ..domain.plan import ZONE_FALLBACK, message_headers, unsendable
-from ..domain.transitions import LIVE_EVENT_STATUSES
+from ..domain.transitions import LIVE_EVENT_STATUSES, decide_all
 from ..logs import Journal
 from ..observability import tracing
 from ..store import repository
@@ -44,6 +45,12 @@ def lock_due_batch(conn: Connection, as_of: datetime, batch_size: int) -> Select
     """
     due = repository.select_due_for_update_skip_locked(conn, as_of, batch_size)
     return Selection(as_of, batch_size, due.reminders, due.skipped_locked)
+
+
+def decide_batch(candidates: Sequence[DueReminder]) -> list[Decision]:
+    """A batch's decision as described in plain Python (pure; ``domain/transitions.py``): what
+    the batch statement decides for these rows if nothing changes before it runs."""
+    return decide_all(list(candidates))
 
 
 def write_batch(

@@ -214,21 +214,21 @@ _PAYLOAD = """
 """
 
 
-# A batch's write, the one write path of step 3 (docs/design.md, "A batch: one statement"): the
-# rows the batch takes (``picked``: a drain's due selection, or a run's reserved candidates), the
-# decision on the event status read with the row under that lock (:live: the statuses that
-# send), and the write (Pending -> Sent/Skipped, one outbox row per Sent row, its payload built
-# here, its headers :headers with the row's reminder-id). Rows in :exclude (poison: a payload
-# that breaks the contract, data the database refused) stay Pending and locked. SentAt is the
-# database's clock (now(): this transaction's start; :now only pins it in tests), never before
-# AsOf, so lateness is never negative. The outbox insert is fed from the UPDATE's RETURNING, so a
-# row that was no longer Pending produces no message, and the unique index on outbox.reminder_id
-# makes a second message for a reminder impossible (INV-REM-2). It returns one row per reminder
-# that moved (the ids its log lines name, its status and lateness: no timestamps to parse),
-# oldest first, then one row per outbox row written (the reminder's id, the outbox id and the
-# stored payload): two row sets, not a join of the two CTEs, whose row estimates of 1 made the
-# planner pick a nested loop of 1,000 x 1,000. Every row carries the batch's counts; when
-# nothing was taken, one row of NULLs carries them.
+# A batch's write, the one write path of step 3 (docs/design.md, "One write path: a batch is one
+# statement"): the rows the batch takes (``picked``: a drain's due selection, or the rows this
+# transaction holds), the decision on the event status read with the row under that lock (:live:
+# the statuses that send), and the write (Pending -> Sent/Skipped, one outbox row per Sent row,
+# its payload built here, its headers :headers with the row's reminder-id). Rows in :exclude
+# (poison: a payload that breaks the contract, data the database refused) stay Pending and
+# locked. SentAt is the database's clock (now(): this transaction's start; :now only pins it in
+# tests), never before AsOf, so lateness is never negative. The outbox insert is fed from the
+# UPDATE's RETURNING, so a row that was no longer Pending produces no message, and the unique
+# index on outbox.reminder_id makes a second message for a reminder impossible (INV-REM-2). It
+# returns one row per reminder that moved (the ids its log lines name, its status and lateness:
+# no timestamps to parse), oldest first, then one row per outbox row written (the reminder's id,
+# the outbox id and the stored payload): two row sets, not a join of the two CTEs, whose row
+# estimates of 1 made the planner pick a nested loop of 1,000 x 1,000. Every row carries the
+# batch's counts; when nothing was taken, one row of NULLs carries them.
 def _write_batch(picked: str, counts: str) -> str:
     return f"""
     WITH {picked},
