@@ -77,7 +77,7 @@ def dispatch(
     try:
         require_schema(engine)
         # Not after the database's clock (this host's may be off): the same one line, exit 2.
-        as_of = cycle.check_as_of(engine, as_of, given_as("as_of"))
+        as_of = cycle.check_as_of_on_database(engine, as_of, given_as("as_of"))
         publisher = None if no_relay else open_publisher(settings, endpoints.bootstrap_servers)
         line = progress_line()
 

@@ -82,7 +82,7 @@ BATCH_SIZE_TYPE = Checked(check_batch_size, "ROWS")
 MAX_BATCHES_TYPE = Checked(check_max_batches, "N")
 BUDGET_SECONDS_TYPE = Checked(check_budget_seconds, "SECONDS")
 #: AsOf's form only: whether it is in the future is checked against the database's clock, once the
-#: command is connected (``cycle.check_as_of``), never against this host's.
+#: command is connected (``cycle.check_as_of_on_database``), never against this host's.
 AS_OF_TYPE = Checked(parse_as_of, "ISO-8601")
 RETENTION_HOURS_TYPE = Checked(check_retention_hours, "HOURS")
 PURGE_BATCH_SIZE_TYPE = Checked(check_purge_batch_size, "ROWS")

@@ -26,7 +26,7 @@ from ..observability.ledger import CLOCK_SKEW_WARN_SECONDS
 from .batch import decide_batch, dispatch_batch, lock_due_batch, report_batch, write_batch
 from .clock import (
     as_of_or_now,
-    check_as_of,
+    check_as_of_on_database,
     database_now,
     now_utc,
     read_clock,
@@ -68,7 +68,7 @@ __all__ = [
     "Written",
     "as_of_or_now",
     "backlog_left",
-    "check_as_of",
+    "check_as_of_on_database",
     "database_now",
     "decide_batch",
     "dispatch_batch",

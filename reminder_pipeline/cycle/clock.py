@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 
 from sqlalchemy.engine import Engine
 
-from .. import config as settings
+from .. import config
 from ..store import repository
 
 # A host whose clock differs from the database's by more than CLOCK_SKEW_WARN_SECONDS (defined
@@ -42,10 +42,12 @@ def read_clock(engine: Engine) -> tuple[datetime, float]:
 def as_of_or_now(as_of: datetime | None, now: datetime) -> datetime:
     """Default ``as_of`` to ``now`` (the database's clock); refuse a naive or future one
     (``config.check_as_of``'s lines)."""
-    return settings.check_as_of(as_of, now=now) or now
+    return config.check_as_of(as_of, now=now) or now
 
 
-def check_as_of(engine: Engine, as_of: datetime | None, name: str = "as_of") -> datetime | None:
+def check_as_of_on_database(
+    engine: Engine, as_of: datetime | None, name: str = "as_of"
+) -> datetime | None:
     """An operator's AsOf checked against the database's clock (None: now, at the cycle's start).
 
     Where it is given (the CLI, the run config) the host's clock may be off either way; a slow
@@ -53,4 +55,4 @@ def check_as_of(engine: Engine, as_of: datetime | None, name: str = "as_of") -> 
     """
     if as_of is None:
         return None
-    return settings.check_as_of(as_of, name, now=database_now(engine))
+    return config.check_as_of(as_of, name, now=database_now(engine))

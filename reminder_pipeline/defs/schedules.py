@@ -17,13 +17,13 @@ from dagster import (
     schedule,
 )
 
-from .. import config as settings
+from ..config import CYCLE_MAX_BATCHES_ENV, check_max_batches
 from .jobs import CONCURRENCY_TAGS, CONCURRENCY_VALUE, outbox_retention, reminder_dispatch
 from .limits import CONCURRENCY_TAG, IN_FLIGHT_STATUSES
 
 #: The operator's switch back to the literal one-batch cycle (``1``): the scheduled runs'
 #: ``max_batches`` (and the CLI's). Unset, a run drains what is due within its budget.
-MAX_BATCHES_ENV = settings.CYCLE_MAX_BATCHES_ENV
+MAX_BATCHES_ENV = CYCLE_MAX_BATCHES_ENV
 
 
 def scheduled_run_config() -> dict[str, int]:
@@ -31,7 +31,7 @@ def scheduled_run_config() -> dict[str, int]:
     value = os.environ.get(MAX_BATCHES_ENV, "").strip()
     if not value:
         return {}
-    return {"max_batches": settings.check_max_batches(value, MAX_BATCHES_ENV)}
+    return {"max_batches": check_max_batches(value, MAX_BATCHES_ENV)}
 
 
 def dispatch_concurrency_limit(context: ScheduleEvaluationContext) -> int:
