@@ -110,7 +110,10 @@ def run_dagster(opts: dict) -> dict:
     from reminder_pipeline.definitions import defs
     from reminder_pipeline.defs.resources import KafkaResource, PostgresResource
 
-    job = defs.resolve_job_def("reminder_catch_up")
+    # reminder_catch_up, or the scheduled job itself (reminder_dispatch, its budget at most 90 s).
+    job_name = opts.get("job", "reminder_catch_up")
+    job = defs.resolve_job_def(job_name)
+    budget_cap = 90.0 if job_name == "reminder_dispatch" else 240.0
     resources = {
         "postgres": PostgresResource(database_url=opts["url"]),
         "kafka": KafkaResource(bootstrap_servers=opts["bootstrap"]),
@@ -128,7 +131,7 @@ def run_dagster(opts: dict) -> dict:
             run_config={
                 "batch_size": opts["batch_size"],
                 "max_batches": opts["max_batches"],
-                "budget_seconds": min(opts["budget_seconds"], 240.0),
+                "budget_seconds": min(opts["budget_seconds"], budget_cap),
             },
             instance=instance,
             resources=resources,
@@ -141,7 +144,8 @@ def run_dagster(opts: dict) -> dict:
         events = len(instance.all_logs(result.run_id))
     sent, skipped = int(meta["sent_count"]), int(meta["skipped_count"])
     return {
-        "mode": "dagster",
+        "mode": opts["mode"],
+        "job": job_name,
         "rows": sent + skipped,
         "sent": sent,
         "skipped": skipped,
@@ -381,6 +385,7 @@ def main() -> int:
         "pipeline": run_pipeline,
         "raw": run_raw,
         "dagster": run_dagster,
+        "dispatch_job": run_dagster,
         "dispatch": run_dispatch,
     }
     result = runners[mode](opts)

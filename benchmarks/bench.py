@@ -188,6 +188,18 @@ def fig_catchup(srv, args, rows: list[Row], details: dict) -> None:
                 _verdict(median["dagster_ratio"] >= 0.80 and exact),
             )
         )
+    job = res.get("dispatch_job")
+    if job is not None:
+        rows.append(
+            Row(
+                "1. the same as the scheduled job, reminder_dispatch (max_batches 1000, batch 1000)",
+                ">= 0.80x raw",  # issue 30, item 1
+                f"{fmt_rate(job['rows_per_s'])} rows/s ({job['elapsed_s']:.1f}s)",
+                f"raw {fmt_rate(raw_rate)} rows/s",
+                f"{median['dispatch_job_ratio']:.2f}x{spread('dispatch_job_ratio')}",
+                _verdict(median["dispatch_job_ratio"] >= 0.80 and exact),
+            )
+        )
 
 
 def fig_dueq(srv, args, rows: list[Row], details: dict) -> None:
@@ -428,7 +440,7 @@ def print_details(details: dict) -> None:
                 extra = (
                     f" db {r['db_s']:.1f}s, produce {r['produce_s']:.1f}s, mark {r['mark_s']:.1f}s"
                 )
-            elif r["mode"] == "dagster":
+            elif r["mode"] in ("dagster", "dispatch_job"):
                 extra = f" event-log entries {r['event_log_entries']:,}"
             print(
                 f"  {r['mode']:10} {r['rows']:>7,} rows {r['elapsed_s']:6.1f}s "

@@ -22,8 +22,14 @@ SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
 DEFAULT_BATCH_SIZE = 200
 MAX_BATCH_SIZE = 10_000
-DEFAULT_MAX_BATCHES = 1
 MAX_BATCHES = 10_000
+#: One cycle, scheduled or from the CLI: batches of ``batch_size`` (each one transaction) until
+#: none is due or the budget is spent. The design's SLO (2 minutes) outranks a per-minute cap of
+#: 200 rows; ``max_batches: 1`` (``REMINDER_DISPATCH_MAX_BATCHES=1``) restores the literal
+#: one-batch cycle (docs/design.md, "Peaks").
+CYCLE_MAX_BATCHES = MAX_BATCHES
+#: The variable both the schedule and ``reminder-pipeline dispatch`` read for ``max_batches``.
+CYCLE_MAX_BATCHES_ENV = "REMINDER_DISPATCH_MAX_BATCHES"
 DEFAULT_CYCLE_BUDGET_SECONDS = 30.0
 MIN_BUDGET_SECONDS = 1.0
 #: The widest time budget anything accepts (the CLI); each Dagster job narrows it with ``high``.

@@ -24,7 +24,7 @@ from .dlq import dlq
 from .exits import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, run
 from .forecast import forecast
 from .metrics import metrics
-from .options import PROGRESS_SECONDS, env_option
+from .options import PROGRESS_SECONDS_TYPE, env_option
 from .outbox import outbox
 from .output import PROG, ProgressLine
 from .poison import poison
@@ -61,7 +61,7 @@ __all__ = [
 )
 @env_option(
     "--progress-seconds",
-    type=PROGRESS_SECONDS,
+    type=PROGRESS_SECONDS_TYPE,
     default=DEFAULT_PROGRESS_SECONDS,
     envvar="REMINDER_PROGRESS_SECONDS",
     help="Interval of the progress lines on stderr during long work (0: every step).",

@@ -10,7 +10,7 @@ import click
 from ..config import ConfigError
 from .context import database, load_settings
 from .exits import EXIT_OK
-from .options import EVENT_ID, env_option, json_option
+from .options import EVENT_ID_TYPE, env_option, json_option
 from .output import print_fields, print_json
 
 
@@ -58,7 +58,7 @@ def _require_development_database() -> None:
 
 
 @demo.command("cancel")
-@click.argument("event_id", type=EVENT_ID)
+@click.argument("event_id", type=EVENT_ID_TYPE)
 def demo_cancel(event_id: uuid.UUID) -> int:
     """Cancel an event as the calendar does: its Pending reminders go Skipped."""
     from ..local.calendar import CalendarError, cancel_event
@@ -73,7 +73,7 @@ def demo_cancel(event_id: uuid.UUID) -> int:
 
 
 @demo.command("move")
-@click.argument("event_id", type=EVENT_ID)
+@click.argument("event_id", type=EVENT_ID_TYPE)
 @env_option(
     "--minutes",
     type=click.IntRange(-10_000, 10_000),

@@ -7,14 +7,14 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ..config import DEFAULT_BATCH_SIZE, DEFAULT_MAX_BATCHES
+from ..config import CYCLE_MAX_BATCHES, CYCLE_MAX_BATCHES_ENV, DEFAULT_BATCH_SIZE
 from ..domain.model import COUNTERS
 from .context import load_settings, open_publisher, open_servers, progress_line, require_schema
 from .exits import relay_exit
 from .options import (
-    AS_OF,
-    BATCH_SIZE,
-    MAX_BATCHES,
+    AS_OF_TYPE,
+    BATCH_SIZE_TYPE,
+    MAX_BATCHES_TYPE,
     batch_size_option,
     budget_option,
     env_option,
@@ -30,22 +30,23 @@ if TYPE_CHECKING:
 
 @click.command()
 @batch_size_option(
-    type=BATCH_SIZE,
+    type=BATCH_SIZE_TYPE,
     default=DEFAULT_BATCH_SIZE,
     envvar="REMINDER_BATCH_SIZE",
     help="Rows per batch (each batch one transaction), 1..10,000.",
 )
 @env_option(
     "--max-batches",
-    type=MAX_BATCHES,
-    default=DEFAULT_MAX_BATCHES,
-    envvar="REMINDER_MAX_BATCHES",
-    help="Batches this cycle may drain (1 = the design's cycle), 1..10,000.",
+    type=MAX_BATCHES_TYPE,
+    default=CYCLE_MAX_BATCHES,
+    envvar=CYCLE_MAX_BATCHES_ENV,
+    help="Batches at most, as a scheduled run: the cycle stops earlier when nothing due is "
+    "left or the budget is spent (1 = the literal one-batch cycle), 1..10,000.",
 )
 @budget_option(help="No new batch starts after this many seconds, 1..600.")
 @env_option(
     "--as-of",
-    type=AS_OF,
+    type=AS_OF_TYPE,
     default=None,
     envvar="REMINDER_AS_OF",
     show_default="now",
@@ -76,7 +77,7 @@ def dispatch(
     try:
         require_schema(engine)
         # Not after the database's clock (this host's may be off): the same one line, exit 2.
-        as_of = cycle.check_as_of(engine, as_of, given_as("as_of"))
+        as_of = cycle.check_as_of_on_database(engine, as_of, given_as("as_of"))
         publisher = None if no_relay else open_publisher(settings, endpoints.bootstrap_servers)
         line = progress_line()
 

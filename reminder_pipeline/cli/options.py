@@ -78,17 +78,19 @@ class Checked(_ParamType):
         return self.check(value, name)
 
 
-BATCH_SIZE = Checked(check_batch_size, "ROWS")
-MAX_BATCHES = Checked(check_max_batches, "N")
-BUDGET_SECONDS = Checked(check_budget_seconds, "SECONDS")
+BATCH_SIZE_TYPE = Checked(check_batch_size, "ROWS")
+MAX_BATCHES_TYPE = Checked(check_max_batches, "N")
+BUDGET_SECONDS_TYPE = Checked(check_budget_seconds, "SECONDS")
 #: AsOf's form only: whether it is in the future is checked against the database's clock, once the
-#: command is connected (``cycle.check_as_of``), never against this host's.
-AS_OF = Checked(parse_as_of, "ISO-8601")
-RETENTION_HOURS = Checked(check_retention_hours, "HOURS")
-PURGE_BATCH_SIZE = Checked(check_purge_batch_size, "ROWS")
-POISON_LIMIT = Checked(check_poison_limit, "ROWS")
-PORT = Checked(check_port, "PORT")
-PROGRESS_SECONDS = Checked(lambda value, name: check_number(value, name, 0.0, 3600.0), "SECONDS")
+#: command is connected (``cycle.check_as_of_on_database``), never against this host's.
+AS_OF_TYPE = Checked(parse_as_of, "ISO-8601")
+RETENTION_HOURS_TYPE = Checked(check_retention_hours, "HOURS")
+PURGE_BATCH_SIZE_TYPE = Checked(check_purge_batch_size, "ROWS")
+POISON_LIMIT_TYPE = Checked(check_poison_limit, "ROWS")
+PORT_TYPE = Checked(check_port, "PORT")
+PROGRESS_SECONDS_TYPE = Checked(
+    lambda value, name: check_number(value, name, 0.0, 3600.0), "SECONDS"
+)
 
 
 def _uuid_check(what: str) -> Callable[[object, str], uuid.UUID]:
@@ -101,8 +103,8 @@ def _uuid_check(what: str) -> Callable[[object, str], uuid.UUID]:
     return check
 
 
-REMINDER_ID = Checked(_uuid_check("a reminder id"), "REMINDER_ID")
-EVENT_ID = Checked(_uuid_check("a calendar event id"), "EVENT_ID")
+REMINDER_ID_TYPE = Checked(_uuid_check("a reminder id"), "REMINDER_ID")
+EVENT_ID_TYPE = Checked(_uuid_check("an event id"), "EVENT_ID")
 
 
 # --- options: the shape every command's options share ------------------------------------------
@@ -142,7 +144,7 @@ def budget_option(help: str) -> Callable[[F], F]:
     """``--budget-seconds`` of ``dispatch`` and ``relay`` (REMINDER_CYCLE_BUDGET_SECONDS)."""
     return env_option(
         "--budget-seconds",
-        type=BUDGET_SECONDS,
+        type=BUDGET_SECONDS_TYPE,
         default=DEFAULT_CYCLE_BUDGET_SECONDS,
         envvar="REMINDER_CYCLE_BUDGET_SECONDS",
         help=help,
@@ -168,5 +170,5 @@ def port_option(
 ) -> Callable[[F], F]:
     """A port to serve on (``metrics --port``, ``consume --metrics-port``), 1..65,535."""
     return env_option(
-        *decls, type=PORT, default=default, envvar=envvar, show_default=show_default, help=help
+        *decls, type=PORT_TYPE, default=default, envvar=envvar, show_default=show_default, help=help
     )

@@ -9,7 +9,13 @@ import click
 from ..config import DEFAULT_PURGE_BATCH_SIZE, DEFAULT_RETENTION_HOURS
 from .context import database, operator_name
 from .exits import EXIT_OK
-from .options import PURGE_BATCH_SIZE, RETENTION_HOURS, batch_size_option, env_option, json_option
+from .options import (
+    PURGE_BATCH_SIZE_TYPE,
+    RETENTION_HOURS_TYPE,
+    batch_size_option,
+    env_option,
+    json_option,
+)
 from .output import print_json
 
 
@@ -21,13 +27,13 @@ def outbox() -> None:
 @outbox.command("purge")
 @env_option(
     "--retention-hours",
-    type=RETENTION_HOURS,
+    type=RETENTION_HOURS_TYPE,
     default=DEFAULT_RETENTION_HOURS,
     envvar="REMINDER_OUTBOX_RETENTION_HOURS",
     help="Delete published rows older than this; at least 1 hour, at most 366 days.",
 )
 @batch_size_option(
-    type=PURGE_BATCH_SIZE,
+    type=PURGE_BATCH_SIZE_TYPE,
     default=DEFAULT_PURGE_BATCH_SIZE,
     envvar="REMINDER_PURGE_BATCH_SIZE",
     help="Rows per DELETE transaction, 1..10,000.",

@@ -14,7 +14,15 @@ import click
 from ..config import DEFAULT_POISON_LIMIT, ConfigError, parse_as_of
 from .context import database, operator_name
 from .exits import EXIT_FAILURE, EXIT_OK
-from .options import POISON_LIMIT, REMINDER_ID, Checked, env_option, force_option, json_option
+from .options import (
+    EVENT_ID_TYPE,
+    POISON_LIMIT_TYPE,
+    REMINDER_ID_TYPE,
+    Checked,
+    env_option,
+    force_option,
+    json_option,
+)
 from .output import print_error, print_json, print_table
 
 if TYPE_CHECKING:
@@ -23,15 +31,7 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _check_event_id(value: object, name: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(str(value).strip())
-    except ValueError:
-        raise ConfigError(f"{name}={value!r} is not an event id (a UUID)") from None
-
-
-EVENT_ID = Checked(_check_event_id, "EVENT_ID")
-FAILED_SINCE = Checked(parse_as_of, "ISO-8601")
+FAILED_SINCE_TYPE = Checked(parse_as_of, "ISO-8601")
 
 
 @click.group()
@@ -42,7 +42,7 @@ def poison() -> None:
 @poison.command("list")
 @env_option(
     "--limit",
-    type=POISON_LIMIT,
+    type=POISON_LIMIT_TYPE,
     default=DEFAULT_POISON_LIMIT,
     envvar="REMINDER_POISON_LIMIT",
     help="Rows listed at most, 1..1,000.",
@@ -50,10 +50,10 @@ def poison() -> None:
 @json_option
 def poison_list(limit: int, as_json: bool) -> int:
     """Pending rows with failed attempts, oldest due first, with their last error."""
-    from ..operator_jobs import poison as poison_rows
+    from ..operator_jobs import poison
 
     with database() as engine:
-        rows = poison_rows.list_rows(engine, limit)
+        rows = poison.list_rows(engine, limit)
     if as_json:
         print_json(rows)
     else:
@@ -67,10 +67,10 @@ def poison_list(limit: int, as_json: bool) -> int:
 
 def _poison_change(action: str, reminder_id: uuid.UUID, force: bool) -> int:
     """Retry or skip one row in its own transaction; refuse a row that has not failed."""
-    from ..operator_jobs import poison as poison_rows
+    from ..operator_jobs import poison
 
     with database() as engine:
-        done = poison_rows.change(engine, action, reminder_id, actor=operator_name(), force=force)
+        done = poison.change(engine, action, reminder_id, actor=operator_name(), force=force)
     if done.changed:
         print(f"poison {action}: done ({reminder_id})", flush=True)
         return EXIT_OK
@@ -129,7 +129,7 @@ def _poison_action(
     **filters: Any,
 ) -> int:
     """One row by id, or every poison row a filter takes (a dry run first)."""
-    from ..operator_jobs import poison as poison_rows
+    from ..operator_jobs import poison
 
     given = filters["all_rows"] or any(
         filters[k] is not None for k in ("event_id", "kind", "failed_since")
@@ -143,9 +143,7 @@ def _poison_action(
         return _poison_change(action, reminder_id, force)
     selected = _poison_filter(action, force=force, dry_run=dry_run, **filters)
     with database() as engine:
-        done = poison_rows.change_many(
-            engine, action, selected, actor=operator_name(), dry_run=dry_run
-        )
+        done = poison.change_many(engine, action, selected, actor=operator_name(), dry_run=dry_run)
     if as_json:
         print_json(done.plain())
         return EXIT_OK
@@ -170,14 +168,14 @@ def _bulk_options(command: F) -> F:
             click.option(
                 "--event",
                 "event_id",
-                type=EVENT_ID,
+                type=EVENT_ID_TYPE,
                 default=None,
                 help="The poison rows of this event (an EventId).",
             ),
             click.option("--kind", default=None, help="The poison rows of events of this Kind."),
             click.option(
                 "--failed-since",
-                type=FAILED_SINCE,
+                type=FAILED_SINCE_TYPE,
                 default=None,
                 help="The poison rows whose last failure is at or after this time.",
             ),
@@ -201,7 +199,7 @@ def _bulk_options(command: F) -> F:
 
 
 @poison.command("retry")
-@click.argument("reminder_id", type=REMINDER_ID, required=False)
+@click.argument("reminder_id", type=REMINDER_ID_TYPE, required=False)
 @force_option
 @_bulk_options
 def poison_retry(reminder_id: uuid.UUID | None, force: bool, **options: Any) -> int:
@@ -211,7 +209,7 @@ def poison_retry(reminder_id: uuid.UUID | None, force: bool, **options: Any) -> 
 
 
 @poison.command("skip")
-@click.argument("reminder_id", type=REMINDER_ID, required=False)
+@click.argument("reminder_id", type=REMINDER_ID_TYPE, required=False)
 @force_option
 @_bulk_options
 def poison_skip(reminder_id: uuid.UUID | None, force: bool, **options: Any) -> int:

@@ -75,15 +75,15 @@ def trace(
     """
     from ..consumer.dedup import DedupStoreError
     from ..consumer.delivered import delivered_check
-    from ..operator_jobs import trace as tracing
+    from ..operator_jobs import trace as trace_lookup
 
     ui_url = load_settings().dagster_ui_url
     try:
         with delivered_check(dedup_url, dedup_path) as delivered, database() as engine:
-            reminders = tracing.trace(
+            reminders = trace_lookup.trace(
                 engine, reminder_or_event_id, ui_url=ui_url, delivered=delivered
             )
-    except (tracing.UnknownId, DedupStoreError) as error:
+    except (trace_lookup.UnknownId, DedupStoreError) as error:
         print_error(f"trace: {error}")
         return EXIT_FAILURE
     if as_json:

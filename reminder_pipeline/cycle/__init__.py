@@ -14,17 +14,19 @@ relay_outbox`` (the op names). Each is one plain call here, taking and returning
   (``cycle completed``, the metrics ledger);
 * :func:`run_cycle` - all of it in one process (CLI, demo, tests).
 
-Underneath, one batch in the caller's transaction (:mod:`.batch`): :func:`lock_due_batch`
-(``FOR UPDATE SKIP LOCKED``), :func:`decide_batch` (pure), :func:`write_batch` (lock again,
-re-read, decide, one set-based statement), :func:`dispatch_batch` (those three in one
-transaction, logged after commit); and :func:`drain` (:mod:`.drain`), batch after batch.
+Underneath, one batch in the caller's transaction (:mod:`.batch`), every batch written by the
+same statement (decision and payload in SQL, each payload checked against the contract before
+the commit): :func:`lock_due_batch` (``FOR UPDATE SKIP LOCKED``), :func:`write_batch` (lock
+again, re-read, decide, write), :func:`dispatch_batch` (a drain's batch: selection and write in
+one statement, in one transaction, logged after commit); and :func:`drain` (:mod:`.drain`),
+batch after batch. :func:`decide_batch` is the decision described in Python (pure).
 """
 
+from ..observability.ledger import CLOCK_SKEW_WARN_SECONDS
 from .batch import decide_batch, dispatch_batch, lock_due_batch, report_batch, write_batch
 from .clock import (
-    CLOCK_SKEW_WARN_SECONDS,
     as_of_or_now,
-    check_as_of,
+    check_as_of_on_database,
     database_now,
     now_utc,
     read_clock,
@@ -66,7 +68,7 @@ __all__ = [
     "Written",
     "as_of_or_now",
     "backlog_left",
-    "check_as_of",
+    "check_as_of_on_database",
     "database_now",
     "decide_batch",
     "dispatch_batch",

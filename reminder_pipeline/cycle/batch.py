@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -24,9 +25,10 @@ from ..domain.model import (
     ClaimedMessage,
     Decision,
     DueReminder,
+    PoisonRow,
     ReminderStatus,
 )
-from ..domain.plan import is_sendable, message_headers, plan_batch
+from ..domain.plan import ZONE_FALLBACK, message_headers, unsendable
 from ..domain.transitions import LIVE_EVENT_STATUSES, decide_all
 from ..logs import Journal
 from ..observability import tracing
@@ -35,7 +37,8 @@ from .records import BatchOutcome, Selection
 
 
 def lock_due_batch(conn: Connection, as_of: datetime, batch_size: int) -> Selection:
-    """Step 1: due Pending rows (``due_at < as_of``), oldest first, locked FOR UPDATE SKIP LOCKED.
+    """A batch's selection: due Pending rows (``due_at < as_of``), oldest first, locked FOR UPDATE
+    SKIP LOCKED.
 
     The locks last as long as ``conn``'s transaction. Rows held by another instance are not
     waited for; how many there were is counted exactly (``skipped_locked``).
@@ -45,7 +48,8 @@ def lock_due_batch(conn: Connection, as_of: datetime, batch_size: int) -> Select
 
 
 def decide_batch(candidates: Sequence[DueReminder]) -> list[Decision]:
-    """Step 2 (pure): send for a Planned/InProgress event, skip for Cancelled/Completed."""
+    """A batch's decision as described in plain Python (pure; ``domain/transitions.py``): what
+    the batch statement decides for these rows if nothing changes before it runs."""
     return decide_all(list(candidates))
 
 
@@ -59,16 +63,16 @@ def write_batch(
     held: Sequence[DueReminder] | None = None,
     now: datetime | None = None,
 ) -> BatchOutcome:
-    """Step 3 in ``conn``'s transaction: lock and re-read the candidates, decide, write.
+    """A batch's write in ``conn``'s transaction: lock and re-read the candidates, decide, write.
 
     The design's rule: the candidates are locked again here (FOR UPDATE SKIP LOCKED) and re-read
     with their event; only what is still Pending and due, and not reserved by another run, is
-    decided, on *that* state (:func:`~reminder_pipeline.domain.plan.plan_batch`), and written by
-    one set-based statement: Sent rows get ``sent_at`` (the database's clock, never before
-    ``as_of``; ``now`` pins it for tests)
-    and exactly one outbox row each, Skipped rows publish nothing. A poison row (its message
-    cannot be built, breaks the contract, or the database refuses its data) is left Pending with
-    a back-off. Infrastructure errors propagate: the caller's transaction rolls back whole.
+    decided, on *that* state, and written by the statement every batch is written by
+    (:func:`write_held_rows`): Sent rows get ``sent_at`` (the database's clock, never before
+    ``as_of``; ``now`` pins it for tests) and exactly one outbox row each, Skipped rows publish
+    nothing. A poison row (its message breaks the contract, or the database refuses its data) is
+    left Pending with a back-off. Infrastructure errors propagate: the caller's transaction rolls
+    back whole.
 
     ``reserved_by``: the run whose reservation the candidates may carry (the run that selected
     them). ``held``: the candidates as :func:`lock_due_batch` read and locked them *in this
@@ -84,43 +88,160 @@ def write_batch(
     missing = [i for i in ids if i not in taken]
     outcome.skipped_locked = repository.count_still_pending(conn, missing)
     outcome.gone = len(missing) - outcome.skipped_locked
-
-    plan = plan_batch(locked, correlation_id=correlation_id, trace=tracing.trace_headers())
-    applied = repository.apply_transitions(
-        conn, plan.transitions(), topic=contract.TOPIC, not_before=as_of, now=now
-    )
-    outcome.poison = plan.poison + applied.refused
-    repository.record_poison(conn, outcome.poison, now)
-
+    written = write_held_rows(conn, locked, as_of, correlation_id=correlation_id, now=now)
     by_id = {r.reminder_id: r for r in locked}
-    messages = {r.reminder_id: m for r, m in plan.sends}
-    fallbacks = {r.reminder_id for r in plan.time_zone_fallbacks}
-    for row in applied.rows:
+    for row in written.batch.rows:
         reminder = by_id[row.reminder_id]
         if row.status is not ReminderStatus.SENT:
             outcome.skipped.append(reminder)
             continue
         outcome.sent.append(reminder)
-        if row.reminder_id in fallbacks:
+        if row.reminder_id in written.zone_fallbacks:
             outcome.time_zone_fallbacks.append(reminder)
         outcome.lateness.observe(row.lateness_seconds)
-        message = messages[row.reminder_id]
-        if row.outbox_id is not None:
-            outcome.messages.append(
-                ClaimedMessage(
-                    row.outbox_id,
-                    contract.TOPIC,
-                    message.message_key,
-                    row.payload or "",
-                    message.headers,
-                )
-            )
-    outcome.outbox_rows = applied.outbox_rows
+        outcome.messages.append(_message(row, written.headers))
+    outcome.outbox_rows = len(outcome.messages)
+    outcome.poison = [
+        PoisonRow(i, by_id[i].event_id, by_id[i].tenant_id, error)
+        for i, error in written.poison.items()
+    ]
+    repository.record_poison(conn, outcome.poison, now)
     return outcome
 
 
-class _RowByRow(Exception):
-    """The one-statement batch wrote a row it cannot vouch for: write this batch row by row."""
+@dataclass
+class _HeldWrite:
+    """What :func:`write_held_rows` wrote, and the rows it had to treat apart."""
+
+    batch: repository.DispatchedBatch
+    headers: dict[str, str]
+    #: Poison rows left Pending: reminder id -> why (one line).
+    poison: dict[str, str] = field(default_factory=dict)
+    #: Rows sent with the fallback time zone.
+    zone_fallbacks: set[str] = field(default_factory=set)
+
+
+def write_held_rows(
+    conn: Connection,
+    locked: Sequence[DueReminder],
+    as_of: datetime,
+    *,
+    correlation_id: str | None = None,
+    now: datetime | None = None,
+) -> _HeldWrite:
+    """Write rows this transaction holds with the batch statement, checked before it stays.
+
+    Each attempt runs in a savepoint. A payload the statement built is checked against the
+    contract (:func:`~reminder_pipeline.domain.plan.unsendable`): a row whose zone is not
+    canonical is written again with the fallback zone, a row that breaks the contract again left
+    out as poison. When the database refuses the batch for a row's data (SQLSTATE class 22/23),
+    each row is tried alone to find the refused ones, which are left out as poison. Every other
+    error propagates.
+    """
+    held = _HeldWrite(repository.DispatchedBatch([], 0, 0), _headers(correlation_id))
+    ids = [r.reminder_id for r in locked]
+    for _ in range(len(ids) + 2):  # each retry sets at least one more row apart
+        savepoint = conn.begin_nested()
+        try:
+            batch = _write_held(conn, ids, as_of, held, now)
+        except sa.exc.DBAPIError as error:
+            savepoint.rollback()
+            if repository.data_error(error) is None:
+                raise
+            refused = _refused_alone(conn, ids, as_of, held, now)
+            if not refused:
+                raise
+            held.poison.update(refused)
+            continue
+        apart = {
+            row.reminder_id: why
+            for row in batch.rows
+            if row.status is ReminderStatus.SENT
+            and (why := _unsendable(row, row.reminder_id in held.zone_fallbacks))
+        }
+        if not apart:
+            savepoint.commit()
+            held.batch = batch
+            return held
+        savepoint.rollback()
+        for reminder_id, why in apart.items():
+            if why == ZONE_FALLBACK and reminder_id not in held.zone_fallbacks:
+                held.zone_fallbacks.add(reminder_id)
+            else:
+                held.poison[reminder_id] = why
+    raise RuntimeError("a batch's rows could not be set apart")  # pragma: no cover
+
+
+def _write_held(
+    conn: Connection,
+    ids: Sequence[str],
+    as_of: datetime,
+    held: _HeldWrite,
+    now: datetime | None,
+) -> repository.DispatchedBatch:
+    return repository.write_held_batch(
+        conn,
+        ids,
+        as_of,
+        topic=contract.TOPIC,
+        headers=held.headers,
+        live=LIVE_EVENT_STATUSES,
+        exclude=list(held.poison),
+        utc_zone=sorted(held.zone_fallbacks),
+        now=now,
+    )
+
+
+def _refused_alone(
+    conn: Connection,
+    ids: Sequence[str],
+    as_of: datetime,
+    held: _HeldWrite,
+    now: datetime | None,
+) -> dict[str, str]:
+    """Each row not yet set apart, written alone and rolled back: those the database refuses."""
+    refused = {}
+    for reminder_id in ids:
+        if reminder_id in held.poison:
+            continue
+        savepoint = conn.begin_nested()
+        try:
+            _write_held(conn, [reminder_id], as_of, held, now)
+        except sa.exc.DBAPIError as error:
+            sqlstate = repository.data_error(error)
+            if sqlstate is None:
+                savepoint.rollback()
+                raise
+            refused[reminder_id] = f"database rejected the row (SQLSTATE {sqlstate})"
+        savepoint.rollback()
+    return refused
+
+
+def _headers(correlation_id: str | None) -> dict[str, str]:
+    """The headers every message of the batch shares (its reminder-id is set per row)."""
+    return message_headers("", correlation_id, tracing.trace_headers())
+
+
+def _unsendable(row: repository.DispatchedRow, zone_fallen_back: bool) -> str | None:
+    if row.outbox_id is None or row.payload is None:
+        return "no message was written for a Sent row"
+    return unsendable(orjson.loads(row.payload), zone_fallen_back=zone_fallen_back)
+
+
+def _message(row: repository.DispatchedRow, headers: dict[str, str]) -> ClaimedMessage:
+    """A written row's outbox message as the relay publishes it."""
+    return ClaimedMessage(
+        row.outbox_id or 0,
+        contract.TOPIC,
+        row.event_id,
+        row.payload or "",
+        {**headers, contract.HEADER_REMINDER_ID: row.reminder_id},
+    )
+
+
+class _WriteAgain(Exception):
+    """A drain's statement wrote a row it cannot vouch for: write the batch again, setting the
+    rows that need it apart (:func:`write_batch`)."""
 
     def __init__(self, **fields: str) -> None:
         super().__init__(fields)
@@ -139,9 +260,9 @@ def dispatch_batch(
 
     First as one statement (:func:`write_due_batch`); when that batch holds a row it cannot
     vouch for (a payload that breaks the contract, a time zone that is not canonical, data the
-    database refuses), its transaction rolls back and the batch is written the row-by-row way
-    (:func:`lock_due_batch` then :func:`write_batch`: poison rows isolated, fallback zones
-    applied), in a new transaction. Its log lines and span events follow the commit; a batch
+    database refuses), its transaction rolls back and the batch is written again in a new one
+    (:func:`lock_due_batch` then :func:`write_batch`: the same statement, poison rows set apart,
+    fallback zones applied). Its log lines and span events follow the commit; a batch
     that rolls back logs that it did, and never "reminder sent".
     """
     journal = journal or Journal()
@@ -149,10 +270,8 @@ def dispatch_batch(
         try:
             with engine.begin() as conn:
                 outcome = write_due_batch(conn, as_of, batch_size, correlation_id=correlation_id)
-        except _RowByRow as why:
-            journal.event(
-                logging.DEBUG, "batch written row by row", run_id=correlation_id, **why.fields
-            )
+        except _WriteAgain as why:
+            journal.event(logging.DEBUG, "batch written again", run_id=correlation_id, **why.fields)
             with engine.begin() as conn:
                 selection = lock_due_batch(conn, as_of, batch_size)
                 outcome = write_batch(
@@ -187,15 +306,14 @@ def write_due_batch(
     *,
     correlation_id: str | None = None,
 ) -> BatchOutcome:
-    """Steps 1-3 for one batch as one statement in ``conn``'s transaction (docs/design.md).
+    """A drain's batch as one statement in ``conn``'s transaction (docs/design.md): the due
+    selection and its lock, then the decision and the write of :func:`write_held_rows`' statement.
 
-    The same selection, lock, decision and write as :func:`lock_due_batch` + :func:`write_batch`,
-    with the payloads built by the statement; each one is checked against the contract here,
-    before the caller commits. Raises :class:`_RowByRow` (the caller rolls back) when one fails
-    the check or the database refuses a row's data.
+    Each payload it built is checked against the contract here, before the caller commits.
+    Raises :class:`_WriteAgain` (the caller rolls back and writes the batch the way that sets
+    rows apart) when one fails the check or the database refuses a row's data.
     """
-    trace = tracing.trace_headers()
-    headers = message_headers("", correlation_id, trace)
+    headers = _headers(correlation_id)
     try:
         batch = repository.dispatch_due_batch(
             conn, as_of, batch_size, topic=contract.TOPIC, headers=headers, live=LIVE_EVENT_STATUSES
@@ -204,29 +322,17 @@ def write_due_batch(
         sqlstate = repository.data_error(error)
         if sqlstate is None:
             raise
-        raise _RowByRow(reason="data error", sqlstate=sqlstate) from error
+        raise _WriteAgain(reason="data error", sqlstate=sqlstate) from error
     outcome = BatchOutcome(selected=batch.selected, skipped_locked=batch.skipped_locked)
     for row in batch.rows:
         if row.status is not ReminderStatus.SENT:
             outcome.skipped.append(row)
             continue
-        if (
-            row.outbox_id is None
-            or row.payload is None
-            or not is_sendable(orjson.loads(row.payload))
-        ):
-            raise _RowByRow(reason="payload not sendable as built", reminder_id=row.reminder_id)
+        if _unsendable(row, zone_fallen_back=False):
+            raise _WriteAgain(reason="payload not sendable as built", reminder_id=row.reminder_id)
         outcome.sent.append(row)
         outcome.lateness.observe(row.lateness_seconds)
-        outcome.messages.append(
-            ClaimedMessage(
-                row.outbox_id,
-                contract.TOPIC,
-                row.event_id,
-                row.payload,
-                {**headers, contract.HEADER_REMINDER_ID: row.reminder_id},
-            )
-        )
+        outcome.messages.append(_message(row, headers))
     outcome.outbox_rows = len(outcome.messages)
     return outcome
 

@@ -11,13 +11,12 @@ from datetime import UTC, datetime
 
 from sqlalchemy.engine import Engine
 
-from .. import config as settings
-from ..observability import ledger
+from .. import config
 from ..store import repository
 
-#: A host whose clock differs from the database's by more than this is logged and counted (its
-#: clock is never used for what is due or for what a cycle writes: the database's is).
-CLOCK_SKEW_WARN_SECONDS = ledger.CLOCK_SKEW_WARN_SECONDS
+# A host whose clock differs from the database's by more than CLOCK_SKEW_WARN_SECONDS (defined
+# with the ledger that counts such cycles) is logged and counted; its clock is never used for
+# what is due or for what a cycle writes: the database's is.
 
 
 def now_utc() -> datetime:
@@ -40,13 +39,15 @@ def read_clock(engine: Engine) -> tuple[datetime, float]:
     return now, (before + after) / 2 - now.timestamp()
 
 
-def as_of_or_now(as_of: object, now: datetime) -> datetime:
+def as_of_or_now(as_of: datetime | None, now: datetime) -> datetime:
     """Default ``as_of`` to ``now`` (the database's clock); refuse a naive or future one
     (``config.check_as_of``'s lines)."""
-    return settings.check_as_of(as_of, now=now) or now
+    return config.check_as_of(as_of, now=now) or now
 
 
-def check_as_of(engine: Engine, as_of: object, name: str = "as_of") -> datetime | None:
+def check_as_of_on_database(
+    engine: Engine, as_of: datetime | None, name: str = "as_of"
+) -> datetime | None:
     """An operator's AsOf checked against the database's clock (None: now, at the cycle's start).
 
     Where it is given (the CLI, the run config) the host's clock may be off either way; a slow
@@ -54,4 +55,4 @@ def check_as_of(engine: Engine, as_of: object, name: str = "as_of") -> datetime 
     """
     if as_of is None:
         return None
-    return settings.check_as_of(as_of, name, now=database_now(engine))
+    return config.check_as_of(as_of, name, now=database_now(engine))

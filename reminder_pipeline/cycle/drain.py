@@ -13,12 +13,10 @@ from ..domain.model import (
 )
 from ..logs import Journal
 from ..messaging.relay import OutboxRelay, Publisher, RelayResult
-from ..observability import ledger
 from .batch import dispatch_batch
 from .memory import young_generation
 from .records import Progress
 
-CLOCK_SKEW_WARN_SECONDS = ledger.CLOCK_SKEW_WARN_SECONDS
 #: Rows a drain may have handed to its relay and not yet published: twenty batches of 1,000, or
 #: a hundred of 200 (the relay publishes what queued up in rounds of its batch size; ~25 MB at
 #: most). Enough that a fresh idempotent producer does not hold the first batches of a drain

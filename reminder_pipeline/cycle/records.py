@@ -16,7 +16,7 @@ from ..domain.model import (
     PoisonRow,
 )
 from ..messaging.relay import RelayResult
-from .clock import CLOCK_SKEW_WARN_SECONDS
+from ..observability.ledger import CLOCK_SKEW_WARN_SECONDS
 
 #: What a batch progress callback receives: the cycle's counts so far.
 Progress = Callable[[CycleCounts], None]
@@ -36,13 +36,16 @@ class Cycle:
     clock_skew_seconds: float = 0.0
 
     def plain(self) -> dict[str, Any]:
-        """As builtins."""
-        return {**asdict(self), "as_of": self.as_of.isoformat()}
+        """Builtins and AsOf's datetime: what a step hands the next (the IO manager stores it)."""
+        return asdict(self)
 
     @classmethod
     def from_plain(cls, data: Mapping[str, Any]) -> Cycle:
-        """From :meth:`plain`."""
-        return cls(**{**data, "as_of": datetime.fromisoformat(data["as_of"])})
+        """From :meth:`plain` (or from the ISO-8601 text a step output of an older version held)."""
+        as_of = data["as_of"]
+        if not isinstance(as_of, datetime):  # an older version's output held ISO-8601 text
+            as_of = datetime.fromisoformat(as_of)
+        return cls(**{**data, "as_of": as_of})
 
 
 @dataclass(frozen=True)
@@ -106,8 +109,13 @@ class CycleReport:
             "reexecuted_relay_only": self.reexecuted_relay_only,
         }
 
+    def plain(self) -> dict[str, Any]:
+        """:meth:`as_dict` with AsOf's datetime: the last step's output (the IO manager stores
+        it)."""
+        return {**self.as_dict(), "as_of": self.as_of}
+
     def as_dict(self) -> dict[str, Any]:
-        """Flat dict for the CLI, logs and metadata."""
+        """Flat dict for the CLI, logs and metadata (AsOf as ISO-8601 text)."""
         data: dict[str, Any] = self.counts.as_dict()
         data.update(
             run_id=self.run_id,
@@ -123,7 +131,7 @@ class CycleReport:
 
 @dataclass(frozen=True)
 class Selection:
-    """Step 1 in the caller's transaction: the candidates, oldest first, locked by it."""
+    """A batch's selection in the caller's transaction: the candidates, oldest first, locked."""
 
     as_of: datetime
     batch_size: int

@@ -11,25 +11,22 @@ from datetime import datetime
 from sqlalchemy.engine import Engine
 
 from ..domain.model import (
-    Action,
     CycleCounts,
 )
-from ..domain.transitions import action_for
+from ..domain.transitions import LIVE_EVENT_STATUSES
 from ..logs import Journal
 from ..messaging.relay import Publisher, RelayResult, publish_outbox
 from ..observability import ledger, tracing
+from ..observability.ledger import CLOCK_SKEW_WARN_SECONDS
 from ..store import repository
 from .batch import report_batch, write_batch
-from .clock import CLOCK_SKEW_WARN_SECONDS, as_of_or_now, read_clock
+from .clock import as_of_or_now, read_clock
 from .drain import drain
 from .records import Cycle, CycleReport, Decisions, Progress, Written
 
 #: How long the rows a Dagster run selected stay reserved for its writing step. The write
 #: follows the selection within seconds; a run that dies in between releases its rows by
 #: itself, before the next minute's tick selects again.
-RESERVATION_SECONDS = 30.0
-
-
 RESERVATION_SECONDS = 30.0
 #: The relay always gets at least this long, even when the drain spent the budget: a few seconds
 #: past the budget beat a "publish failed" for messages the broker was about to acknowledge.
@@ -40,7 +37,7 @@ def start(
     run_id: str,
     *,
     engine: Engine,
-    as_of: datetime | str | None = None,
+    as_of: datetime | None = None,
     batch_size: int,
     max_batches: int = 1,
     budget_seconds: float = 30.0,
@@ -48,8 +45,9 @@ def start(
 ) -> Cycle:
     """A new cycle on the database's clock, read once: AsOf defaults to it and is never after it.
 
-    ``as_of`` may be an operator's ISO-8601 text. The host's clock only times the cycle (its
-    budget, its duration); a host more than :data:`CLOCK_SKEW_WARN_SECONDS` off the database's
+    ``as_of``: an operator's AsOf, a datetime since it was parsed where it was given (the run
+    config, the CLI). The host's clock only times the cycle (its budget, its duration); a host
+    more than :data:`CLOCK_SKEW_WARN_SECONDS` off the database's
     is logged (``host clock differs from the database's``) and counted in the cycle's figures.
     """
     journal = journal or Journal()
@@ -96,13 +94,13 @@ def reserve(
 
 
 def preview(engine: Engine, ids: Sequence[str]) -> Decisions:
-    """Step 2: each selected row's event status, read without a lock, as send or skip."""
+    """Step 2: send or skip for each selected row, on its event status read without a lock (the
+    batch statement's rule; a row gone since is a skip)."""
     with engine.connect() as conn:
-        statuses = repository.event_statuses(conn, ids)
+        sends = repository.preview_decisions(conn, ids, LIVE_EVENT_STATUSES)
     decided = Decisions([], [])
     for reminder_id in ids:
-        action = action_for(statuses.get(reminder_id))
-        (decided.send if action is Action.SEND else decided.skip).append(reminder_id)
+        (decided.send if sends.get(reminder_id) else decided.skip).append(reminder_id)
     return decided
 
 

@@ -12,10 +12,16 @@ health check must run while a dispatch run hangs, and the operator jobs are safe
 from dagster import AssetSelection, define_asset_job, graph, in_process_executor, job
 
 from .assets import DISPATCH_ASSET_KEY
-from .config import CatchUpRunConfig, DispatchRunConfig, PoisonConfig, RetentionConfig, validated
 from .limits import CONCURRENCY_TAG
 from .maintenance import poison_rows, purge_outbox
 from .ops import relay_outbox, resolve_event_status, select_due_batch, transition_and_outbox
+from .run_config import (
+    CatchUpRunConfig,
+    DispatchRunConfig,
+    PoisonConfig,
+    RetentionConfig,
+    validated,
+)
 
 #: dagster.yaml's ``concurrency.runs.tag_concurrency_limits`` lets this many such runs go at once
 #: (1: no overlapping cycles); the schedule follows the same limit. A run launched with another

@@ -9,13 +9,23 @@ before any database or broker work, with one line naming the tag. Checked in eve
 writes or sends, not only the first: a re-execution from a later step skips the first one.
 """
 
-from dagster import Failure, OpExecutionContext
+from dagster import DagsterRunStatus, Failure, OpExecutionContext
 
 #: dagster.yaml's ``concurrency.runs.tag_concurrency_limits`` key (one dispatch, one re-publish).
 CONCURRENCY_TAG = "reminder_pipeline/concurrency"
 #: Run monitoring fails a run past this many seconds.
 MAX_RUNTIME_TAG = "dagster/max_runtime"
 LIMIT_TAGS = (CONCURRENCY_TAG, MAX_RUNTIME_TAG)
+#: A run in one of these may still be running or be picked up (the schedule's skipped ticks and
+#: the run retention count them as in flight). QUEUED and NOT_STARTED included: otherwise, while
+#: one run is slow, every tick would queue one more run behind it and they would pile up.
+IN_FLIGHT_STATUSES = (
+    DagsterRunStatus.QUEUED,
+    DagsterRunStatus.NOT_STARTED,
+    DagsterRunStatus.STARTING,
+    DagsterRunStatus.STARTED,
+    DagsterRunStatus.CANCELING,
+)
 
 
 def overridden_limit(run_tags: dict[str, str], job_tags: dict[str, str]) -> str | None:

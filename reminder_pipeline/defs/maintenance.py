@@ -20,8 +20,8 @@ from dagster import Failure, MetadataValue, OpExecutionContext, Output, op
 from ..logs import FoldingJournal
 from ..operator_jobs import outbox_retention as retention
 from ..operator_jobs import poison
-from .config import PoisonConfig, RetentionConfig
 from .resources import PostgresResource
+from .run_config import PoisonConfig, RetentionConfig
 
 _COLUMNS = ("id", "calendar_event_id", "attempts", "next_attempt_at", "due_at", "last_error")
 _BULK_COLUMNS = ("id", "calendar_event_id", "attempts", "last_failed_at", "next_attempt_at")

@@ -29,9 +29,9 @@ from ..config import ConfigError
 from ..logs import FoldingJournal
 from .assets import DISPATCH_ASSET_KEY
 from .checks import evaluate_all
-from .config import CycleConfig
 from .limits import refuse_overridden_limits
 from .resources import KafkaResource, PostgresResource
+from .run_config import CycleConfig
 
 
 def _step_record(name: str, keys: set[str], description: str) -> DagsterType:
@@ -83,7 +83,7 @@ def select_due_batch(
                 context.run_id,
                 engine=postgres.engine,
                 batch_size=config.batch_size,
-                as_of=config.as_of,
+                as_of=config.as_of_time(),
                 max_batches=config.max_batches,
                 budget_seconds=config.budget_seconds,
                 journal=journal,
@@ -191,4 +191,4 @@ def relay_outbox(
                 "outbox_unpublished": report.outbox_unpublished,
             },
         )
-    yield Output(report.as_dict())
+    yield Output(report.plain())

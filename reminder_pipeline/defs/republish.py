@@ -47,10 +47,10 @@ from ..config import DEFAULT_RETENTION_HOURS, check_int, check_number, check_ret
 from ..domain import contract
 from ..logs import FoldingJournal
 from ..operator_jobs import republish
-from .config import CheckedConfig, checked
 from .jobs import KIND_TAG
 from .limits import CONCURRENCY_TAG, refuse_overridden_limits
 from .resources import KafkaResource, PostgresResource
+from .run_config import CheckedConfig, checked
 
 #: Run tags Dagster sets (documented tag names; no public constant for them).
 BACKFILL_ID_TAG = "dagster/backfill"

@@ -31,9 +31,10 @@ from pydantic import Field
 
 from ..config import check_int, check_number
 from ..logs import line
-from . import run_retention_pass as run_retention
-from .config import CheckedConfig, validated
+from . import run_retention_pass
 from .jobs import KIND_TAG
+from .limits import IN_FLIGHT_STATUSES
+from .run_config import CheckedConfig, validated
 from .run_retention_pass import MetadataScalar
 
 RUN_RETENTION_JOB_NAME = "dagster_run_retention"
@@ -56,16 +57,16 @@ class RunRetentionConfig(CheckedConfig):
     }
 
     keep_days: int = Field(
-        default=run_retention.DEFAULT_KEEP.days,
+        default=run_retention_pass.DEFAULT_KEEP.days,
         description="Finished runs created more than this many days ago go "
         "(default 14, at most 365).",
     )
     batch_size: int = Field(
-        default=run_retention.DEFAULT_BATCH_SIZE,
+        default=run_retention_pass.DEFAULT_BATCH_SIZE,
         description="Runs looked up per batch (oldest first), 1..1,000.",
     )
     budget_seconds: float = Field(
-        default=run_retention.DEFAULT_BUDGET_SECONDS,
+        default=run_retention_pass.DEFAULT_BUDGET_SECONDS,
         description=f"No deletion starts after this many seconds (at "
         f"most {MAX_BUDGET_SECONDS}); the next run resumes.",
     )
@@ -76,8 +77,8 @@ def delete_old_runs(
     context: OpExecutionContext, config: RunRetentionConfig
 ) -> Iterator[Output[dict[str, MetadataScalar]]]:
     """One retention pass over this instance; its counts as output metadata and a log line."""
-    run_retention.pool_connections(context.instance)
-    report = run_retention.purge_runs(
+    run_retention_pass.pool_connections(context.instance)
+    report = run_retention_pass.purge_runs(
         context.instance,
         timedelta(days=config.keep_days),
         batch_size=config.batch_size,
@@ -125,9 +126,7 @@ def dagster_run_retention() -> None:
 def dagster_run_retention_schedule(context: ScheduleEvaluationContext) -> RunRequest | SkipReason:
     """A run a day, or a SkipReason naming the retention run still in flight."""
     in_flight = context.instance.get_run_records(
-        filters=RunsFilter(
-            job_name=RUN_RETENTION_JOB_NAME, statuses=list(run_retention.IN_FLIGHT_STATUSES)
-        ),
+        filters=RunsFilter(job_name=RUN_RETENTION_JOB_NAME, statuses=list(IN_FLIGHT_STATUSES)),
         limit=1,
     )
     if in_flight:

@@ -40,6 +40,7 @@ from pathlib import Path
 from dagster import DagsterInstance, DagsterRun, DagsterRunStatus, RunsFilter
 
 from ..logs import event
+from .limits import IN_FLIGHT_STATUSES
 
 log = logging.getLogger(__name__)
 
@@ -48,13 +49,6 @@ DEFAULT_BATCH_SIZE = 100
 DEFAULT_BUDGET_SECONDS = 1200.0
 #: Only these are ever deleted: a run in any other status may still be running or be picked up.
 FINISHED_STATUSES = (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
-IN_FLIGHT_STATUSES = (
-    DagsterRunStatus.QUEUED,
-    DagsterRunStatus.NOT_STARTED,
-    DagsterRunStatus.STARTING,
-    DagsterRunStatus.STARTED,
-    DagsterRunStatus.CANCELING,
-)
 _PROGRESS_EVERY_SECONDS = 60.0
 #: Tags Dagster sets on runs (documented names; no public constant for them).
 BACKFILL_TAG = "dagster/backfill"

@@ -8,7 +8,6 @@ design's no-overlap rule), so slow runs never pile up in the queue.
 import os
 
 from dagster import (
-    DagsterRunStatus,
     DefaultScheduleStatus,
     RunRequest,
     RunsFilter,
@@ -18,24 +17,13 @@ from dagster import (
     schedule,
 )
 
-from .. import config as settings
+from ..config import CYCLE_MAX_BATCHES_ENV, check_max_batches
 from .jobs import CONCURRENCY_TAGS, CONCURRENCY_VALUE, outbox_retention, reminder_dispatch
-from .limits import CONCURRENCY_TAG
-
-#: QUEUED and NOT_STARTED included: otherwise, while one run is slow, every tick would queue one
-#: more run behind it and they would pile up.
-IN_FLIGHT_STATUSES = [
-    DagsterRunStatus.QUEUED,
-    DagsterRunStatus.NOT_STARTED,
-    DagsterRunStatus.STARTING,
-    DagsterRunStatus.STARTED,
-    DagsterRunStatus.CANCELING,
-]
-
+from .limits import CONCURRENCY_TAG, IN_FLIGHT_STATUSES
 
 #: The operator's switch back to the literal one-batch cycle (``1``): the scheduled runs'
-#: ``max_batches``. Unset, a run drains what is due within its budget (docs/design.md, "Peaks").
-MAX_BATCHES_ENV = "REMINDER_DISPATCH_MAX_BATCHES"
+#: ``max_batches`` (and the CLI's). Unset, a run drains what is due within its budget.
+MAX_BATCHES_ENV = CYCLE_MAX_BATCHES_ENV
 
 
 def scheduled_run_config() -> dict[str, int]:
@@ -43,7 +31,7 @@ def scheduled_run_config() -> dict[str, int]:
     value = os.environ.get(MAX_BATCHES_ENV, "").strip()
     if not value:
         return {}
-    return {"max_batches": settings.check_max_batches(value, MAX_BATCHES_ENV)}
+    return {"max_batches": check_max_batches(value, MAX_BATCHES_ENV)}
 
 
 def dispatch_concurrency_limit(context: ScheduleEvaluationContext) -> int:
@@ -70,7 +58,7 @@ def reminder_dispatch_schedule(context: ScheduleEvaluationContext) -> RunRequest
     limit = dispatch_concurrency_limit(context)
     # By the concurrency tag rather than the job name: a catch-up run is a cycle too.
     in_flight = context.instance.get_run_records(
-        filters=RunsFilter(tags=CONCURRENCY_TAGS, statuses=IN_FLIGHT_STATUSES), limit=limit
+        filters=RunsFilter(tags=CONCURRENCY_TAGS, statuses=list(IN_FLIGHT_STATUSES)), limit=limit
     )
     if len(in_flight) < limit:
         return RunRequest(run_config=scheduled_run_config())

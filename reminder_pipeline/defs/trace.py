@@ -29,14 +29,14 @@ from pydantic import Field
 from ..config import ConfigError, Settings
 from ..consumer.dedup import DedupStoreError
 from ..consumer.delivered import delivered_check
-from ..operator_jobs import trace as tracing
-from .config import CheckedConfig, validated
+from ..operator_jobs import trace as trace_lookup
 from .maintenance import markdown_table
 from .resources import PostgresResource
+from .run_config import CheckedConfig, validated
 
 TRACE_JOB_NAME = "reminder_trace"
 #: The table's columns: the trace's fields, the re-publishes as one text cell.
-_COLUMNS = (*tracing.FIELDS, "delivered")
+_COLUMNS = (*trace_lookup.FIELDS, "delivered")
 
 
 def _id(value: str) -> str:
@@ -81,10 +81,10 @@ def trace_reminders(
     try:
         ui_url = Settings.from_env().dagster_ui_url
         with delivered_check(config.dedup_url, config.dedup_path) as delivered:
-            reminders = tracing.trace(
+            reminders = trace_lookup.trace(
                 postgres.engine, config.id, ui_url=ui_url, delivered=delivered
             )
-    except (tracing.UnknownId, ConfigError, DedupStoreError) as error:
+    except (trace_lookup.UnknownId, ConfigError, DedupStoreError) as error:
         raise Failure(description=f"trace: {error}") from None
     for r in reminders:
         context.log.info(

@@ -1,8 +1,13 @@
-"""The writing step's decision for a batch of rows read under lock: pure, no database needed.
+"""The send/skip decision and the message of a batch, described in Python; the payload check.
 
-For each row: send (a Planned/InProgress event: its message built and checked against the
-contract), skip (a Cancelled/Completed event, or a status we do not know), or poison (the
-message cannot be built or breaks the contract: the row stays Pending and is retried later).
+The cycle writes every batch with one statement (``store/queries._write_batch``): it decides
+send or skip on the event status read under the row's lock and builds each message in SQL.
+:func:`plan_batch` describes the same rules in plain Python (send for a Planned/InProgress event,
+its message built by :func:`~reminder_pipeline.domain.payload.build_payload` and checked against
+the contract; skip for a Cancelled/Completed event or a status we do not know; poison when the
+message cannot be built or breaks the contract; the fallback zone for a zone that is not
+canonical): the tests hold the statement to it. What the cycle runs from here: :func:`unsendable`,
+the contract check of each payload the statement built, and :func:`message_headers`.
 """
 
 from __future__ import annotations
@@ -54,19 +59,26 @@ def message_headers(
     return {**contract.headers(reminder_id, correlation_id), **trace}
 
 
-def is_sendable(payload: object) -> bool:
-    """Whether a payload built elsewhere (in SQL, by the one-statement batch) may be sent as is.
+#: A built payload whose time zone is not canonical: write it again with the fallback zone.
+ZONE_FALLBACK = "time zone not canonical"
 
-    It must satisfy the contract and carry a canonical time zone: a row whose zone is not
-    canonical is sent with the fallback zone, which only :func:`plan_batch` applies and counts.
+
+def unsendable(payload: object, *, zone_fallen_back: bool = False) -> str | None:
+    """Why a payload built by the batch statement may not be sent as is, else None.
+
+    :data:`ZONE_FALLBACK` when its time zone is not canonical (and the fallback zone was not
+    applied yet): the row is sent with the fallback zone, as :func:`plan_batch` describes it.
+    Otherwise the contract's one line: the row is poison, left Pending with a back-off.
     """
     if not isinstance(payload, dict):
-        return False
+        return "breaks the contract: payload: is not an object"
+    if not zone_fallen_back and not time_zones.is_canonical(payload.get("TimeZone")):
+        return ZONE_FALLBACK
     try:
         contract.validate(payload)
-    except contract.ContractViolation:
-        return False
-    return time_zones.is_canonical(payload["TimeZone"])
+    except contract.ContractViolation as violation:
+        return f"breaks the contract: {violation}"
+    return None
 
 
 def plan_batch(

@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 #: parallel catch-ups end late).
 LOCK_WAIT_SECONDS = 1.0
 #: Rows per publish: one read (or hand-over), one produce-and-flush, one mark.
-BATCH_SIZE = 1000
+RELAY_BATCH_SIZE = 1000
 
 
 class Publisher(Protocol):
@@ -123,7 +123,7 @@ class OutboxRelay:
         engine: Engine,
         publisher: Publisher,
         *,
-        batch_size: int = BATCH_SIZE,
+        batch_size: int = RELAY_BATCH_SIZE,
         lock_wait_seconds: float = LOCK_WAIT_SECONDS,
         correlation_id: str | None = None,
         on_acknowledged: Callable[[list[int]], None] | None = None,
@@ -362,7 +362,7 @@ def publish_outbox(
     engine: Engine,
     publisher: Publisher,
     *,
-    batch_size: int = BATCH_SIZE,
+    batch_size: int = RELAY_BATCH_SIZE,
     budget_seconds: float = 30.0,
     lock_wait_seconds: float = LOCK_WAIT_SECONDS,
     correlation_id: str | None = None,

@@ -145,7 +145,7 @@ def read_snapshot(engine: Engine, now: datetime | None = None) -> Snapshot:
             totals,
             repository.backlog(conn, now),
             repository.outbox_lag(conn),
-            metrics_repository.poison_rows(conn, now),
+            metrics_repository.poison_summary(conn, now),
             metrics_repository.clock_skew_since(
                 conn, now - ledger.CLOCK_SKEW_WINDOW, ledger.CLOCK_SKEW_WARN_SECONDS
             ),
@@ -415,8 +415,9 @@ class MetricsExporter:
         event(log, logging.INFO, "metrics exporter stopped", port=self.port)
 
 
-class Endpoints(Protocol):
-    """Where the app database is (the local stack's ``Endpoints`` or any object with the URL)."""
+class DatabaseAddress(Protocol):
+    """Where the app database is: all the exporter needs of the local stack's ``Endpoints`` (or
+    of any object with the URL)."""
 
     @property
     def database_url(self) -> str:
@@ -425,7 +426,7 @@ class Endpoints(Protocol):
 
 def start_exporter(
     settings: Settings,
-    endpoints: Endpoints,
+    endpoints: DatabaseAddress,
     *,
     host: str | None = None,
     port: int | None = None,

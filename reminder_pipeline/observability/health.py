@@ -136,7 +136,7 @@ def errors(engine: Engine, now: datetime) -> HealthCheck:
     """No row is held back by repeated failures, and errors are not sustained over 10 minutes."""
     lookback = now - ERRORS_WINDOW - ERRORS_GAP  # far enough to tell "10 minutes or more"
     with engine.connect() as conn:
-        poison = metrics_repository.poison_rows(conn, now)
+        poison = metrics_repository.poison_summary(conn, now)
         window = metrics_repository.cycles_since(conn, now - ERRORS_WINDOW)
         since = errors_sustained_since(
             metrics_repository.error_cycle_times_since(conn, lookback), now

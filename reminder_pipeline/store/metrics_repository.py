@@ -268,7 +268,7 @@ class PoisonRows:
     oldest_due_age_seconds: float | None
 
 
-def poison_rows(
+def poison_summary(
     conn: Connection, now: datetime, min_attempts: int = POISON_MIN_ATTEMPTS
 ) -> PoisonRows:
     """Due Pending rows with at least ``min_attempts`` failed attempts, read live."""

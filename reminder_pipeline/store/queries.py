@@ -95,7 +95,8 @@ _DUE_NAMES = ", ".join(
 )
 
 # The due rows a batch takes, with their event's payload fields, each locked (picked), and the
-# last of a full batch (last_taken): the CTEs step 1 and a drain's one-statement batch share.
+# last of a full batch (last_taken): the CTEs a batch's selection and a drain's one-statement
+# batch share.
 _PICKED = f"""
     picked AS (
         SELECT {_DUE_COLUMNS}, r.due_at AS row_due_at, r.id AS row_id
@@ -108,7 +109,7 @@ _PICKED = f"""
            FOR UPDATE OF r SKIP LOCKED
     ),{_LAST_TAKEN}"""
 
-# Step 1 of the cycle (docs/design.md): due rows, oldest first, at most :batch_size, each locked
+# A batch's selection (docs/design.md): due rows, oldest first, at most :batch_size, each locked
 # FOR UPDATE; rows locked by another instance (or by an event's cancel/reschedule cascade in
 # flight) are skipped without waiting, and counted. One row per taken reminder (the DueReminder
 # columns, then the count); when nothing was taken, one row of NULLs carrying the count.
@@ -171,11 +172,12 @@ LOCK_CANDIDATES_SKIP_LOCKED = text(
     """
 )
 
-# Step 2 as a Dagster op runs it: the event status of each selected row, read without a lock
-# (a preview; the writing step decides again on what it reads under its lock).
-EVENT_STATUS_OF = text(
+# Step 2 as a Dagster op runs it: send or skip for each selected row, on its event status read
+# without a lock, by the batch statement's rule (:live: the statuses that send). A preview: the
+# writing step decides again on what it reads under its lock.
+PREVIEW_DECISIONS = text(
     """
-    SELECT CAST(r.id AS text) AS reminder_id, e.status AS event_status
+    SELECT CAST(r.id AS text) AS reminder_id, e.status = ANY(CAST(:live AS text[])) AS send
       FROM event_reminders r
       JOIN calendar_events e ON e.id = r.calendar_event_id
      WHERE r.id = ANY(CAST(:ids AS uuid[]))
@@ -190,57 +192,13 @@ COUNT_STILL_PENDING = text(
     """
 )
 
-# Step 3 of the cycle in one statement: every decided row moves Pending -> Sent/Skipped, and
-# each row that became Sent gets exactly one outbox row (its id and stored payload come back, so
-# a drain's relay can publish it without reading it again). The batch arrives as one jsonb array
-# (one orjson dump per batch; five text[] parameters cost a regex escape per payload quote). The
-# outbox insert is fed from the UPDATE's RETURNING, so a row that was no longer Pending produces
-# no message, and the unique index on outbox.reminder_id makes a second message for a reminder
-# impossible (INV-REM-2). SentAt is the database's clock (now(): this transaction's start), never
-# before the cycle's AsOf; :now (NULL in production) only lets a test pin it.
-APPLY_TRANSITIONS = text(
-    """
-    WITH decided AS (
-        SELECT * FROM jsonb_to_recordset(CAST(:batch AS jsonb))
-            AS d(id uuid, status text, message_key text, payload jsonb, headers jsonb)
-    ),
-    moved AS (
-        UPDATE event_reminders r
-           SET status = d.status,
-               sent_at = CASE WHEN d.status = 'Sent'
-                              THEN GREATEST(COALESCE(CAST(:now AS timestamptz), now()),
-                                            CAST(:sent_at AS timestamptz)) END,
-               updated_at = now(),
-               last_error = NULL,
-               next_attempt_at = NULL,
-               reserved_by = NULL,
-               reserved_until = NULL
-          FROM decided d
-         WHERE r.id = d.id AND r.status = 'Pending'
-        RETURNING r.id, r.status, r.sent_at, r.due_at
-    ),
-    published AS (
-        INSERT INTO outbox (topic, message_key, payload, headers, reminder_id, due_at)
-        SELECT :topic, d.message_key, d.payload, d.headers, m.id, m.due_at
-          FROM moved m JOIN decided d ON d.id = m.id
-         WHERE m.status = 'Sent'
-         ORDER BY m.due_at
-        RETURNING id, reminder_id, CAST(payload AS text) AS payload
-    )
-    SELECT CAST(m.id AS text) AS id, m.status,
-           CAST(EXTRACT(EPOCH FROM (m.sent_at - m.due_at)) AS float8) AS lateness_seconds,
-           p.id AS outbox_id, p.payload
-      FROM moved m
-      LEFT JOIN published p ON p.reminder_id = m.id
-    """
-)
-
-# The payload of contract v1 built from a due row {p} (the _DUE_COLUMNS names): the fields of
-# domain/payload.py's build_payload, spelled the same way (ids as canonical text, StartAt in UTC
-# with a Z and microseconds only when present, OffsetMinutes a number). TimeZone is the event's
-# as stored: the caller checks every payload against the contract, and that the zone is canonical,
-# before its transaction commits; a row that fails either is written the row-by-row way instead.
-# A property test holds this equal to build_payload's (integration/test_one_statement_batch.py).
+# The payload of contract v1 built from a due row {p} (the _DUE_COLUMNS names): the one
+# implementation of the message (domain/payload.py's build_payload is its plain description, and a
+# property test holds the two equal: integration/test_one_statement_batch.py). Ids as canonical
+# text, StartAt in UTC with a Z and microseconds only when present, OffsetMinutes a number.
+# TimeZone is the event's as stored, or :fallback_zone for the rows in :utc_zone (a zone that is
+# not canonical: the caller checks every payload against the contract, and that the zone is
+# canonical, before its transaction commits, and writes the batch again with those rows named).
 _PAYLOAD = """
     jsonb_build_object(
         'ReminderId', {p}.reminder_id, 'EventId', {p}.event_id, 'TenantId', {p}.tenant_id,
@@ -249,29 +207,38 @@ _PAYLOAD = """
                    || CASE WHEN date_trunc('second', {p}.start_at) = {p}.start_at THEN ''
                            ELSE to_char({p}.start_at AT TIME ZONE 'UTC', '.US') END
                    || 'Z',
-        'TimeZone', {p}.time_zone, 'OffsetMinutes', {p}.offset_minutes,
+        'TimeZone', CASE WHEN {p}.row_id = ANY(CAST(:utc_zone AS uuid[]))
+                         THEN CAST(:fallback_zone AS text) ELSE {p}.time_zone END,
+        'OffsetMinutes', {p}.offset_minutes,
         'AppointmentId', {p}.appointment_id)
 """
 
-# A drain's batch in one statement (docs/design.md, "A drain's batches: one statement each"):
-# step 1's selection (the same rows, the same lock, the same exact skipped_locked count), the
-# decision on the event status read with the row under that lock (:live: the statuses that
-# send), and step 3's write (Pending -> Sent/Skipped, one outbox row per Sent row, its payload
-# built here, its headers :headers with the row's reminder-id). It returns one row per reminder
-# that moved (the ids its log lines name, its status and lateness: no timestamps to parse),
-# oldest first, then one row per outbox row written (the reminder's id, the outbox id and the
-# stored payload): two row sets, not a join of the two CTEs, whose row estimates of 1 made the
-# planner pick a nested loop of 1,000 x 1,000. Every row carries the batch's counts; when
-# nothing was taken, one row of NULLs carries them.
-DISPATCH_DUE_BATCH = text(
-    f"""
-    WITH {_PICKED},
+
+# A batch's write, the one write path of step 3 (docs/design.md, "One write path: a batch is one
+# statement"): the rows the batch takes (``picked``: a drain's due selection, or the rows this
+# transaction holds), the decision on the event status read with the row under that lock (:live:
+# the statuses that send), and the write (Pending -> Sent/Skipped, one outbox row per Sent row,
+# its payload built here, its headers :headers with the row's reminder-id). Rows in :exclude
+# (poison: a payload that breaks the contract, data the database refused) stay Pending and
+# locked. SentAt is the database's clock (now(): this transaction's start; :now only pins it in
+# tests), never before AsOf, so lateness is never negative. The outbox insert is fed from the
+# UPDATE's RETURNING, so a row that was no longer Pending produces no message, and the unique
+# index on outbox.reminder_id makes a second message for a reminder impossible (INV-REM-2). It
+# returns one row per reminder that moved (the ids its log lines name, its status and lateness:
+# no timestamps to parse), oldest first, then one row per outbox row written (the reminder's id,
+# the outbox id and the stored payload): two row sets, not a join of the two CTEs, whose row
+# estimates of 1 made the planner pick a nested loop of 1,000 x 1,000. Every row carries the
+# batch's counts; when nothing was taken, one row of NULLs carries them.
+def _write_batch(picked: str, counts: str) -> str:
+    return f"""
+    WITH {picked},
     moved AS (
         UPDATE event_reminders r
            SET status = CASE WHEN p.event_status = ANY(CAST(:live AS text[]))
                              THEN 'Sent' ELSE 'Skipped' END,
                sent_at = CASE WHEN p.event_status = ANY(CAST(:live AS text[]))
-                              THEN GREATEST(now(), CAST(:as_of AS timestamptz)) END,
+                              THEN GREATEST(COALESCE(CAST(:now AS timestamptz), now()),
+                                            CAST(:as_of AS timestamptz)) END,
                updated_at = now(),
                last_error = NULL,
                next_attempt_at = NULL,
@@ -281,6 +248,7 @@ DISPATCH_DUE_BATCH = text(
          WHERE r.id = ANY(ARRAY(SELECT row_id FROM picked))
            AND p.row_id = r.id
            AND r.status = 'Pending'
+           AND NOT (r.id = ANY(CAST(:exclude AS uuid[])))
         RETURNING r.id, r.status, r.sent_at, r.due_at
     ),
     published AS (
@@ -295,8 +263,7 @@ DISPATCH_DUE_BATCH = text(
     )
     SELECT w.reminder_id, w.event_id, w.tenant_id, w.offset_minutes, w.event_status, w.status,
            w.lateness_seconds, w.outbox_id, w.payload, counts.selected, counts.skipped_locked
-      FROM (SELECT (SELECT count(*) FROM picked) AS selected, passed.skipped_locked
-              FROM ({_PASSED_OVER}) AS passed) AS counts
+      FROM ({counts}) AS counts
       LEFT JOIN (
           SELECT p.reminder_id, p.event_id, p.tenant_id, p.offset_minutes, p.event_status,
                  m.status,
@@ -312,6 +279,34 @@ DISPATCH_DUE_BATCH = text(
       ) AS w ON true
      ORDER BY w.row_due_at, w.row_id, w.outbox_id
     """
+
+
+# A drain's batch: the due selection (the same rows, the same lock, the same exact
+# skipped_locked count as SELECT_DUE_FOR_UPDATE_SKIP_LOCKED) written in the same statement.
+DISPATCH_DUE_BATCH = text(
+    _write_batch(
+        _PICKED,
+        f"""SELECT (SELECT count(*) FROM picked) AS selected, passed.skipped_locked
+              FROM ({_PASSED_OVER}) AS passed""",
+    )
+)
+
+# A batch whose rows this transaction already holds (a run's reserved rows after
+# LOCK_CANDIDATES_SKIP_LOCKED, a drain's selection written again): :ids, still Pending.
+WRITE_HELD_BATCH = text(
+    _write_batch(
+        f"""
+    picked AS (
+        SELECT {_DUE_COLUMNS}, r.due_at AS row_due_at, r.id AS row_id
+          FROM event_reminders r
+          JOIN calendar_events e ON e.id = r.calendar_event_id
+         WHERE r.id = ANY(CAST(:ids AS uuid[]))
+           AND r.status = 'Pending'
+         ORDER BY r.due_at, r.id
+           FOR UPDATE OF r SKIP LOCKED
+    )""",
+        "SELECT (SELECT count(*) FROM picked) AS selected, 0 AS skipped_locked",
+    )
 )
 
 # A poison row stays Pending (docs/design.md) but backs off exponentially, so a head of poison rows

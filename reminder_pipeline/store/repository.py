@@ -13,11 +13,11 @@ import orjson
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from ..domain import time_zones
 from ..domain.model import (
     ClaimedMessage,
     DueReminder,
     EventStatus,
-    OutboxMessage,
     PoisonRow,
     ReminderStatus,
 )
@@ -88,12 +88,12 @@ def lock_candidates(
     return [DueReminder(*r) for r in rows]
 
 
-def event_statuses(conn: Connection, ids: Sequence[str]) -> dict[str, str]:
-    """Each reminder's event status (read without a lock)."""
+def preview_decisions(conn: Connection, ids: Sequence[str], live: Iterable[str]) -> dict[str, bool]:
+    """Send (True) or skip for each reminder, on its event status read without a lock."""
     if not ids:
         return {}
-    rows = conn.execute(queries.EVENT_STATUS_OF, {"ids": list(ids)}).all()
-    return {r.reminder_id: r.event_status for r in rows}
+    rows = conn.execute(queries.PREVIEW_DECISIONS, {"ids": list(ids), "live": sorted(live)}).all()
+    return {r.reminder_id: bool(r.send) for r in rows}
 
 
 def count_still_pending(conn: Connection, ids: Iterable[str]) -> int:
@@ -104,26 +104,6 @@ def count_still_pending(conn: Connection, ids: Iterable[str]) -> int:
     return int(conn.execute(queries.COUNT_STILL_PENDING, {"ids": ids}).scalar_one())
 
 
-@dataclass(slots=True)
-class AppliedTransition:
-    """One row that actually moved out of Pending (with its outbox row when it became Sent)."""
-
-    reminder_id: str
-    status: ReminderStatus
-    lateness_seconds: float | None
-    outbox_id: int | None = None
-    payload: str | None = None
-
-
-@dataclass
-class Applied:
-    """What :func:`apply_transitions` wrote, and the rows the database refused (poison)."""
-
-    rows: list[AppliedTransition]
-    outbox_rows: int
-    refused: list[PoisonRow]
-
-
 def _finite(value: Any) -> float | None:
     """A float, or None for NULL and for the infinities of an infinite due_at."""
     if value is None:
@@ -131,8 +111,6 @@ def _finite(value: Any) -> float | None:
     number = float(value)
     return number if math.isfinite(number) else None
 
-
-Transition = tuple[DueReminder, ReminderStatus, OutboxMessage | None]
 
 # SQLSTATE classes that belong to a row's data, not to the infrastructure: a failing set-based
 # write is retried row by row so that only the offending row is excluded.
@@ -145,82 +123,9 @@ def data_error(error: sa.exc.DBAPIError) -> str | None:
     return sqlstate if sqlstate[:2] in _DATA_ERROR_CLASSES else None
 
 
-def apply_transitions(
-    conn: Connection,
-    transitions: Sequence[Transition],
-    *,
-    topic: str,
-    not_before: datetime,
-    now: datetime | None = None,
-) -> Applied:
-    """Move rows Pending -> Sent/Skipped with one outbox row per Sent row, set-based.
-
-    One statement for the batch. When the database refuses it for a row's data (SQLSTATE class
-    22/23), the rows are written one by one, each in a savepoint, and only the refused ones are
-    left out (returned as poison). Any other error propagates: the caller's transaction rolls
-    back whole. SentAt is the database's clock (``now`` only pins it), never before ``not_before``.
-    """
-    sent_at = {"sent_at": not_before, "now": now}
-    savepoint = conn.begin_nested()
-    try:
-        rows = _apply(conn, transitions, topic, sent_at)
-        savepoint.commit()
-        return Applied(rows, sum(1 for a in rows if a.outbox_id is not None), [])
-    except sa.exc.DBAPIError as error:
-        savepoint.rollback()
-        if data_error(error) is None:
-            raise
-    applied, refused = [], []
-    for transition in transitions:
-        savepoint = conn.begin_nested()
-        try:
-            applied.extend(_apply(conn, [transition], topic, sent_at))
-            savepoint.commit()
-        except sa.exc.DBAPIError as error:
-            savepoint.rollback()
-            sqlstate = data_error(error)
-            if sqlstate is None:
-                raise
-            reminder = transition[0]
-            refused.append(
-                PoisonRow(
-                    reminder.reminder_id,
-                    reminder.event_id,
-                    reminder.tenant_id,
-                    f"database rejected the row (SQLSTATE {sqlstate})",
-                )
-            )
-    return Applied(applied, sum(1 for a in applied if a.outbox_id is not None), refused)
-
-
-def _apply(
-    conn: Connection,
-    transitions: Sequence[Transition],
-    topic: str,
-    sent_at: dict[str, datetime | None],
-) -> list[AppliedTransition]:
-    if not transitions:
-        return []
-    batch = [
-        {
-            "id": reminder.reminder_id,
-            "status": status.value,
-            "message_key": message.message_key if message else None,
-            "payload": message.payload if message else None,
-            "headers": message.headers if message else None,
-        }
-        for reminder, status, message in transitions
-    ]
-    rows = conn.execute(
-        queries.APPLY_TRANSITIONS,
-        {"batch": orjson.dumps(batch).decode(), **sent_at, "topic": topic},
-    ).all()
-    return [AppliedTransition(r[0], _STATUS[r[1]], _finite(r[2]), r[3], r[4]) for r in rows]
-
-
 @dataclass(slots=True, frozen=True)
 class DispatchedRow:
-    """One reminder a one-statement batch moved out of Pending, with its outbox row if Sent."""
+    """One reminder a batch's statement moved out of Pending, with its outbox row if Sent."""
 
     reminder_id: str
     event_id: str
@@ -235,7 +140,7 @@ class DispatchedRow:
 
 @dataclass(frozen=True)
 class DispatchedBatch:
-    """What :func:`dispatch_due_batch` wrote, oldest first, and the batch's counts."""
+    """What a batch's statement wrote, oldest first, and the batch's counts."""
 
     rows: list[DispatchedRow]
     selected: int
@@ -253,14 +158,54 @@ def dispatch_due_batch(
 ) -> DispatchedBatch:
     """Select, decide and write one batch in one statement (DISPATCH_DUE_BATCH); unchecked: the
     caller checks each stored payload before it commits. Errors propagate (:func:`data_error`)."""
+    params = {"as_of": as_of, "batch_size": batch_size}
+    return _written(conn, queries.DISPATCH_DUE_BATCH, params, topic, headers, live)
+
+
+def write_held_batch(
+    conn: Connection,
+    ids: Sequence[str],
+    as_of: datetime,
+    *,
+    topic: str,
+    headers: dict[str, str],
+    live: Iterable[str],
+    exclude: Sequence[str] = (),
+    utc_zone: Sequence[str] = (),
+    now: datetime | None = None,
+) -> DispatchedBatch:
+    """Decide and write rows this transaction holds locked (WRITE_HELD_BATCH, the statement a
+    drain's batch is written by): ``exclude`` stay Pending, ``utc_zone`` get the fallback zone;
+    unchecked, like :func:`dispatch_due_batch`. Errors propagate (:func:`data_error`)."""
+    params = {
+        "ids": list(ids),
+        "as_of": as_of,
+        "exclude": list(exclude),
+        "utc_zone": list(utc_zone),
+        "now": now,
+    }
+    return _written(conn, queries.WRITE_HELD_BATCH, params, topic, headers, live)
+
+
+def _written(
+    conn: Connection,
+    statement: sa.TextClause,
+    params: dict[str, Any],
+    topic: str,
+    headers: dict[str, str],
+    live: Iterable[str],
+) -> DispatchedBatch:
     rows = conn.execute(
-        queries.DISPATCH_DUE_BATCH,
+        statement,
         {
-            "as_of": as_of,
-            "batch_size": batch_size,
+            "exclude": [],
+            "utc_zone": [],
+            "now": None,
+            **params,
             "topic": topic,
             "headers": orjson.dumps(headers).decode(),
             "live": sorted(live),
+            "fallback_zone": time_zones.FALLBACK_ZONE,
         },
     ).all()
     # Rows with a status moved; the others are outbox rows (or the counts of an empty batch).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Iterator
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 
 import pytest
 import sqlalchemy as sa
@@ -216,6 +216,27 @@ def test_as_of_in_the_past_only_takes_rows_due_before_it(
     assert result.success
     assert reminders(engine, old)[0]["status"] == "Sent"
     assert reminders(engine, recent)[0]["status"] == "Pending"
+
+
+def test_as_of_is_parsed_once_where_it_enters_and_the_steps_hand_on_a_datetime(
+    engine, database_url, kafka_settings, instance
+):
+    make_due_event(engine, minutes_overdue=10)
+    as_of = utcnow() - timedelta(minutes=5)
+
+    result = reminder_dispatch.execute_in_process(
+        run_config={"as_of": as_of.astimezone(timezone(timedelta(hours=3))).isoformat()},
+        instance=instance,
+        resources=resources_for(database_url, kafka_settings),
+    )
+
+    assert result.success
+    # The run config's text became a timezone-aware datetime in select_due_batch; the steps
+    # after it get that datetime (the IO manager stores it), never the text again.
+    for step in ("select_due_batch", "resolve_event_status", "transition_and_outbox"):
+        handed = result.output_for_node(step)["cycle"]["as_of"]
+        assert isinstance(handed, datetime) and handed == as_of, step
+    assert result.output_for_node("relay_outbox")["as_of"] == as_of
 
 
 @pytest.mark.parametrize(

@@ -54,7 +54,7 @@ from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 from sqlalchemy.engine import make_url
 
 from reminder_pipeline.definitions import defs
-from reminder_pipeline.defs import run_retention_pass as run_retention
+from reminder_pipeline.defs import run_retention_pass
 from reminder_pipeline.defs.resources import PostgresResource
 from reminder_pipeline.defs.run_retention import (
     MAX_BUDGET_SECONDS,
@@ -221,10 +221,12 @@ def test_old_finished_runs_go_with_their_event_logs_outputs_and_compute_logs(
         assert any(run_dir(instance, run_id).glob("compute_logs/*.out"))
         assert instance.all_logs(run_id)
     assert instance.all_logs(canceled)
-    expected_bytes = sum(run_retention.tree_bytes(run_dir(instance, r)) for r in (success, failure))
+    expected_bytes = sum(
+        run_retention_pass.tree_bytes(run_dir(instance, r)) for r in (success, failure)
+    )
     assert expected_bytes > 0
 
-    report = run_retention.purge_runs(instance, KEEP)
+    report = run_retention_pass.purge_runs(instance, KEEP)
 
     for run_id in (success, failure, canceled):
         assert_gone(instance, run_id)
@@ -241,7 +243,7 @@ def test_old_finished_runs_go_with_their_event_logs_outputs_and_compute_logs(
         False,
     )
     # A second pass finds nothing more to do.
-    assert run_retention.purge_runs(instance, KEEP).runs_deleted == 0
+    assert run_retention_pass.purge_runs(instance, KEEP).runs_deleted == 0
     assert_kept(instance, recent)
 
 
@@ -250,7 +252,7 @@ def test_the_retention_run_never_deletes_itself(instance, dagster_storage_url):
     other = executed(instance)
     backdate(dagster_storage_url, [itself, other], OLD)
 
-    report = run_retention.purge_runs(instance, KEEP, own_run_id=itself)
+    report = run_retention_pass.purge_runs(instance, KEEP, own_run_id=itself)
 
     assert_kept(instance, itself)
     assert_gone(instance, other)
@@ -276,7 +278,7 @@ def test_a_run_group_stays_while_its_re_execution_is_in_flight(instance, dagster
         tags=GROUP_TAGS(parent),
     )
 
-    report = run_retention.purge_runs(instance, KEEP)
+    report = run_retention_pass.purge_runs(instance, KEEP)
 
     assert_kept(instance, parent)
     assert instance.get_run_by_id(sibling) is not None
@@ -284,14 +286,14 @@ def test_a_run_group_stays_while_its_re_execution_is_in_flight(instance, dagster
 
     # Ended, but younger than the retention: the group may be re-executed again from its runs.
     instance.report_run_failed(instance.get_run_by_id(reexecution), "the re-execution ended")
-    report = run_retention.purge_runs(instance, KEEP)
+    report = run_retention_pass.purge_runs(instance, KEEP)
 
     assert_kept(instance, parent)
     assert instance.get_run_by_id(sibling) is not None
     assert (report.runs_deleted, report.runs_kept_group_recent) == (0, 2)
 
     backdate(dagster_storage_url, [reexecution], OLD)
-    report = run_retention.purge_runs(instance, KEEP)
+    report = run_retention_pass.purge_runs(instance, KEEP)
 
     assert_gone(instance, parent)
     assert instance.get_run_by_id(sibling) is None
@@ -304,13 +306,13 @@ def test_batches_go_oldest_first_and_a_pass_stopped_by_its_budget_is_resumed(
 ):
     runs = [executed(instance) for _ in range(7)]
     backdate(dagster_storage_url, runs, OLD)
-    selection = run_retention.old_finished_runs(run_retention.cutoff_for(KEEP))
+    selection = run_retention_pass.old_finished_runs(run_retention_pass.cutoff_for(KEEP))
 
     def deletions_so_far() -> float:
         """A clock that advances one "second" per run deleted: the budget counts deletions."""
         return float(len(runs) - instance.get_runs_count(selection))
 
-    first = run_retention.purge_runs(
+    first = run_retention_pass.purge_runs(
         instance, KEEP, batch_size=2, budget_seconds=3, clock=deletions_so_far
     )
     assert (first.runs_deleted, first.left_for_next_time, first.budget_exhausted) == (3, 4, True)
@@ -318,12 +320,12 @@ def test_batches_go_oldest_first_and_a_pass_stopped_by_its_budget_is_resumed(
     assert [instance.get_run_by_id(r) is None for r in runs] == [True] * 3 + [False] * 4
 
     start = deletions_so_far()
-    second = run_retention.purge_runs(
+    second = run_retention_pass.purge_runs(
         instance, KEEP, batch_size=2, budget_seconds=3, clock=lambda: deletions_so_far() - start
     )
     assert (second.runs_deleted, second.left_for_next_time, second.budget_exhausted) == (3, 1, True)
 
-    last = run_retention.purge_runs(instance, KEEP, batch_size=2)
+    last = run_retention_pass.purge_runs(instance, KEEP, batch_size=2)
     assert (last.runs_deleted, last.left_for_next_time, last.budget_exhausted) == (1, 0, False)
     assert all(instance.get_run_by_id(r) is None for r in runs)
     assert not any(run_dir(instance, r).exists() for r in runs)
@@ -333,7 +335,7 @@ def test_small_batches_cover_every_old_run(instance, dagster_storage_url):
     runs = [executed(instance) for _ in range(5)]
     backdate(dagster_storage_url, runs, OLD)
 
-    report = run_retention.purge_runs(instance, KEEP, batch_size=2)
+    report = run_retention_pass.purge_runs(instance, KEEP, batch_size=2)
 
     assert (report.runs_deleted, report.batches, report.directories_removed) == (5, 3, 5)
 
@@ -404,8 +406,8 @@ def test_the_job_and_its_daily_schedule_are_in_the_definitions():
     assert max_runtime == RUN_RETENTION_MAX_RUNTIME_SECONDS > MAX_BUDGET_SECONDS
     assert validate_run_config(dagster_run_retention, {})["ops"]["delete_old_runs"]["config"] == {
         "keep_days": 14,
-        "batch_size": run_retention.DEFAULT_BATCH_SIZE,
-        "budget_seconds": run_retention.DEFAULT_BUDGET_SECONDS,
+        "batch_size": run_retention_pass.DEFAULT_BATCH_SIZE,
+        "budget_seconds": run_retention_pass.DEFAULT_BUDGET_SECONDS,
     }
 
 
@@ -442,7 +444,7 @@ def test_progress_is_reported_while_a_long_pass_runs(instance, dagster_storage_u
     ticks = itertools.count(step=100)
     reported: list[dict] = []
 
-    report = run_retention.purge_runs(
+    report = run_retention_pass.purge_runs(
         instance,
         KEEP,
         batch_size=1,
@@ -487,7 +489,7 @@ def test_a_run_whose_files_cannot_be_deleted_is_skipped_counted_and_the_pass_goe
     run_dir(instance, blocked).write_text("not a directory")
     caplog.set_level("WARNING")
 
-    report = run_retention.purge_runs(instance, KEEP, batch_size=1)
+    report = run_retention_pass.purge_runs(instance, KEEP, batch_size=1)
 
     assert_gone(instance, plain)
     for run_id in (linked, blocked):
@@ -501,7 +503,7 @@ def test_a_run_whose_files_cannot_be_deleted_is_skipped_counted_and_the_pass_goe
     # The next pass does not stall on them either.
     newer = executed(instance)
     backdate(dagster_storage_url, [newer], OLD)
-    again = run_retention.purge_runs(instance, KEEP)
+    again = run_retention_pass.purge_runs(instance, KEEP)
     assert (again.runs_deleted, again.runs_undeletable) == (1, 2)
     assert_gone(instance, newer)
 
@@ -527,7 +529,7 @@ def test_the_runs_of_a_back_fill_that_has_not_finished_are_kept(instance, dagste
     other = executed(instance)
     backdate(dagster_storage_url, [*days, other], OLD)
 
-    report = run_retention.purge_runs(instance, KEEP)
+    report = run_retention_pass.purge_runs(instance, KEEP)
 
     assert all(instance.get_run_by_id(r) is not None for r in days)
     assert_gone(instance, other)
@@ -535,7 +537,7 @@ def test_the_runs_of_a_back_fill_that_has_not_finished_are_kept(instance, dagste
 
     backfill = instance.get_backfill(backfill_id)
     instance.update_backfill(backfill.with_status(BulkActionStatus.COMPLETED_SUCCESS))
-    report = run_retention.purge_runs(instance, KEEP)
+    report = run_retention_pass.purge_runs(instance, KEEP)
 
     assert all(instance.get_run_by_id(r) is None for r in days)
     assert (report.runs_deleted, report.runs_kept_backfill) == (2, 0)
@@ -560,7 +562,7 @@ def test_the_runs_in_use_are_read_just_before_each_delete(instance, dagster_stor
             )
         return 0.0
 
-    report = run_retention.purge_runs(instance, KEEP, batch_size=10, clock=clock)
+    report = run_retention_pass.purge_runs(instance, KEEP, batch_size=10, clock=clock)
 
     assert started
     assert_gone(instance, first)

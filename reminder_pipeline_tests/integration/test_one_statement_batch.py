@@ -1,10 +1,12 @@
-"""A drain's batch as one statement (store/queries.DISPATCH_DUE_BATCH): the same messages as
-the row-by-row way, and the row-by-row way whenever a row needs it.
+"""A batch as one statement (store/queries._write_batch: a drain's DISPATCH_DUE_BATCH, a held
+batch's WRITE_HELD_BATCH): the messages ``build_payload`` describes, and the batch written again,
+its odd rows set apart, whenever a row needs it.
 
 The statement builds each payload in SQL; these tests hold it equal to ``build_payload`` (the
-contract's rules in Python) over arbitrary well-formed rows, and show that a batch holding a row
-the statement cannot vouch for (a non-canonical time zone, a payload that breaks the contract)
-is rolled back and written row by row: nothing is lost, nothing is sent twice.
+contract's rules in plain Python) over arbitrary well-formed rows, and show that a batch holding
+a row the statement cannot vouch for (a non-canonical time zone, a payload that breaks the
+contract, data the database refuses) is rolled back and written again: nothing is lost, nothing
+is sent twice.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from reminder_pipeline.domain.plan import message_headers
 from reminder_pipeline.store import repository
 from reminder_pipeline_tests.support import insert_as_another_writer
 
-ROW_BY_ROW = "batch written row by row"
+ROW_BY_ROW = "batch written again"
 
 canonical = sorted(time_zones.canonical_zones())
 well_formed = st.fixed_dictionaries(
@@ -53,7 +55,7 @@ def _insert(conn: sa.Connection, spec: dict) -> str:
 
 
 def _expected(engine: sa.Engine, as_of: datetime) -> dict[str, dict]:
-    """build_payload of every due row, read the row-by-row way (then rolled back)."""
+    """The due rows as the selection reads them (then rolled back), for build_payload."""
     with engine.connect() as conn:
         due = repository.select_due_for_update_skip_locked(conn, as_of, 1000).reminders
         conn.rollback()

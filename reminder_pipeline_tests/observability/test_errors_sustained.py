@@ -106,7 +106,7 @@ def test_a_row_failing_twice_is_held_back_until_skipped_whatever_the_back_off(en
         assert operator_repository.skip_poison(conn, row["id"])
     assert health.errors(engine, later).passed
     with engine.connect() as conn:
-        assert metrics_repository.poison_rows(conn, later).count == 0
+        assert metrics_repository.poison_summary(conn, later).count == 0
 
 
 def test_errors_fail_the_check_only_after_ten_minutes_without_a_five_minute_gap(engine):

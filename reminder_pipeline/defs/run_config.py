@@ -9,6 +9,7 @@ the CLI and the environment give, before a run exists (Launchpad, GraphQL, sched
 
 import uuid
 from collections.abc import Callable, Mapping
+from datetime import datetime
 from functools import partial
 from typing import Any, ClassVar, Literal, Optional, TypeVar
 
@@ -16,7 +17,22 @@ import pydantic
 from dagster import Config, ConfigMapping, DagsterInvalidConfigError, OpDefinition
 from pydantic import Field, model_validator
 
-from .. import config as settings
+from ..config import (
+    CYCLE_MAX_BATCHES,
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_CYCLE_BUDGET_SECONDS,
+    DEFAULT_POISON_LIMIT,
+    DEFAULT_PURGE_BATCH_SIZE,
+    DEFAULT_RETENTION_HOURS,
+    MAX_BATCHES,
+    check_batch_size,
+    check_budget_seconds,
+    check_max_batches,
+    check_poison_limit,
+    check_purge_batch_size,
+    check_retention_hours,
+    parse_as_of,
+)
 
 
 class CheckedConfig(Config):
@@ -98,30 +114,30 @@ def validated(job_name: str, config_cls: type[Config], op_def: OpDefinition) -> 
 def _as_of(value: str) -> Optional[str]:
     # Its form only: whether it is in the future is checked when the run starts, against the
     # database's clock (select_due_batch), never against the clock of the host that creates it.
-    return None if settings.parse_as_of(value) is None else value.strip()
+    return None if parse_as_of(value) is None else value.strip()
 
 
 class CycleConfig(CheckedConfig):
     """One dispatch cycle: the batch size, how many batches to drain, the time budget, AsOf."""
 
     checks: ClassVar[Mapping[str, Callable[[Any], Any]]] = {
-        "batch_size": settings.check_batch_size,
-        "max_batches": settings.check_max_batches,
-        "budget_seconds": partial(settings.check_budget_seconds, high=240.0),
+        "batch_size": check_batch_size,
+        "max_batches": check_max_batches,
+        "budget_seconds": partial(check_budget_seconds, high=240.0),
         "as_of": _as_of,
     }
 
     batch_size: int = Field(
-        default=settings.DEFAULT_BATCH_SIZE,
+        default=DEFAULT_BATCH_SIZE,
         description="Rows per batch (each one transaction), 1..10,000.",
     )
     max_batches: int = Field(
-        default=settings.DEFAULT_MAX_BATCHES,
+        default=CYCLE_MAX_BATCHES,
         description="Batches per run (1 = the design's cycle); more drains a "
         "backlog, publishing as it goes, until the budget ends.",
     )
     budget_seconds: float = Field(
-        default=settings.DEFAULT_CYCLE_BUDGET_SECONDS,
+        default=DEFAULT_CYCLE_BUDGET_SECONDS,
         description="No new batch starts after this many seconds.",
     )
     as_of: Optional[str] = Field(
@@ -130,11 +146,13 @@ class CycleConfig(CheckedConfig):
         "default now; never in the future.",
     )
 
+    def as_of_time(self) -> Optional[datetime]:
+        """AsOf as the cycle takes it: a timezone-aware datetime (None: the database's now).
 
-#: The scheduled cycle drains what is due: batches of ``batch_size`` (each one transaction) until
-#: none is due or the budget is spent. The design's SLO (2 minutes) outranks a per-minute cap of
-#: 200 rows; ``max_batches: 1`` restores the literal one-batch cycle (docs/design.md, "Peaks").
-DISPATCH_MAX_BATCHES = settings.MAX_BATCHES
+        Run config is text (the Launchpad's YAML); this is where it becomes a datetime, with
+        the validator's rule (:func:`config.parse_as_of`); the step outputs carry the datetime.
+        """
+        return parse_as_of(self.as_of)
 
 
 class DispatchRunConfig(CycleConfig):
@@ -142,11 +160,11 @@ class DispatchRunConfig(CycleConfig):
 
     checks: ClassVar[Mapping[str, Callable[[Any], Any]]] = {
         **CycleConfig.checks,
-        "budget_seconds": partial(settings.check_budget_seconds, high=90.0),
+        "budget_seconds": partial(check_budget_seconds, high=90.0),
     }
 
     max_batches: int = Field(
-        default=DISPATCH_MAX_BATCHES,
+        default=CYCLE_MAX_BATCHES,
         description="Batches at most (each one transaction); the run stops "
         "earlier when nothing due is left or the budget is spent. 1 = one batch a cycle.",
     )
@@ -156,7 +174,7 @@ class CatchUpRunConfig(CycleConfig):
     """``reminder_catch_up``: drain the backlog, batch after batch, in one run (at most 240 s)."""
 
     max_batches: int = Field(
-        default=settings.MAX_BATCHES,
+        default=MAX_BATCHES,
         description="Batches at most; the run stops earlier when nothing due "
         "is left or the budget is spent.",
     )
@@ -182,7 +200,7 @@ def _event_id(value: str) -> str:
 
 
 def _failed_since(value: str) -> Optional[str]:
-    when = settings.parse_as_of(value, "failed_since")
+    when = parse_as_of(value, "failed_since")
     return None if when is None else when.isoformat()
 
 
@@ -190,7 +208,7 @@ class PoisonConfig(CheckedConfig):
     """List the poison rows, or retry / skip one by its reminder id, or those a filter takes."""
 
     checks: ClassVar[Mapping[str, Callable[[Any], Any]]] = {
-        "limit": settings.check_poison_limit,
+        "limit": check_poison_limit,
         "reminder_id": lambda v: _reminder_id(v) if v.strip() else None,
         "event_id": lambda v: _event_id(v) if v.strip() else None,
         "kind": lambda v: v.strip() or None,
@@ -221,7 +239,7 @@ class PoisonConfig(CheckedConfig):
     dry_run: bool = Field(
         default=False, description="With a filter: list the rows that would change; change none."
     )
-    limit: int = Field(default=settings.DEFAULT_POISON_LIMIT, description="Rows listed, 1..1,000.")
+    limit: int = Field(default=DEFAULT_POISON_LIMIT, description="Rows listed, 1..1,000.")
 
     @property
     def filtered(self) -> bool:
@@ -257,15 +275,15 @@ class RetentionConfig(CheckedConfig):
     """Published outbox rows older than ``retention_hours`` go, ``batch_size`` per transaction."""
 
     checks: ClassVar[Mapping[str, Callable[[Any], Any]]] = {
-        "retention_hours": settings.check_retention_hours,
-        "batch_size": settings.check_purge_batch_size,
+        "retention_hours": check_retention_hours,
+        "batch_size": check_purge_batch_size,
     }
 
     retention_hours: float = Field(
-        default=settings.DEFAULT_RETENTION_HOURS,
+        default=DEFAULT_RETENTION_HOURS,
         description="At least 1 hour (default 168 = 7 days).",
     )
     batch_size: int = Field(
-        default=settings.DEFAULT_PURGE_BATCH_SIZE,
+        default=DEFAULT_PURGE_BATCH_SIZE,
         description="Rows per DELETE transaction, 1..10,000.",
     )

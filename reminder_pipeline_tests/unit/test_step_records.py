@@ -1,0 +1,28 @@
+"""What a dispatch step hands the next: builtins and AsOf's datetime, never AsOf as text again.
+
+AsOf is parsed once where it enters (the run config, the CLI); the step outputs carry the
+timezone-aware datetime and the IO manager (pickle) stores it. A step output stored by an older
+version held AsOf as ISO-8601 text: a step re-executed from the UI still reads it.
+"""
+
+from __future__ import annotations
+
+import pickle
+from datetime import UTC, datetime, timedelta, timezone
+
+from reminder_pipeline.cycle.records import Cycle
+
+
+def test_a_cycle_hands_on_its_as_of_as_a_datetime() -> None:
+    as_of = datetime(2026, 11, 30, 13, 0, tzinfo=timezone(timedelta(hours=3)))
+    cycle = Cycle("run-1", as_of, 200)
+    handed = cycle.plain()["as_of"]
+    assert isinstance(handed, datetime) and handed == as_of
+    again = Cycle.from_plain(pickle.loads(pickle.dumps(cycle.plain())))
+    assert again == cycle and again.as_of.utcoffset() == timedelta(hours=3)
+
+
+def test_an_older_step_output_s_as_of_text_is_still_read() -> None:
+    cycle = Cycle("run-2", datetime(2026, 11, 30, 10, 0, tzinfo=UTC), 200)
+    older = {**cycle.plain(), "as_of": "2026-11-30T10:00:00+00:00"}
+    assert Cycle.from_plain(older) == cycle
