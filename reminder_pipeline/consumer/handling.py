@@ -19,7 +19,6 @@ reminder whose StartAt passed more than a grace ago is dropped, counted and logg
 from __future__ import annotations
 
 import logging
-import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -70,10 +69,6 @@ class BatchOutcome:
     retry: Retry | None = None
 
 
-#: A batch read: each message with its notifications, or why it cannot be read.
-_Read = list[tuple[Message, MappedReminder | None, tuple[MessageProblem, str] | None]]
-
-
 @dataclass
 class _Batch:
     """What a batch knows as it goes: the store's answer plus its own deliveries, to record, and
@@ -114,26 +109,26 @@ class MessageHandling:
         self.dead_letters = dead_letters
         #: Deliveries (and handled reminders) the store has not recorded yet.
         self._pending = Records()
-        #: The next batch, read while the last write was waited for (``read_next``).
-        self._ahead: tuple[list[Message], _Read] | None = None
 
     def handle_batch(
-        self,
-        messages: list[Message],
-        attempt: int = 1,
-        read_failures: int = 0,
-        *,
-        read_next: list[Message] | None = None,
+        self, messages: list[Message], attempt: int = 1, read_failures: int = 0
     ) -> BatchOutcome:
-        """One attempt at ``messages`` (one partition, in order; ``attempt`` is the first one's).
-
-        ``read_next``: the batch the caller hands over next, read (pure: parsed, its
-        notifications built) while this batch's write is waited for, and taken from there when
-        it comes. Nothing of it is delivered, asked or recorded before its own call.
-        """
+        """One attempt at ``messages`` (one partition, in order; ``attempt`` is the first one's)."""
         self._record_pending()
-        ahead, self._ahead = self._ahead, None
-        read = ahead[1] if ahead is not None and ahead[0] is messages else self._read(messages)
+        read: list[tuple[Message, MappedReminder | None, tuple[MessageProblem, str] | None]] = []
+        # Reading: deterministic, so whatever fails here fails again; bounded, then the DLQ. The
+        # batch stops at the first message that cannot be read (it is attempted in its turn).
+        for message in messages:
+            try:
+                mapped = notifications_for(parse_reminder(message.value()), self.locale)
+            except IncompatibleMessage as exc:
+                read.append((message, None, (exc.problem, str(exc))))
+                break
+            except Exception as exc:  # noqa: BLE001 - e.g. OverflowError: still a bounded failure
+                problem = (MessageProblem.UNPROCESSABLE, kafka_messages.one_line(exc))
+                read.append((message, None, problem))
+                break
+            read.append((message, mapped, None))
         ids = [m.reminder.reminder_id for _, m, _ in read if m is not None]
         known = self.dedup.known(ids) if ids else Known()
         batch = _Batch(set(known.handled), set(known.delivered))
@@ -160,26 +155,8 @@ class MessageHandling:
             # channel's idempotency key for it).
             self._pending.deliveries.extend(batch.records.deliveries)
             self._pending.handled.extend(batch.records.handled)
-            self._record_pending(read_next)
+            self._record_pending()
         return outcome
-
-    def _read(self, messages: list[Message]) -> _Read:
-        """Each message read into its notifications, up to the first that cannot be read."""
-        read: _Read = []
-        # Reading: deterministic, so whatever fails here fails again; bounded, then the DLQ. The
-        # batch stops at the first message that cannot be read (it is attempted in its turn).
-        for message in messages:
-            try:
-                mapped = notifications_for(parse_reminder(message.value()), self.locale)
-            except IncompatibleMessage as exc:
-                read.append((message, None, (exc.problem, str(exc))))
-                break
-            except Exception as exc:  # noqa: BLE001 - e.g. OverflowError: still a bounded failure
-                problem = (MessageProblem.UNPROCESSABLE, kafka_messages.one_line(exc))
-                read.append((message, None, problem))
-                break
-            read.append((message, mapped, None))
-        return read
 
     def _count(self, batch: _Batch) -> None:
         """Add what the batch notified to the metrics and log its reminders (a line each)."""
@@ -196,37 +173,11 @@ class MessageHandling:
             metrics.unknown_kinds.inc(batch.unknown_kinds)
         events(log, logging.INFO, "reminder notified", batch.notified_lines)
 
-    def _record_pending(self, read_next: list[Message] | None = None) -> None:
-        """Write what was delivered and not yet recorded (raises if the store is away); return
-        only once the write has ended, as it ended.
-
-        With ``read_next``, that batch is read on this thread while the write runs on another
-        (the store's server, or SQLite outside the GIL, does the work of the wait): the order
-        of every delivery, write and offset commit stays what it is without it.
-        """
-        if not self._pending:
-            return
-        if read_next is None:
+    def _record_pending(self) -> None:
+        """Write what was delivered and not yet recorded (raises if the store is away)."""
+        if self._pending:
             self.dedup.record(self._pending)
             self._pending = Records()
-            return
-        failed: list[BaseException] = []
-
-        def write() -> None:
-            try:
-                self.dedup.record(self._pending)
-            except BaseException as exc:  # noqa: BLE001 - raised on the handling's thread below
-                failed.append(exc)
-
-        writer = threading.Thread(target=write, name="dedup-write", daemon=True)
-        writer.start()
-        try:
-            self._ahead = (read_next, self._read(read_next))
-        finally:
-            writer.join()
-        if failed:
-            raise failed[0]
-        self._pending = Records()
 
     def _read_failed(
         self,

@@ -224,9 +224,7 @@ class ReminderConsumer:
                 break
             self._probe_outages(time.monotonic())
             self._retry_due(time.monotonic())
-            # Two batches' worth: in a backlog a poll holds the next batch, read while the
-            # previous batch's write is waited for (MessageHandling.handle_batch, read_next).
-            wanted = 2 * options.batch_size
+            wanted = options.batch_size
             if max_messages is not None:
                 wanted = max(1, min(wanted, max_messages - self.stats.messages))
             messages = consumer.consume(wanted, self._poll_timeout())
@@ -255,12 +253,8 @@ class ReminderConsumer:
                     break
                 continue
             last_activity = now
-            batches = self._batches(messages)
-            for index, batch in enumerate(batches):
-                if kafka_messages.position(batch[0])[:2] in self._held:
-                    continue  # behind a message this poll's earlier batch held: read again later
-                following = batches[index + 1] if index + 1 < len(batches) else None
-                self._process(batch, attempt=1, read_failures=0, read_next=following)
+            for batch in self._batches(messages):
+                self._process(batch, attempt=1, read_failures=0)
 
     def _poll_timeout(self) -> float:
         """Poll no longer than until the next held message is due for another attempt."""
@@ -297,8 +291,7 @@ class ReminderConsumer:
                 self.broker_outage.end(time.monotonic())
 
     def _batches(self, messages: list[Message]) -> list[list[Message]]:
-        """The polled messages as batches of one partition, in offset order, each at most
-        ``batch_size`` (a partition's later batches after its earlier); errors reported."""
+        """The polled messages as one batch per partition, in offset order; errors reported."""
         batches: dict[tuple[str, int], list[Message]] = {}
         for message in messages:
             error = message.error()
@@ -310,12 +303,7 @@ class ReminderConsumer:
             if key in self._held:
                 continue  # prefetched behind a held message: read again after the seek
             batches.setdefault(key, []).append(message)
-        size = self.options.batch_size
-        return [
-            share[start : start + size]
-            for share in batches.values()
-            for start in range(0, len(share), size)
-        ]
+        return list(batches.values())
 
     def _retry_due(self, now: float) -> None:
         for held in [h for h in self._held.values() if h.retry_at <= now]:
@@ -323,41 +311,27 @@ class ReminderConsumer:
                 [held.message], attempt=held.attempts + 1, read_failures=held.read_failures
             )
 
-    def _process(
-        self,
-        messages: list[Message],
-        attempt: int,
-        read_failures: int,
-        read_next: list[Message] | None = None,
-    ) -> None:
+    def _process(self, messages: list[Message], attempt: int, read_failures: int) -> None:
         """Attempt one partition's batch; commit what is handled, hold the partition on the rest.
 
         In this order: the store asked once, the notifications delivered, recorded in one write
         (:meth:`MessageHandling.handle_batch`), then the handled messages' offsets committed.
         """
         while messages:
-            done = self._attempt(messages, attempt, read_failures, read_next)
+            done = self._attempt(messages, attempt, read_failures)
             if done is None or done == len(messages):
                 return
             # A message after the batch's read failure, or after a dead-lettered one: its turn.
             messages, attempt, read_failures = messages[done:], 1, 0
 
-    def _attempt(
-        self,
-        messages: list[Message],
-        attempt: int,
-        read_failures: int,
-        read_next: list[Message] | None = None,
-    ) -> int | None:
+    def _attempt(self, messages: list[Message], attempt: int, read_failures: int) -> int | None:
         """Handle the leading messages of ``messages``; how many, or None when one is held."""
         assert self._consumer is not None and self._handling is not None
         first = messages[0]
         topic, partition, _offset = kafka_messages.position(first)
         key = (topic, partition)
         try:
-            outcome = self._handling.handle_batch(
-                messages, attempt, read_failures, read_next=read_next
-            )
+            outcome = self._handling.handle_batch(messages, attempt, read_failures)
         except DedupStoreUnavailable as exc:
             # Logged once per outage, not per message; the batch waits for the store to answer
             # (a probe releases it), its partition held so nothing of its key overtakes it.
