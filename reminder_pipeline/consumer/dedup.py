@@ -100,6 +100,10 @@ class Records:
         return bool(self.deliveries or self.handled)
 
 
+#: The SQLite connection's page cache (KiB) and WAL pages between automatic checkpoints.
+_SQLITE_CACHE_KIB = 16_384
+_SQLITE_CHECKPOINT_PAGES = 4_000
+
 #: Parameters per SQLite statement (its limit is 32,766 since 3.32; well below it).
 _SQLITE_CHUNK = 500
 
@@ -191,6 +195,12 @@ class SqliteDedupStore(_Closing):
             # power loss may forget the last writes: at worst one repeated notification.
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=NORMAL")
+            # A batch's rows land all over the primary-key indexes (random UUIDs): a page cache
+            # that holds them (16 MiB, SQLite's default is 2) and a checkpoint every 4,000 pages
+            # of WAL instead of 1,000 write each page, and fsync, far fewer times per batch.
+            # Durability is the same: WAL with synchronous=NORMAL, as above.
+            self._conn.execute(f"PRAGMA cache_size=-{_SQLITE_CACHE_KIB}")
+            self._conn.execute(f"PRAGMA wal_autocheckpoint={_SQLITE_CHECKPOINT_PAGES}")
             self._migrate()
             self.prune(retention)
         except BaseException:

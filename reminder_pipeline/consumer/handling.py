@@ -36,6 +36,7 @@ from .notifications import (
     IncompatibleMessage,
     MappedReminder,
     MessageProblem,
+    Notification,
     ReminderDue,
     due_at,
     notifications_for,
@@ -136,15 +137,14 @@ class MessageHandling:
             for index, (message, reminder, failure) in enumerate(read):
                 first = index == 0
                 found = kafka_messages.headers(message)
-                where = kafka_messages.where(message, found)
                 if attempt == 1 or not first:
-                    self._check_version(found, where)
+                    self._check_version(message, found)
                 tries, failures = (attempt, read_failures) if first else (1, 0)
                 if failure is not None:
                     retry = self._read_failed(message, *failure, tries, failures)
                 else:
                     assert reminder is not None
-                    retry = self._deliver(message, reminder, tries, where, batch)
+                    retry = self._deliver(message, reminder, tries, found, batch)
                 if retry is not None:
                     outcome = BatchOutcome(index, retry)
                     break
@@ -210,7 +210,7 @@ class MessageHandling:
         message: Message,
         mapped: MappedReminder,
         attempt: int,
-        where: dict[str, Any],
+        found: dict[str, str],
         batch: _Batch,
     ) -> Retry | None:
         """Deliver each recipient's notification once; None when the reminder is done."""
@@ -224,7 +224,7 @@ class MessageHandling:
                 log,
                 logging.WARNING,
                 "reminder dropped: its StartAt has passed",
-                **_ids(where, reminder),
+                **_ids(message, found, reminder),
                 start_at=reminder.start_at.isoformat(),
                 seconds_past_start=past,
             )
@@ -233,33 +233,35 @@ class MessageHandling:
             self.stats.duplicates += 1
             self.metrics.duplicates.inc()
             self.metrics.messages.labels("duplicate").inc()
-            event(log, logging.INFO, "duplicate reminder ignored", **_ids(where, reminder))
+            event(log, logging.INFO, "duplicate reminder ignored", **_ids(message, found, reminder))
             return None
+        delivered = batch.delivered
         for notification in mapped.notifications:
             recipient = notification.recipient_user_id
-            if (reminder.reminder_id, recipient) in batch.delivered:
+            if delivered and (reminder.reminder_id, recipient) in delivered:
                 continue  # delivered by an earlier attempt that failed on another recipient
             try:
                 self.sink.deliver(notification)
             except DeliveryRejected as exc:
+                self._delivered_so_far(mapped, notification, batch)
                 return self._dead_letter(
                     message, DLQ_REASON_DELIVERY_REJECTED, kafka_messages.one_line(exc), attempt
                 )
             except Exception as exc:  # noqa: BLE001 - any sink failure is presumed transient
+                self._delivered_so_far(mapped, notification, batch)
                 retry_in = self.options.backoff(attempt)
                 self.metrics.retries.labels("deliver").inc()
                 event(
                     log,
                     logging.WARNING,
                     "delivery failed; will retry",
-                    **_ids(where, reminder),
+                    **_ids(message, found, reminder),
                     recipient_user_id=str(recipient),
                     attempt=attempt,
                     retry_in_seconds=retry_in,
                     exception=type(exc).__name__,
                 )
                 return Retry(retry_in, read_failed=False)
-            batch.delivered.add((reminder.reminder_id, recipient))
             batch.records.deliveries.append(
                 (reminder.reminder_id, recipient, notification.notification_id)
             )
@@ -267,8 +269,19 @@ class MessageHandling:
             batch.sent[notification.kind.value, notification.recipient_role.value] += 1
         batch.handled.add(reminder.reminder_id)
         batch.records.handled.append((reminder.reminder_id, reminder.event_id))
-        self._notified(message, mapped, attempt, where, batch)
+        self._notified(message, mapped, attempt, found, batch)
         return None
+
+    @staticmethod
+    def _delivered_so_far(mapped: MappedReminder, failed: Notification, batch: _Batch) -> None:
+        """The recipients of a reminder that stops at ``failed`` delivered before it, known to
+        the batch (a later copy of the reminder in it skips them; a reminder that completes is
+        in ``batch.handled`` instead, which a later copy meets first)."""
+        reminder_id = mapped.reminder.reminder_id
+        for notification in mapped.notifications:
+            if notification is failed:
+                return
+            batch.delivered.add((reminder_id, notification.recipient_user_id))
 
     def _seconds_past_start(self, start_at: datetime) -> float | None:
         """How long ago StartAt passed, when beyond the grace that still notifies; else None."""
@@ -283,7 +296,7 @@ class MessageHandling:
         message: Message,
         mapped: MappedReminder,
         attempt: int,
-        where: dict[str, Any],
+        found: dict[str, str],
         batch: _Batch,
     ) -> None:
         """Count, time and log a reminder whose every recipient has been notified (the counters
@@ -294,7 +307,8 @@ class MessageHandling:
         batch.notified += 1
         batch.last_notified = now.timestamp()
         since_due = kafka_messages.seconds_since(due_at(reminder), now)
-        since_message = kafka_messages.seconds_since(kafka_messages.message_time(message), now)
+        sent_at = kafka_messages.message_seconds(message)
+        since_message = None if sent_at is None else round(batch.last_notified - sent_at, 3)
         # Early counts as on time (0): a reminder notified before its DueAt is not late, and a
         # negative observation would make the histogram's _sum step back.
         if since_due is not None:
@@ -313,14 +327,14 @@ class MessageHandling:
                 log,
                 logging.WARNING,
                 warning,
-                **_ids(where, reminder),
+                **_ids(message, found, reminder),
                 kind=reminder.kind[:64],
                 time_zone=reminder.time_zone[:64],
             )
         if log.isEnabledFor(logging.INFO):
             batch.notified_lines.append(
                 {
-                    **_ids(where, reminder),
+                    **_ids(message, found, reminder),
                     "notification_kind": str(mapped.notifications[0].kind),
                     "recipients": len(mapped.notifications),
                     "offset_minutes": reminder.offset_minutes,
@@ -330,7 +344,7 @@ class MessageHandling:
                 }
             )
 
-    def _check_version(self, found: dict[str, str], where: dict[str, Any]) -> None:
+    def _check_version(self, message: Message, found: dict[str, str]) -> None:
         """Warn on a ContractVersion other than ours (``found``: the message's headers); the
         message is still processed (contract)."""
         version = found.get(contract.HEADER_CONTRACT_VERSION)
@@ -341,7 +355,7 @@ class MessageHandling:
                 log,
                 logging.WARNING,
                 "contract version mismatch; processing anyway",
-                **where,
+                **kafka_messages.where(message, found),
                 contract_version=None if version is None else version[:16],
                 expected=str(contract.CONTRACT_VERSION),
             )
@@ -354,10 +368,10 @@ class MessageHandling:
         return None if retry_in is None else Retry(retry_in, read_failed=False)
 
 
-def _ids(where: dict[str, Any], reminder: ReminderDue) -> dict[str, Any]:
+def _ids(message: Message, found: dict[str, str], reminder: ReminderDue) -> dict[str, Any]:
     """A message's identifiers for a log line: its position and headers' ids, and the reminder's."""
     return {
-        **where,
+        **kafka_messages.where(message, found),
         "reminder_id": str(reminder.reminder_id),
         "event_id": str(reminder.event_id),
         "tenant_id": str(reminder.tenant_id),

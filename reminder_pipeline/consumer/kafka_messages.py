@@ -60,6 +60,14 @@ def message_time(message: Message) -> datetime | None:
     return datetime.fromtimestamp(millis / 1000, UTC)
 
 
+def message_seconds(message: Message) -> float | None:
+    """:func:`message_time` as seconds since the epoch (no datetime built: every message asks)."""
+    kind, millis = message.timestamp()
+    if kind == TIMESTAMP_NOT_AVAILABLE or millis is None or millis <= 0:
+        return None
+    return millis / 1000
+
+
 def seconds_since(moment: datetime | None, now: datetime) -> float | None:
     """Seconds from ``moment`` to ``now`` (ms precision), or None without a moment."""
     return None if moment is None else round((now - moment).total_seconds(), 3)

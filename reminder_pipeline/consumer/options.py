@@ -48,8 +48,10 @@ class ConsumerOptions:
     max_backoff_seconds: float = 30.0
     poll_timeout_seconds: float = 0.5
     #: The most messages one poll hands to the handling: each partition's share is one batch
-    #: (one question to the de-dup store, one write, one offset commit).
-    batch_size: int = 500
+    #: (one question to the de-dup store, one write, one offset commit). 2,000: in a backlog a
+    #: poll brings ~1,400 of one partition; against 500 that is a third of the round trips, and
+    #: the de-dup write costs less per row when more of a batch's rows share its index pages.
+    batch_size: int = 2000
     dlq_timeout_seconds: float = 15.0
     #: The largest dead-letter copy produced (value, key and headers); a bigger one is cut.
     dlq_max_bytes: int = DEFAULT_DLQ_MAX_BYTES

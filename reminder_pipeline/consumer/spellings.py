@@ -86,6 +86,23 @@ def _instant(value: str) -> datetime:
         raise SpellingError(f"{_quote(value)} is not a valid instant ({exc})") from None
 
 
+_new = object.__new__
+_set = object.__setattr__
+_UNKNOWN_SAFETY = uuid.SafeUUID.unknown
+
+
+def uuid_from_int(value: int) -> uuid.UUID:
+    """``uuid.UUID(int=value)`` for a ``value`` known to be in 0..2**128-1, without the
+    constructor's argument checks (it is on the path of every message, several times).
+
+    The same object the constructor makes: ``int`` and ``is_safe`` are the class's only slots.
+    """
+    result = _new(uuid.UUID)
+    _set(result, "int", value)
+    _set(result, "is_safe", _UNKNOWN_SAFETY)
+    return result
+
+
 def parse_guid(value: object) -> uuid.UUID:
     """The GUID ``value`` spells (any case; D, N, B or P form); :class:`SpellingError` if none."""
     if not isinstance(value, str):
@@ -98,4 +115,5 @@ def parse_guid(value: object) -> uuid.UUID:
     match = _GUID.fullmatch(text)
     if match is None:
         raise SpellingError(f"{_quote(value)} is not a GUID")
-    return uuid.UUID(match["hex"])
+    # The pattern admits exactly 32 hex digits (hyphens only where the D form has them).
+    return uuid_from_int(int(match["hex"].replace("-", ""), 16))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import pickle
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -45,6 +47,24 @@ def test_a_valid_payload_parses_into_typed_fields() -> None:
     assert str(reminder.client_user_id) == data["ClientUserId"]
     assert reminder.start_at == START
     assert reminder.offset_minutes == 60
+
+
+def test_what_the_mapping_builds_equals_what_the_constructors_build() -> None:
+    # The reminder and its notifications are built without their dataclass __init__ (speed):
+    # every field is set, in order, and they compare, hash and pickle as constructed ones.
+    data = payload(ClientUserId=str(uuid.uuid4()), AppointmentId=str(uuid.uuid4()))
+    mapped = notifications_for(parse_reminder(raw(data)))
+    for built in (mapped.reminder, *mapped.notifications):
+        again = dataclasses.replace(built)
+        assert built == again and hash(built) == hash(again) and repr(built) == repr(again)
+        assert list(vars(built)) == [f.name for f in dataclasses.fields(built)]
+        assert pickle.loads(pickle.dumps(built)) == built
+    ids = [mapped.reminder.reminder_id, *(n.notification_id for n in mapped.notifications)]
+    for value in ids:
+        assert value == uuid.UUID(str(value)) and hash(value) == hash(uuid.UUID(str(value)))
+        assert value.is_safe is uuid.SafeUUID.unknown and pickle.loads(pickle.dumps(value)) == value
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        mapped.notifications[0].text = "changed"  # type: ignore[misc]
 
 
 def test_the_producers_payload_is_accepted_by_the_consumer() -> None:
