@@ -5,7 +5,7 @@ attempt at a partition's batch (handling.py), the consumer loop and its group (r
 outages of the broker and the de-dup store (outages.py), the dead-letter
 record and its producer (dead_letter_copy.py, dead_letters.py), the sinks (sinks.py), options and
 stats (options.py), a Kafka message's parts (kafka_messages.py), de-duplication (dedup.py),
-metrics (metrics.py), and the service the CLI runs (service.py: raises, never exits).
+metrics (metrics.py), and the main the CLI runs (main.py: raises, never exits).
 """
 
 from .dead_letter_copy import DLQ_TOPIC
@@ -24,7 +24,7 @@ from .notifications import (
 )
 from .options import ConsumerOptions, ConsumeStats
 from .runner import ReminderConsumer
-from .service import run_consumer
+from .main import run_consumer
 from .sinks import DeliveryRejected, NotificationSink, StdoutSink
 from .texts import Locale
 

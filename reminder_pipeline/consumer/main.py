@@ -1,4 +1,4 @@
-"""The consumer as a service: settings in, a run until stopped, typed errors out.
+"""The consumer's main: settings in, a run until stopped, typed errors out.
 
 :func:`run_consumer` is what ``reminder-pipeline consume`` runs. It decides no exit code and
 prints nothing but notifications: a bad option raises ``ConfigError``, a metrics port that cannot
