@@ -10,6 +10,7 @@ metrics (metrics.py), and the main the CLI runs (main.py: raises, never exits).
 
 from .dead_letter_copy import DLQ_TOPIC
 from .dedup import DedupStore, PostgresDedupStore, SqliteDedupStore
+from .main import run_consumer
 from .metrics import ConsumerMetrics
 from .notifications import (
     IncompatibleMessage,
@@ -24,7 +25,6 @@ from .notifications import (
 )
 from .options import ConsumerOptions, ConsumeStats
 from .runner import ReminderConsumer
-from .main import run_consumer
 from .sinks import DeliveryRejected, NotificationSink, StdoutSink
 from .texts import Locale
 

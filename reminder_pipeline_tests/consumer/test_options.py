@@ -8,9 +8,9 @@ import json
 import pytest
 
 from reminder_pipeline.config import Settings
+from reminder_pipeline.consumer.main import default_dedup_path
 from reminder_pipeline.consumer.notifications import notifications_for, parse_reminder
 from reminder_pipeline.consumer.options import ConsumerOptions
-from reminder_pipeline.consumer.main import default_dedup_path
 from reminder_pipeline.consumer.sinks import StdoutSink
 
 from .payloads import payload
