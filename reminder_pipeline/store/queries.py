@@ -363,6 +363,21 @@ SELECT_UNPUBLISHED = text(
     """
 )
 
+# ... only those up to :up_to (a drain's relay publishes what was there when it started from the
+# outbox, and the drain's own rows as they are handed over).
+SELECT_UNPUBLISHED_UP_TO = text(
+    """
+    SELECT id, topic, message_key, CAST(payload AS text) AS payload, headers
+      FROM outbox
+     WHERE published_at IS NULL AND id <= :up_to
+     ORDER BY id
+     LIMIT :limit
+    """
+)
+
+# The newest outbox row's id (NULL when the outbox is empty).
+LAST_OUTBOX_ID = text("SELECT max(id) FROM outbox")
+
 # With where each message landed (its delivery report's partition and offset, a JSONB object
 # id -> [partition, offset], looked up per row). The rows are found exactly as before, by one
 # index scan of the batch's ids: joining the ids to unnest()ed arrays instead made the mark 10-20 %

@@ -286,12 +286,23 @@ def outbox_lag(conn: Connection) -> OutboxLag:
 # --- relay -------------------------------------------------------------------------------
 
 
-def unpublished(conn: Connection, limit: int) -> list[ClaimedMessage]:
-    """The oldest unpublished outbox rows, in id order."""
-    rows = conn.execute(queries.SELECT_UNPUBLISHED, {"limit": limit}).all()
+def unpublished(conn: Connection, limit: int, up_to: int | None = None) -> list[ClaimedMessage]:
+    """The oldest unpublished outbox rows (with an id up to ``up_to`` if given), in id order."""
+    if up_to is None:
+        rows = conn.execute(queries.SELECT_UNPUBLISHED, {"limit": limit}).all()
+    else:
+        rows = conn.execute(
+            queries.SELECT_UNPUBLISHED_UP_TO, {"limit": limit, "up_to": up_to}
+        ).all()
     return [
         ClaimedMessage(r.id, r.topic, r.message_key, r.payload, dict(r.headers or {})) for r in rows
     ]
+
+
+def last_outbox_id(conn: Connection) -> int | None:
+    """The newest outbox row's id, None when the outbox is empty."""
+    value = conn.execute(queries.LAST_OUTBOX_ID).scalar_one()
+    return None if value is None else int(value)
 
 
 def mark_published(conn: Connection, landed: Sequence[tuple[int, int | None, int | None]]) -> int:
