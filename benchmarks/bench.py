@@ -196,8 +196,9 @@ def fig_catchup(srv, args, rows: list[Row], details: dict) -> None:
                 ">= 0.80x raw",  # issue 30, item 1
                 f"{fmt_rate(job['rows_per_s'])} rows/s ({job['elapsed_s']:.1f}s)",
                 f"raw {fmt_rate(raw_rate)} rows/s",
-                f"{median['dispatch_job_ratio']:.2f}x{spread('dispatch_job_ratio')}",
-                _verdict(median["dispatch_job_ratio"] >= 0.80 and exact),
+                f"{res['dispatch_job_median']['dispatch_job_ratio']:.2f}x"
+                f"{spread('dispatch_job_ratio')}",
+                _verdict(res["dispatch_job_median"]["dispatch_job_ratio"] >= 0.80 and exact),
             )
         )
 
