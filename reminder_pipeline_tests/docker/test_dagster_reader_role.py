@@ -51,7 +51,8 @@ from ..integration.test_least_privilege import (  # noqa: F401 - a fixture, used
 
 SCRIPT = COMPOSE.parent / "postgres" / "roles" / "dagster_reader_role.sql"
 #: The image's instance configuration (docker/Dockerfile copies it into DAGSTER_HOME).
-DAGSTER_YAML = ROOT / "dagster.yaml"
+#: The instance config the image copies into its DAGSTER_HOME (docker/Dockerfile).
+DAGSTER_YAML = ROOT / "reminder_pipeline" / "dagster_instance.yaml"
 
 
 def _dsn(url: str) -> str:
@@ -106,8 +107,8 @@ def make_reader(deployment: Deployment, database_url: str) -> Iterator[Callable[
 
 
 def dagster_home(path: Path) -> Path:
-    """A DAGSTER_HOME as the image has it: the repository's dagster.yaml (storage from
-    DAGSTER_PG_URL) and nothing else."""
+    """A DAGSTER_HOME as the image has it: the shipped instance config as its dagster.yaml
+    (storage from DAGSTER_PG_URL) and nothing else."""
     path.mkdir()
     shutil.copy(DAGSTER_YAML, path / "dagster.yaml")
     return path
