@@ -26,13 +26,10 @@ At least once, in key order, never twice:
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import logging
 import math
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +37,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from ..config import KafkaSettings
 from ..logs import event
+from ..memory import young_generation
 from . import kafka_messages
 from .dead_letters import DeadLetters
 from .dedup import DedupStore, DedupStoreUnavailable
@@ -59,20 +57,6 @@ log = logging.getLogger(__name__)
 #: over and over and promote them, a quarter of a member's CPU per message (benchmarks/README.md).
 #: Reference counting frees nearly all of it anyway; cycles still get collected.
 RUN_GEN0_THRESHOLD = 50_000
-
-
-@contextlib.contextmanager
-def young_generation(threshold: int = RUN_GEN0_THRESHOLD) -> Iterator[None]:
-    """Raise the young generation's threshold for the block (never lower it); restore it after."""
-    before = gc.get_threshold()
-    if before[0] == 0 or before[0] >= threshold:  # collector disabled, or already roomier
-        yield
-        return
-    gc.set_threshold(threshold, *before[1:])
-    try:
-        yield
-    finally:
-        gc.set_threshold(*before)
 
 
 @dataclass
@@ -197,7 +181,7 @@ class ReminderConsumer:
             locale=self.locale.value,
         )
         try:
-            with young_generation():
+            with young_generation(RUN_GEN0_THRESHOLD):
                 self._loop(stop, max_messages, idle_timeout, join_timeout, started)
         finally:
             self._close()

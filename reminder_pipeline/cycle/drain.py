@@ -12,9 +12,9 @@ from ..domain.model import (
     CycleCounts,
 )
 from ..logs import Journal
+from ..memory import young_generation
 from ..messaging.relay import OutboxRelay, Publisher, RelayResult
 from .batch import dispatch_batch
-from .memory import young_generation
 from .records import Progress
 
 #: Rows a drain may have handed to its relay and not yet published: twenty batches of 1,000, or
@@ -24,6 +24,11 @@ from .records import Progress
 #: by the one the metadata names and asks for the producer id on its next 500 ms timer tick),
 #: i.e. up to ~15,000 rows of a drain; a run creates its producer when it starts.
 RELAY_QUEUE_ROWS = 20_000
+#: The collector's young-generation threshold during a drain. A batch allocates ~10 objects per
+#: row that live for the batch (rows, decisions, payloads); with the default 700 many survive two
+#: collections and are promoted, and the full collections that follow walk the whole heap of a
+#: process with Dagster loaded (benchmarks/README.md).
+DRAIN_GEN0_THRESHOLD = 50_000
 
 
 def drain(
@@ -60,7 +65,7 @@ def drain(
             max_queued=max(2, RELAY_QUEUE_ROWS // batch_size),
         )
     try:
-        with young_generation():
+        with young_generation(DRAIN_GEN0_THRESHOLD):
             for number in range(max_batches):
                 outcome = dispatch_batch(
                     engine, as_of, batch_size, correlation_id=correlation_id, journal=journal
