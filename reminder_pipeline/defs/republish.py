@@ -18,15 +18,16 @@ and an hour), and a live relay waiting for the advisory lock waits behind one ch
 
 # No ``from __future__ import annotations``: Dagster reads the op's annotations at definition time.
 
-from collections.abc import Callable, Mapping
 from datetime import UTC, date, datetime, timedelta
-from typing import Any, ClassVar
+from functools import partial
+from typing import Annotated, Any
 
 from dagster import (
     AddDynamicPartitionsRequest,
     AssetKey,
     AssetMaterialization,
     AssetSpec,
+    Config,
     DagsterInvalidConfigError,
     DefaultSensorStatus,
     DeleteDynamicPartitionsRequest,
@@ -50,7 +51,7 @@ from ..operator_jobs import republish
 from .jobs import KIND_TAG
 from .limits import CONCURRENCY_TAG, refuse_overridden_limits
 from .resources import KafkaResource, PostgresResource
-from .run_config import CheckedConfig, checked
+from .run_config import checked, checked_by
 
 #: Run tags Dagster sets (documented tag names; no public constant for them).
 BACKFILL_ID_TAG = "dagster/backfill"
@@ -99,46 +100,44 @@ reminder_due_republished = AssetSpec(
 )
 
 
-class RepublishConfig(CheckedConfig):
+class RepublishConfig(Config):
     """How far back days may go, and how the day is sent (the defaults suit a back-fill)."""
 
-    # A partitioned job takes no config mapping: its op checks the values itself, in one line.
-    checked_when_built: ClassVar[bool] = False
-
-    checks: ClassVar[Mapping[str, Callable[[Any], Any]]] = {
-        "retention_hours": check_retention_hours,
-        "chunk_size": lambda v: check_int(v, "chunk_size", 1, 10_000),
-        "lock_wait_seconds": lambda v: check_number(v, "lock_wait_seconds", 1.0, 1200.0),
-    }
-
-    retention_hours: float = Field(
+    retention_hours: Annotated[float, checked_by(check_retention_hours)] = Field(
         default=DEFAULT_RETENTION_HOURS,
         description="The outbox retention outbox_retention applies "
         "(default 168): older days are refused.",
     )
-    chunk_size: int = Field(
+    chunk_size: Annotated[
+        int, checked_by(partial(check_int, name="chunk_size", low=1, high=10_000))
+    ] = Field(
         default=republish.DEFAULT_CHUNK_SIZE,
         description="Messages per chunk (the relay lock is held per chunk).",
     )
-    lock_wait_seconds: float = Field(
+    lock_wait_seconds: Annotated[
+        float, checked_by(partial(check_number, name="lock_wait_seconds", low=1.0, high=1200.0))
+    ] = Field(
         default=republish.DEFAULT_LOCK_WAIT_SECONDS,
         description="How long a chunk waits for the relay lock.",
     )
 
 
-# The limits are checked here, with a one-line refusal: a partitioned job cannot take the config
-# mapping that checks the other jobs' config at launch.
-@op(description="Re-publish the day's already published outbox messages, in outbox id order.")
+# A partitioned job cannot take the config mapping that checks the other jobs' config at launch,
+# so the op takes RepublishConfig's schema and builds the class itself: a bad value then fails the
+# step in the validators' one line, not in Dagster's traceback of a config class it could not build.
+@op(
+    description="Re-publish the day's already published outbox messages, in outbox id order.",
+    config_schema=RepublishConfig.to_fields_dict(),
+)
 def republish_day(
     context: OpExecutionContext,
-    config: RepublishConfig,
     postgres: PostgresResource,
     kafka: KafkaResource,
 ) -> None:
     """One partition (a UTC DueAt day): refused, failed plainly, or materialized with its counts."""
     refuse_overridden_limits(context)
     try:
-        config = checked(REPUBLISH_JOB_NAME, RepublishConfig, config.model_dump())
+        config = checked(REPUBLISH_JOB_NAME, RepublishConfig, context.op_config)
     except DagsterInvalidConfigError as refused:
         raise Failure(description=str(refused), allow_retries=False) from None
     day = date.fromisoformat(context.partition_key)

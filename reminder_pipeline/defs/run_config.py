@@ -11,11 +11,11 @@ import uuid
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from functools import partial
-from typing import Any, ClassVar, Literal, Optional, TypeVar
+from typing import Annotated, Any, Literal, Optional, TypeVar
 
 import pydantic
 from dagster import Config, ConfigMapping, DagsterInvalidConfigError, OpDefinition
-from pydantic import Field, model_validator
+from pydantic import BeforeValidator, Field, model_validator
 
 from ..config import (
     CYCLE_MAX_BATCHES,
@@ -35,32 +35,14 @@ from ..config import (
 )
 
 
-class CheckedConfig(Config):
-    """Run config whose values pass the plain validators in ``checks`` (field -> check).
+def checked_by(check: Callable[[Any], Any]) -> BeforeValidator:
+    """``check`` (a plain ``config.check_*``) as a field's pydantic validator.
 
-    Checked where :func:`checked` builds it: at launch through the job's config mapping, or, for
-    a partitioned job (which cannot take a config mapping), first thing in its op, which takes the
-    class as its typed ``config`` like every other op (``checked_when_built = False``: Dagster's
-    own construction of the op's config then leaves the refusal to that one line).
+    It sees the value as given (the Launchpad's YAML, text or number, before pydantic's own
+    coercion), as the CLI and the environment do, and returns what the field holds; ``None`` (an
+    optional field left empty) is not checked. Its ``ConfigError`` is the one-line refusal.
     """
-
-    checks: ClassVar[Mapping[str, Callable[[Any], Any]]] = {}
-    checked_when_built: ClassVar[bool] = True
-
-    @model_validator(mode="before")
-    @classmethod
-    def _checked(cls, values: Any) -> Any:
-        if not isinstance(values, Mapping) or not cls.checked_when_built:
-            return values
-        return cls.apply_checks(values)
-
-    @classmethod
-    def apply_checks(cls, values: Mapping[str, Any]) -> dict[str, Any]:
-        """``values`` through their checks (a bad one raises the check's one-line error)."""
-        return {
-            k: cls.checks[k](v) if k in cls.checks and v is not None else v
-            for k, v in values.items()
-        }
+    return BeforeValidator(lambda value: value if value is None else check(value))
 
 
 def describe_validation_error(error: pydantic.ValidationError) -> str:
@@ -85,13 +67,7 @@ def _refused(job_name: str, reason: str, values: Mapping[str, Any]) -> DagsterIn
 
 
 def checked(job_name: str, config_cls: type[C], values: Mapping[str, Any]) -> C:
-    """``values`` as ``config_cls``, or the job's one-line refusal."""
-    if issubclass(config_cls, CheckedConfig) and not config_cls.checked_when_built:
-        # Built unchecked by Dagster (a partitioned job's op): the same checks, the same line.
-        try:
-            values = config_cls.apply_checks(values)
-        except ValueError as error:
-            raise _refused(job_name, str(error), values) from None
+    """``values`` as ``config_cls`` (its validators run), or the job's one-line refusal."""
     try:
         return config_cls(**values)
     except pydantic.ValidationError as error:
@@ -117,30 +93,23 @@ def _as_of(value: str) -> Optional[str]:
     return None if parse_as_of(value) is None else value.strip()
 
 
-class CycleConfig(CheckedConfig):
+class CycleConfig(Config):
     """One dispatch cycle: the batch size, how many batches to drain, the time budget, AsOf."""
 
-    checks: ClassVar[Mapping[str, Callable[[Any], Any]]] = {
-        "batch_size": check_batch_size,
-        "max_batches": check_max_batches,
-        "budget_seconds": partial(check_budget_seconds, high=240.0),
-        "as_of": _as_of,
-    }
-
-    batch_size: int = Field(
+    batch_size: Annotated[int, checked_by(check_batch_size)] = Field(
         default=DEFAULT_BATCH_SIZE,
         description="Rows per batch (each one transaction), 1..10,000.",
     )
-    max_batches: int = Field(
+    max_batches: Annotated[int, checked_by(check_max_batches)] = Field(
         default=CYCLE_MAX_BATCHES,
         description="Batches per run (1 = the design's cycle); more drains a "
         "backlog, publishing as it goes, until the budget ends.",
     )
-    budget_seconds: float = Field(
+    budget_seconds: Annotated[float, checked_by(partial(check_budget_seconds, high=240.0))] = Field(
         default=DEFAULT_CYCLE_BUDGET_SECONDS,
         description="No new batch starts after this many seconds.",
     )
-    as_of: Optional[str] = Field(
+    as_of: Annotated[Optional[str], checked_by(_as_of)] = Field(
         default=None,
         description="AsOf, ISO-8601 with a zone (2026-11-30T10:00:00Z); "
         "default now; never in the future.",
@@ -158,12 +127,11 @@ class CycleConfig(CheckedConfig):
 class DispatchRunConfig(CycleConfig):
     """``reminder_dispatch``: the design's cycle (batches of 200 while due rows remain, 30 s)."""
 
-    checks: ClassVar[Mapping[str, Callable[[Any], Any]]] = {
-        **CycleConfig.checks,
-        "budget_seconds": partial(check_budget_seconds, high=90.0),
-    }
-
-    max_batches: int = Field(
+    budget_seconds: Annotated[float, checked_by(partial(check_budget_seconds, high=90.0))] = Field(
+        default=DEFAULT_CYCLE_BUDGET_SECONDS,
+        description="No new batch starts after this many seconds (at most 90).",
+    )
+    max_batches: Annotated[int, checked_by(check_max_batches)] = Field(
         default=CYCLE_MAX_BATCHES,
         description="Batches at most (each one transaction); the run stops "
         "earlier when nothing due is left or the budget is spent. 1 = one batch a cycle.",
@@ -173,12 +141,12 @@ class DispatchRunConfig(CycleConfig):
 class CatchUpRunConfig(CycleConfig):
     """``reminder_catch_up``: drain the backlog, batch after batch, in one run (at most 240 s)."""
 
-    max_batches: int = Field(
+    max_batches: Annotated[int, checked_by(check_max_batches)] = Field(
         default=MAX_BATCHES,
         description="Batches at most; the run stops earlier when nothing due "
         "is left or the budget is spent.",
     )
-    budget_seconds: float = Field(
+    budget_seconds: Annotated[float, checked_by(partial(check_budget_seconds, high=240.0))] = Field(
         default=240.0,
         description="At most 240 s, so a catch-up ends within the "
         "5-minute liveness window; launch it again if needed.",
@@ -204,34 +172,31 @@ def _failed_since(value: str) -> Optional[str]:
     return None if when is None else when.isoformat()
 
 
-class PoisonConfig(CheckedConfig):
-    """List the poison rows, or retry / skip one by its reminder id, or those a filter takes."""
+def _or_none(check: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``check`` for a text field that may be left blank (blank: ``None``)."""
+    return lambda value: check(value) if value.strip() else None
 
-    checks: ClassVar[Mapping[str, Callable[[Any], Any]]] = {
-        "limit": check_poison_limit,
-        "reminder_id": lambda v: _reminder_id(v) if v.strip() else None,
-        "event_id": lambda v: _event_id(v) if v.strip() else None,
-        "kind": lambda v: v.strip() or None,
-        "failed_since": _failed_since,
-    }
+
+class PoisonConfig(Config):
+    """List the poison rows, or retry / skip one by its reminder id, or those a filter takes."""
 
     action: Literal["list", "retry", "skip"] = Field(
         default="list",
         description="list: rows with failed attempts and their last error; "
         "retry: clear the back-off; skip: Skipped, never published.",
     )
-    reminder_id: Optional[str] = Field(
+    reminder_id: Annotated[Optional[str], checked_by(_or_none(_reminder_id))] = Field(
         default=None, description="The reminder's id (from list); for retry/skip."
     )
     force: bool = Field(default=False, description="Retry/skip a Pending row that never failed.")
     all: bool = Field(default=False, description="Retry/skip every poison row (a filter).")
-    event_id: Optional[str] = Field(
+    event_id: Annotated[Optional[str], checked_by(_or_none(_event_id))] = Field(
         default=None, description="Retry/skip the poison rows of this event (a filter)."
     )
-    kind: Optional[str] = Field(
+    kind: Annotated[Optional[str], checked_by(_or_none(str.strip))] = Field(
         default=None, description="Retry/skip the poison rows of events of this Kind (a filter)."
     )
-    failed_since: Optional[str] = Field(
+    failed_since: Annotated[Optional[str], checked_by(_failed_since)] = Field(
         default=None,
         description="Retry/skip the poison rows whose last failure is at or after this "
         "ISO-8601 time (a filter).",
@@ -239,7 +204,9 @@ class PoisonConfig(CheckedConfig):
     dry_run: bool = Field(
         default=False, description="With a filter: list the rows that would change; change none."
     )
-    limit: int = Field(default=DEFAULT_POISON_LIMIT, description="Rows listed, 1..1,000.")
+    limit: Annotated[int, checked_by(check_poison_limit)] = Field(
+        default=DEFAULT_POISON_LIMIT, description="Rows listed, 1..1,000."
+    )
 
     @property
     def filtered(self) -> bool:
@@ -271,19 +238,14 @@ class PoisonConfig(CheckedConfig):
         return self
 
 
-class RetentionConfig(CheckedConfig):
+class RetentionConfig(Config):
     """Published outbox rows older than ``retention_hours`` go, ``batch_size`` per transaction."""
 
-    checks: ClassVar[Mapping[str, Callable[[Any], Any]]] = {
-        "retention_hours": check_retention_hours,
-        "batch_size": check_purge_batch_size,
-    }
-
-    retention_hours: float = Field(
+    retention_hours: Annotated[float, checked_by(check_retention_hours)] = Field(
         default=DEFAULT_RETENTION_HOURS,
         description="At least 1 hour (default 168 = 7 days).",
     )
-    batch_size: int = Field(
+    batch_size: Annotated[int, checked_by(check_purge_batch_size)] = Field(
         default=DEFAULT_PURGE_BATCH_SIZE,
         description="Rows per DELETE transaction, 1..10,000.",
     )

@@ -10,11 +10,13 @@ database, so it carries no dispatch concurrency tag.
 
 # No ``from __future__ import annotations``: Dagster reads the op's annotations at definition time.
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator
 from datetime import timedelta
-from typing import Any, ClassVar
+from functools import partial
+from typing import Annotated
 
 from dagster import (
+    Config,
     DefaultScheduleStatus,
     OpExecutionContext,
     Output,
@@ -34,7 +36,7 @@ from ..logs import line
 from . import run_retention_pass
 from .jobs import KIND_TAG
 from .limits import IN_FLIGHT_STATUSES
-from .run_config import CheckedConfig, validated
+from .run_config import checked_by, validated
 from .run_retention_pass import MetadataScalar
 
 RUN_RETENTION_JOB_NAME = "dagster_run_retention"
@@ -47,25 +49,26 @@ MAX_KEEP_DAYS = 365
 MAX_BATCH_SIZE = 1000
 
 
-class RunRetentionConfig(CheckedConfig):
+class RunRetentionConfig(Config):
     """How old a finished run must be to go, how many runs per batch, and the time budget."""
 
-    checks: ClassVar[Mapping[str, Callable[[Any], Any]]] = {
-        "keep_days": lambda v: check_int(v, "keep_days", 1, MAX_KEEP_DAYS),
-        "batch_size": lambda v: check_int(v, "batch_size", 1, MAX_BATCH_SIZE),
-        "budget_seconds": lambda v: check_number(v, "budget_seconds", 1.0, MAX_BUDGET_SECONDS),
-    }
-
-    keep_days: int = Field(
+    keep_days: Annotated[
+        int, checked_by(partial(check_int, name="keep_days", low=1, high=MAX_KEEP_DAYS))
+    ] = Field(
         default=run_retention_pass.DEFAULT_KEEP.days,
         description="Finished runs created more than this many days ago go "
         "(default 14, at most 365).",
     )
-    batch_size: int = Field(
+    batch_size: Annotated[
+        int, checked_by(partial(check_int, name="batch_size", low=1, high=MAX_BATCH_SIZE))
+    ] = Field(
         default=run_retention_pass.DEFAULT_BATCH_SIZE,
         description="Runs looked up per batch (oldest first), 1..1,000.",
     )
-    budget_seconds: float = Field(
+    budget_seconds: Annotated[
+        float,
+        checked_by(partial(check_number, name="budget_seconds", low=1.0, high=MAX_BUDGET_SECONDS)),
+    ] = Field(
         default=run_retention_pass.DEFAULT_BUDGET_SECONDS,
         description=f"No deletion starts after this many seconds (at "
         f"most {MAX_BUDGET_SECONDS}); the next run resumes.",

@@ -9,10 +9,11 @@ so it never waits for the dispatch limit.
 # No ``from __future__ import annotations``: Dagster reads the ops' and fields' annotations.
 
 import uuid
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any, ClassVar, Optional
+from collections.abc import Iterator
+from typing import Annotated, Any, Optional
 
 from dagster import (
+    Config,
     Failure,
     MetadataValue,
     OpExecutionContext,
@@ -32,7 +33,7 @@ from ..consumer.delivered import delivered_check
 from ..operator_jobs import trace as trace_lookup
 from .maintenance import markdown_table
 from .resources import PostgresResource
-from .run_config import CheckedConfig, validated
+from .run_config import checked_by, validated
 
 TRACE_JOB_NAME = "reminder_trace"
 #: The table's columns: the trace's fields, the re-publishes as one text cell.
@@ -46,12 +47,12 @@ def _id(value: str) -> str:
         raise ValueError(f"id {value.strip()!r} is not a reminder or event id (a UUID)") from None
 
 
-class TraceConfig(CheckedConfig):
+class TraceConfig(Config):
     """The reminder (a ReminderId) or the event (an EventId, every reminder of it) to trace."""
 
-    checks: ClassVar[Mapping[str, Callable[[Any], Any]]] = {"id": _id}
-
-    id: str = Field(description="A ReminderId, or an EventId (every reminder of the event).")
+    id: Annotated[str, checked_by(_id)] = Field(
+        description="A ReminderId, or an EventId (every reminder of the event)."
+    )
     dedup_url: Optional[str] = Field(
         default=None,
         description="PostgreSQL URL of the consumers' shared de-duplication table: say whether "
