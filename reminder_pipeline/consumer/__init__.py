@@ -8,7 +8,7 @@ stats (options.py), a Kafka message's parts (kafka_messages.py), de-duplication 
 metrics (metrics.py), and the main the CLI runs (main.py: raises, never exits).
 """
 
-from .dead_letter_copy import DLQ_TOPIC
+from ..messaging.dead_letters import DLQ_TOPIC
 from .dedup import DedupStore, PostgresDedupStore, SqliteDedupStore
 from .main import run_consumer
 from .metrics import ConsumerMetrics

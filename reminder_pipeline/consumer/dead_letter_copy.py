@@ -10,21 +10,9 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-# The topic and header names are shared with the operator's side (`reminder-pipeline dlq`).
-from ..messaging.dead_letters import (  # noqa: F401 (re-exported)
-    DLQ_TOPIC,
-    HEADER_DLQ_ATTEMPTS,
-    HEADER_DLQ_DIGEST,
-    HEADER_DLQ_ERROR,
-    HEADER_DLQ_FAILED_AT,
-    HEADER_DLQ_GROUP,
-    HEADER_DLQ_OFFSET,
-    HEADER_DLQ_PARTITION,
-    HEADER_DLQ_REASON,
-    HEADER_DLQ_SIZE,
-    HEADER_DLQ_TOPIC,
-    HEADER_DLQ_TRUNCATED,
-)
+# The topic and header names live with the operator's side (`reminder-pipeline dlq`), which
+# reads what this writes: :mod:`reminder_pipeline.messaging.dead_letters`.
+from ..messaging.dead_letters import HEADER_DLQ_DIGEST, HEADER_DLQ_SIZE, HEADER_DLQ_TRUNCATED
 
 #: librdkafka's default ``message.max.bytes`` (Kafka's broker default is 1,048,588): any message
 #: a default producer could send fits the broker, but its dead-letter copy with our headers

@@ -15,9 +15,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from ..config import KafkaSettings
 from ..logs import event
-from . import kafka_messages
-from .dead_letter_copy import (
-    ALL_CUT,
+from ..messaging.dead_letters import (
     HEADER_DLQ_ATTEMPTS,
     HEADER_DLQ_ERROR,
     HEADER_DLQ_FAILED_AT,
@@ -26,9 +24,9 @@ from .dead_letter_copy import (
     HEADER_DLQ_PARTITION,
     HEADER_DLQ_REASON,
     HEADER_DLQ_TOPIC,
-    DeadLetterCopy,
-    dead_letter_copy,
 )
+from . import kafka_messages
+from .dead_letter_copy import ALL_CUT, DeadLetterCopy, dead_letter_copy
 from .metrics import ConsumerMetrics
 from .options import ConsumerOptions, ConsumeStats
 
@@ -70,7 +68,7 @@ class DeadLetters:
         where = kafka_messages.where(message)
         topic, partition, offset = kafka_messages.position(message)
         # The original headers first (ids, contract version), then why and whence.
-        origin = [
+        origin: list[tuple[str, str | bytes | None]] = [
             (HEADER_DLQ_REASON, reason.encode()),
             (HEADER_DLQ_ERROR, error.encode()),
             (HEADER_DLQ_ATTEMPTS, str(attempts).encode()),

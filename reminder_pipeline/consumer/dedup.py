@@ -354,6 +354,8 @@ def _host(dsn: str) -> str:
 class PostgresDedupStore(_Closing):
     """:class:`DedupStore` in a PostgreSQL table shared by consumers on any number of hosts."""
 
+    _conn: psycopg.Connection[tuple[Any, ...]]
+
     def __init__(self, url: str, *, retention: timedelta = DEFAULT_RETENTION) -> None:
         self._dsn = psycopg_dsn(url)
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -10,18 +11,26 @@ from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 from ..domain import contract
 
 
-def headers(message: Message) -> dict[str, str]:
-    """The message's headers as text (the last value of a repeated name wins)."""
-    result: dict[str, str] = {}
-    for name, value in message.headers() or ():
-        text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-        result[str(name)] = text
-    return result
+def _header_pairs(message: Message) -> Iterable[tuple[str, str | bytes | None]]:
+    # A consumed message gives a list of pairs; the client's type also allows a dict (a message
+    # built by hand), taken in its order.
+    found = message.headers()
+    if not found:
+        return ()
+    return found.items() if isinstance(found, dict) else found
 
 
 def raw_headers(message: Message) -> list[tuple[str, str | bytes | None]]:
     """The message's headers as (name, value) pairs, in order (names may repeat)."""
-    return [(str(h[0]), h[1]) for h in message.headers() or []]
+    return [(str(name), value) for name, value in _header_pairs(message)]
+
+
+def headers(message: Message) -> dict[str, str]:
+    """The message's headers as text (the last value of a repeated name wins)."""
+    return {
+        str(name): value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+        for name, value in _header_pairs(message)
+    }
 
 
 def position(message: Message) -> tuple[str, int, int]:

@@ -7,7 +7,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..domain import contract
-from .dead_letter_copy import DEFAULT_DLQ_MAX_BYTES, DLQ_RECORD_OVERHEAD, DLQ_TOPIC
+from ..messaging.dead_letters import DLQ_TOPIC
+from .dead_letter_copy import DEFAULT_DLQ_MAX_BYTES, DLQ_RECORD_OVERHEAD
 from .texts import Locale, parse_locale
 
 DEFAULT_GROUP_ID = "notifications-reference"
@@ -86,5 +87,6 @@ class ConsumerOptions:
     def backoff(self, failed_attempts: int) -> float:
         """Seconds to wait after ``failed_attempts`` failures: doubling, capped."""
         return min(
-            self.max_backoff_seconds, self.retry_backoff_seconds * 2 ** (failed_attempts - 1)
+            self.max_backoff_seconds,
+            self.retry_backoff_seconds * 2.0 ** (failed_attempts - 1),
         )

@@ -25,7 +25,9 @@ from sqlalchemy.engine import Engine
 from reminder_pipeline.cli.consume import consume_main
 from reminder_pipeline.config import KafkaSettings, Settings
 from reminder_pipeline.consumer import NotificationKind
-from reminder_pipeline.consumer.dead_letter_copy import (
+from reminder_pipeline.cycle import run_cycle
+from reminder_pipeline.domain import contract
+from reminder_pipeline.messaging.dead_letters import (
     HEADER_DLQ_ATTEMPTS,
     HEADER_DLQ_ERROR,
     HEADER_DLQ_GROUP,
@@ -34,8 +36,6 @@ from reminder_pipeline.consumer.dead_letter_copy import (
     HEADER_DLQ_REASON,
     HEADER_DLQ_TOPIC,
 )
-from reminder_pipeline.cycle import run_cycle
-from reminder_pipeline.domain import contract
 from reminder_pipeline.messaging.kafka import KafkaPublisher, ensure_topic
 
 from .. import support

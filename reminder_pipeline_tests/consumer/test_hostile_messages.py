@@ -17,8 +17,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from reminder_pipeline.consumer import MessageProblem
-from reminder_pipeline.consumer.dead_letter_copy import (
-    DEFAULT_DLQ_MAX_BYTES,
+from reminder_pipeline.consumer.dead_letter_copy import DEFAULT_DLQ_MAX_BYTES, dead_letter_copy
+from reminder_pipeline.consumer.metrics import MESSAGES, RETRIES
+from reminder_pipeline.domain import contract
+from reminder_pipeline.messaging.dead_letters import (
     HEADER_DLQ_DIGEST,
     HEADER_DLQ_OFFSET,
     HEADER_DLQ_PARTITION,
@@ -26,10 +28,7 @@ from reminder_pipeline.consumer.dead_letter_copy import (
     HEADER_DLQ_SIZE,
     HEADER_DLQ_TOPIC,
     HEADER_DLQ_TRUNCATED,
-    dead_letter_copy,
 )
-from reminder_pipeline.consumer.metrics import MESSAGES, RETRIES
-from reminder_pipeline.domain import contract
 
 from .lane import Lane, RecordingSink, a_payload, committed, headers_of, read_topic
 

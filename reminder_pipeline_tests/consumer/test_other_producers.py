@@ -13,8 +13,8 @@ import json
 import uuid
 from datetime import UTC, datetime
 
-from reminder_pipeline.consumer.dead_letter_copy import HEADER_DLQ_ERROR, HEADER_DLQ_REASON
 from reminder_pipeline.domain import contract
+from reminder_pipeline.messaging.dead_letters import HEADER_DLQ_ERROR, HEADER_DLQ_REASON
 
 from .lane import Lane, RecordingSink, headers_of, read_topic
 

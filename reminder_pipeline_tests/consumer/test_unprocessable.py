@@ -16,14 +16,14 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from reminder_pipeline.consumer import MessageProblem, notifications_for, parse_reminder
-from reminder_pipeline.consumer.dead_letter_copy import (
+from reminder_pipeline.consumer.metrics import DEAD_LETTERS, MESSAGES, RETRIES
+from reminder_pipeline.domain import contract
+from reminder_pipeline.messaging.dead_letters import (
     HEADER_DLQ_ATTEMPTS,
     HEADER_DLQ_ERROR,
     HEADER_DLQ_OFFSET,
     HEADER_DLQ_REASON,
 )
-from reminder_pipeline.consumer.metrics import DEAD_LETTERS, MESSAGES, RETRIES
-from reminder_pipeline.domain import contract
 
 from .lane import Lane, RecordingSink, a_payload, committed, headers_of, read_topic
 

@@ -21,9 +21,9 @@ import pytest
 import yaml
 
 from reminder_pipeline.config import Settings
-from reminder_pipeline.consumer.dead_letter_copy import DLQ_TOPIC
 from reminder_pipeline.consumer.texts import Locale
 from reminder_pipeline.domain import contract
+from reminder_pipeline.messaging.dead_letters import DLQ_TOPIC
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
