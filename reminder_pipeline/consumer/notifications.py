@@ -49,6 +49,7 @@ WARNING_UNKNOWN_KIND = "unknown Kind; neutral reminder text used"
 WARNING_TIME_ZONE_FALLBACK = "TimeZone is not a canonical IANA name; local time shown in UTC"
 
 _FIELD_BY_FOLDED = {name.casefold(): name for name in contract.PAYLOAD_FIELDS}
+_FIELD_BY_NAME = {name: name for name in contract.PAYLOAD_FIELDS}
 _REQUIRED_GUIDS = ("ReminderId", "EventId", "TenantId", "OwnerUserId")
 _OPTIONAL_GUIDS = ("ClientUserId", "AppointmentId")
 
@@ -187,7 +188,8 @@ def _contract_fields(payload: Mapping[str, Any]) -> dict[str, Any]:
     """The contract's fields by their contract names, matched case-insensitively."""
     found: dict[str, Any] = {}
     for key, value in payload.items():
-        name = _FIELD_BY_FOLDED.get(key.casefold())
+        # The contract's own spelling first (what producers write): casefold only the others.
+        name = _FIELD_BY_NAME.get(key) or _FIELD_BY_FOLDED.get(key.casefold())
         if name is None:
             continue  # an additive field of a newer minor version
         if name in found and found[name] != value:

@@ -91,15 +91,40 @@ _set = object.__setattr__
 _UNKNOWN_SAFETY = uuid.SafeUUID.unknown
 
 
-def uuid_from_int(value: int) -> uuid.UUID:
-    """``uuid.UUID(int=value)`` for a ``value`` known to be in 0..2**128-1, without the
-    constructor's argument checks (it is on the path of every message, several times).
+class Guid(uuid.UUID):
+    """A :class:`uuid.UUID` that keeps its text: ``str()`` of a message's ids is on the path of
+    every message several times (the de-dup store's rows, the notification id, log identifiers).
 
-    The same object the constructor makes: ``int`` and ``is_safe`` are the class's only slots.
+    Equal to, hashed and ordered as the UUID of the same value, and shown as one (``repr`` is
+    ``UUID('…')``); the text is the one ``uuid.UUID`` gives, taken from the message when it is
+    spelled that way (36 characters, lowercase) and made once otherwise.
     """
-    result = _new(uuid.UUID)
+
+    __slots__ = ("_text",)
+    _text: str
+
+    def __str__(self) -> str:
+        try:
+            return self._text
+        except AttributeError:  # made by uuid_from_int, or unpickled: made once, then kept
+            text = super().__str__()
+            _set(self, "_text", text)
+            return text
+
+    def __repr__(self) -> str:
+        return f"UUID({str(self)!r})"
+
+
+def uuid_from_int(value: int, text: str | None = None) -> uuid.UUID:
+    """``uuid.UUID(int=value)`` for a ``value`` known to be in 0..2**128-1, without the
+    constructor's argument checks (it is on the path of every message, several times): a
+    :class:`Guid`, which keeps ``text`` when the caller has it (already ``str()``'s form).
+    """
+    result = _new(Guid)
     _set(result, "int", value)
     _set(result, "is_safe", _UNKNOWN_SAFETY)
+    if text is not None:
+        _set(result, "_text", text)
     return result
 
 
@@ -107,6 +132,18 @@ def parse_guid(value: object) -> uuid.UUID:
     """The GUID ``value`` spells (any case; D, N, B or P form); :class:`SpellingError` if none."""
     if not isinstance(value, str):
         raise SpellingError(f"is a {type(value).__name__}, not a GUID string")
+    if len(value) == 36 and value[8] == value[13] == value[18] == value[23] == "-":
+        # The D form, what every producer here writes: 32 ASCII letters or digits around the
+        # four hyphens, which int() then takes as hex only if each is a hex digit (ASCII: no
+        # other script's digits; alphanumeric: no sign, underscore or space int() would allow).
+        digits = value.replace("-", "")
+        if len(digits) == 32 and digits.isascii() and digits.isalnum():
+            try:
+                number = int(digits, 16)
+            except ValueError:
+                pass  # a letter past f: the pattern below refuses it in its own words
+            else:
+                return uuid_from_int(number, value if value.islower() else None)
     text = value
     if len(text) >= 2 and (text[0], text[-1]) in (("{", "}"), ("(", ")")):
         text = text[1:-1]
@@ -116,4 +153,4 @@ def parse_guid(value: object) -> uuid.UUID:
     if match is None:
         raise SpellingError(f"{_quote(value)} is not a GUID")
     # The pattern admits exactly 32 hex digits (hyphens only where the D form has them).
-    return uuid_from_int(int(match["hex"].replace("-", ""), 16))
+    return uuid_from_int(int(text.replace("-", ""), 16))

@@ -9,6 +9,7 @@ id; what is not an instant or a GUID is refused with a one-line reason.
 from __future__ import annotations
 
 import json
+import pickle
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
@@ -143,7 +144,12 @@ def guid_spellings(draw: st.DrawFn) -> tuple[str, uuid.UUID]:
 @given(guid_spellings())
 def test_a_guid_in_any_case_and_form_is_the_same_id(case: tuple[str, uuid.UUID]) -> None:
     spelled, expected = case
-    assert parse_guid(spelled) == expected
+    parsed = parse_guid(spelled)
+    # The same id whatever the spelling: equal, hashed, shown and pickled as the UUID would be.
+    assert parsed == expected and hash(parsed) == hash(expected)
+    assert str(parsed) == str(expected) and repr(parsed) == repr(expected)
+    again = pickle.loads(pickle.dumps(parsed))
+    assert again == expected and str(again) == str(expected)
 
 
 @pytest.mark.parametrize(
@@ -156,6 +162,13 @@ def test_a_guid_in_any_case_and_form_is_the_same_id(case: tuple[str, uuid.UUID])
         "{0b6f5d0e-3c55-4d39-9a52-7e2d1f0c8a41)",
         "urn:uuid:0b6f5d0e-3c55-4d39-9a52-7e2d1f0c8a41",
         "g" * 32,
+        # 36 characters with the D form's hyphens, but what int(..., 16) would also take.
+        " 0b6f5d0-3c55-4d39-9a52-7e2d1f0c8a41",
+        "+0b6f5d0-3c55-4d39-9a52-7e2d1f0c8a41",
+        "0b6f_d0e-3c55-4d39-9a52-7e2d1f0c8a41",
+        "\u0663b6f5d0e-3c55-4d39-9a52-7e2d1f0c8a41",
+        "0b6f5d0g-3c55-4d39-9a52-7e2d1f0c8a41",
+        "-" * 36,
         "",
         42,
         None,
