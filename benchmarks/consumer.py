@@ -12,7 +12,8 @@ a topic of 3 partitions first; then, in the same run and on the same servers:
 
 Each is timed from its first message (notification) to its last. Printed: notifications/s, the
 ratio to the raw loop (target >= 0.10x with either store), the process's peak RSS during the run
-(target <= 200 MB, flat with the backlog) and the load average. Logging is not configured, so
+(target <= 200 MB, flat with the backlog; each loop runs in a fresh process of its own, so
+the figure is that loop's alone) and the load average. Logging is not configured, so
 the per-reminder INFO lines cost nothing here (``consume`` writes them to stderr).
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -227,22 +229,43 @@ def one_member(kafka: KafkaSettings, topic: str, count: int, store: Any) -> tupl
     return count / max(sink.last - sink.first, 1e-9), rss.peak_mb
 
 
+def member_with_store(
+    kafka: KafkaSettings, topic: str, count: int, store_name: str, where: str
+) -> tuple[float, float]:
+    """:func:`one_member` with its store opened here (``where``: the PostgreSQL URL or the
+    SQLite path), as ``consume`` opens it in its own process."""
+    with contextlib.ExitStack() as stack:
+        if store_name == "postgres":
+            store: Any = stack.enter_context(PostgresDedupStore(where))
+        else:
+            store = stack.enter_context(SqliteDedupStore(where))
+        return one_member(kafka, topic, count, store)
+
+
+def in_own_process(target: Any, *args: Any) -> tuple[float, float]:
+    """``target(*args)`` in a fresh process, as a member or a raw loop runs on its own: its peak
+    RSS is that loop's alone, not this process's (which filled the topic)."""
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(1) as pool:
+        result: tuple[float, float] = pool.apply(target, args)
+    return result
+
+
 def measure(srv: Servers, count: int, stores: list[str]) -> list[dict[str, Any]]:
     topic = f"bench.reminder-due.{uuid.uuid4().hex[:8]}"
     progress(f"putting {count} messages on {topic}")
     fill_topic(srv.kafka, topic, count)
     progress("raw confluent-kafka loop")
-    raw_rate, raw_rss = raw_loop(srv.kafka, topic, count)
+    raw_rate, raw_rss = in_own_process(raw_loop, srv.kafka, topic, count)
     rows = [{"loop": "raw", "per_s": round(raw_rate), "ratio": 1.0, "peak_rss_mb": round(raw_rss)}]
     for name in stores:
         progress(f"one member, {name} store")
         with contextlib.ExitStack() as stack:
             if name == "postgres":
-                url = stack.enter_context(dedup_database(srv.admin_url))
-                store: Any = stack.enter_context(PostgresDedupStore(url))
+                where = stack.enter_context(dedup_database(srv.admin_url))
             else:
-                store = stack.enter_context(SqliteDedupStore(srv.workdir / f"{topic}.sqlite3"))
-            rate, rss = one_member(srv.kafka, topic, count, store)
+                where = str(srv.workdir / f"{topic}.sqlite3")
+            rate, rss = in_own_process(member_with_store, srv.kafka, topic, count, name, where)
         rows.append(
             {
                 "loop": f"member/{name}",
