@@ -2,31 +2,18 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+
+from .helpers import run_benchmark
 
 #: Each starts its own servers and runs a benchmark end to end.
 pytestmark = pytest.mark.slow
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
 
 def _bench(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-    return subprocess.run(
-        [sys.executable, "-m", "benchmarks.bench", "--quick", *args],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    return run_benchmark("bench", "--quick", *args, timeout=timeout)
 
 
 def test_bench_quick_prints_the_table() -> None:

@@ -3,39 +3,20 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from .helpers import run_benchmark
 
-pytestmark = pytest.mark.server
+#: It starts its own servers and runs the benchmark end to end.
+pytestmark = pytest.mark.slow
 
 
 def test_the_command_measures_every_loop_in_every_round(tmp_path: Path) -> None:
     out = tmp_path / "consumer.json"
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.consumer",
-            "--messages",
-            "200",
-            "--rounds",
-            "2",
-            "--json",
-            str(out),
-        ],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
+    proc = run_benchmark(
+        "consumer", "--messages", "200", "--rounds", "2", "--json", str(out), timeout=600
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(out.read_text())

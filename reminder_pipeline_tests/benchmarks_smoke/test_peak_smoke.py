@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import itertools
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 from benchmarks.peak import OFFSETS, busiest, working_week
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from .helpers import run_benchmark
 
 
 def test_the_working_week_falls_due_on_quarter_hours_and_holds_the_target_load() -> None:
@@ -25,16 +21,7 @@ def test_the_working_week_falls_due_on_quarter_hours_and_holds_the_target_load()
 
 
 def test_the_command_prints_its_plan() -> None:
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.peak", "--quick", "--plan"],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    proc = run_benchmark("peak", "--quick", "--plan", timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "burst 500: +0 min 500" in proc.stdout
     assert "week 10x: +0 min" in proc.stdout

@@ -5,16 +5,14 @@ minutes (no servers, seconds), and a short seeded run against the real stack kee
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from benchmarks._soak_plan import KINDS, plan_faults
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from .helpers import run_benchmark
+
 #: The suite's short run: every kind once in 3 minutes (durations scaled to a tenth).
 SHORT_SEED, SHORT_MINUTES = 26, 3
 
@@ -40,18 +38,7 @@ def test_every_kind_is_planned_often_enough_apart_and_inside_the_run(minutes: in
 
 
 def _soak(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    for name in ("DATABASE_URL", "KAFKA_BOOTSTRAP_SERVERS"):
-        env.pop(name, None)
-    return subprocess.run(
-        [sys.executable, "-m", "benchmarks.soak", *args],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    return run_benchmark("soak", *args, timeout=timeout, own_servers=True)
 
 
 def test_the_command_prints_the_plan_of_its_seed() -> None:
