@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
@@ -191,19 +192,111 @@ def mask_secrets(text: str) -> str:
 
 
 def mask_url(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (for every line a person or a log reads)."""
+    """``url`` with its password replaced by ``***`` (for every line a person or a log reads).
+
+    A multi-host query keeps its ``host=HostA:PortA`` readable (SQLAlchemy writes ``%3A``).
+    """
     try:
-        return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
+        shown = make_url(url).render_as_string(hide_password=True)
+    except (ArgumentError, ValueError):
         return "<unparsable URL>"
+    path, sep, query = shown.partition("?")
+    return path + sep + query.replace("%3A", ":").replace("%2F", "/").replace("%2C", ",")
+
+
+#: SQLAlchemy's multi-host form, the one every database setting documents.
+MULTI_HOST_FORM = "?host=HostA:PortA&host=HostB:PortB&target_session_attrs=read-write"
+
+
+def _host_entries(query: Mapping[str, str | tuple[str, ...]]) -> list[tuple[str, str]]:
+    """The (host, port) pairs of a URL's ``host=``/``port=`` query (``port`` may be "")."""
+    hosts, ports = query.get("host"), query.get("port")
+    if hosts is None:
+        return []
+    if isinstance(hosts, tuple):  # host=H:P repeated, SQLAlchemy's form
+        return [(h, "") if h.startswith("/") or ":" not in h else _split(h) for h in hosts]
+    names = hosts.split(",")
+    port_list = ports.split(",") if isinstance(ports, str) else [""] * len(names)
+    if len(names) == 1 and ":" in names[0] and not names[0].startswith("/") and not ports:
+        return [_split(names[0])]
+    return list(zip(names, port_list, strict=False))
+
+
+def _split(entry: str) -> tuple[str, str]:
+    host, _, port = entry.rpartition(":")
+    return host, port
+
+
+def check_database_hosts(url: str, name: str) -> None:
+    """Refuse host lists that SQLAlchemy would hand libpq wrong (one line, the form to use).
+
+    A URL SQLAlchemy cannot parse (libpq's ``HostA:PortA,HostB:PortB`` authority) is left to
+    libpq, which checks it when it connects.
+    """
+    try:
+        query = make_url(url).query
+    except (ArgumentError, ValueError):
+        return
+    hosts, ports = query.get("host"), query.get("port")
+    if hosts is None:
+        return
+    if isinstance(hosts, tuple) and ports is not None:
+        raise ConfigError(
+            f"{name}: repeated host= and a port= together; give each server as host=Host:Port "
+            f"({MULTI_HOST_FORM})"
+        )
+    if isinstance(ports, tuple):
+        raise ConfigError(f"{name}: port= repeated; use the multi-host form {MULTI_HOST_FORM}")
+    if isinstance(hosts, str) and "," in hosts:
+        if any(":" in h and not h.startswith("/") for h in hosts.split(",")):
+            raise ConfigError(
+                f"{name}: a comma list in one host= cannot carry ports ({hosts!r}); "
+                f"repeat host= for each server: {MULTI_HOST_FORM}"
+            )
+        if ports is not None and len(ports.split(",")) != len(hosts.split(",")):
+            raise ConfigError(
+                f"{name}: host= names {len(hosts.split(','))} servers but port= "
+                f"{len(ports.split(','))}; use the multi-host form {MULTI_HOST_FORM}"
+            )
+    for host, port in _host_entries(query):
+        if not host or (port and not port.isdigit()):
+            raise ConfigError(
+                f"{name}: host entry {host + ':' + port if port else host!r} is not Host:Port "
+                f"({MULTI_HOST_FORM})"
+            )
+
+
+def libpq_url(url: str) -> str:
+    """``url`` as libpq reads it (psql, psycopg.connect): no SQLAlchemy driver in the scheme, and
+    SQLAlchemy's repeated ``host=H:P`` turned into libpq's ``host=H1,H2&port=P1,P2``."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    hosts = [value for key, value in query if key == "host"]
+    repeated = len(hosts) > 1
+    single = len(hosts) == 1 and "," not in hosts[0] and not hosts[0].startswith("/")
+    if repeated or (single and ":" in hosts[0] and not any(k == "port" for k, _ in query)):
+        pairs = [(h, "") if h.startswith("/") or ":" not in h else _split(h) for h in hosts]
+        servers = [("host", ",".join(h for h, _ in pairs))]
+        if any(p for _, p in pairs):
+            servers.append(("port", ",".join(p for _, p in pairs)))
+        query = servers + [(k, v) for k, v in query if k not in ("host", "port")]
+    scheme = parts.scheme.split("+", 1)[0]
+    return urlunsplit(
+        (scheme, parts.netloc, parts.path, urlencode(query, safe=",/:"), parts.fragment)
+    )
 
 
 def validate_database_url(url: str, name: str = "DATABASE_URL") -> str:
-    """Check that ``url`` is a SQLAlchemy PostgreSQL URL; return it unchanged."""
+    """Check that ``url`` is a SQLAlchemy PostgreSQL URL; return it unchanged.
+
+    Several servers (a primary and its replicas) go in SQLAlchemy's multi-host form,
+    :data:`MULTI_HOST_FORM`; libpq's ``host=H1,H2&port=P1,P2`` works too.
+    """
     try:
         parsed = make_url(url)
-    except ArgumentError:
-        raise ConfigError(f"{name} is not a valid SQLAlchemy URL") from None
+    except (ArgumentError, ValueError):
+        hint = f"; several servers go in the query: {MULTI_HOST_FORM}" if "," in url else ""
+        raise ConfigError(f"{name} is not a valid SQLAlchemy URL{hint}") from None
     if parsed.get_backend_name() != "postgresql":
         raise ConfigError(
             f"{name} must be a PostgreSQL URL (postgresql+psycopg://...), got {parsed.drivername!r}"
@@ -213,6 +306,7 @@ def validate_database_url(url: str, name: str = "DATABASE_URL") -> str:
             f"{name} must use the psycopg driver (postgresql+psycopg://...), "
             f"got {parsed.drivername!r}"
         )
+    check_database_hosts(url, name)
     return url
 
 

@@ -167,14 +167,15 @@ def _up(
 
 def _print_ready(ui_url: str, metrics_url: str, database_url: str) -> None:
     """Where everything is, and hints that run as printed from where the user is."""
-    from sqlalchemy.engine import make_url
+    from ..config import libpq_url, mask_secrets
 
     command = command_as_started()
-    # The form psql and other libpq clients take (no SQLAlchemy driver), password masked.
-    database = make_url(database_url).set(drivername="postgresql")
+    # The form psql and other libpq clients take (no SQLAlchemy driver, libpq's host list),
+    # password masked.
+    database = mask_secrets(libpq_url(database_url))
     print(f"Dagster UI: {ui_url}  (schedule reminder_dispatch_schedule runs every minute)")
     print(f"Prometheus metrics: {metrics_url}")
-    print(f"Database: {database.render_as_string(hide_password=True)}  ({command} services status)")
+    print(f"Database: {database}  ({command} services status)")
     print(f"Watch reminders arrive: {command} consume   |   Ctrl-C stops everything", flush=True)
 
 

@@ -32,12 +32,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol, Self
-from urllib.parse import parse_qs, urlsplit, urlunsplit
+from urllib.parse import parse_qs, urlsplit
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from ..config import ConfigError
+from ..config import ConfigError, check_database_hosts, libpq_url
 
 #: How long a delivered reminder can come again: the topic keeps a message 7 days, and the
 #: re-publish back-fill re-sends outbox rows up to 168 h old, which then stay 7 days on the topic.
@@ -332,7 +332,9 @@ HANDLED = uuid.UUID(int=0)
 def psycopg_dsn(url: str) -> str:
     """A libpq URL from a SQLAlchemy-style one (``postgresql+psycopg://`` → ``postgresql://``).
 
-    The host may be in the authority or, as libpq allows, in the query (``?host=/socket/dir``).
+    The host may be in the authority or, as libpq allows, in the query (``?host=/socket/dir``);
+    several servers in SQLAlchemy's multi-host form (``?host=HostA:PortA&host=HostB:PortB``) or
+    libpq's (``HostA:PortA,HostB:PortB`` in the authority, or ``?host=HostA,HostB&port=PA,PB``).
     """
     parts = urlsplit(url)
     scheme = parts.scheme.split("+", 1)[0]
@@ -340,7 +342,8 @@ def psycopg_dsn(url: str) -> str:
     has_host = bool(parts.hostname) or any(query.get(name) for name in ("host", "hostaddr"))
     if scheme not in ("postgresql", "postgres") or not has_host:
         raise ConfigError(f"--dedup-url: {scheme!r} is not a postgresql:// URL with a host")
-    return urlunsplit(("postgresql", *parts[1:]))
+    check_database_hosts(url, "--dedup-url")
+    return libpq_url(url)
 
 
 def _host(dsn: str) -> str:

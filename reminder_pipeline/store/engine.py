@@ -65,7 +65,12 @@ def check_connection(engine: Engine, setting: str = "DATABASE_URL") -> None:
 
 
 def dagster_storage_url(url: str, database: str | None = None) -> str:
-    """``url`` (any PostgreSQL driver) as dagster-postgres needs it: ``postgresql+psycopg2://``."""
+    """``url`` (any PostgreSQL driver) as dagster-postgres needs it: ``postgresql+psycopg2://``.
+
+    A multi-host URL keeps its hosts: dagster-postgres hands the URL to SQLAlchemy's psycopg2
+    dialect, which passes libpq the host list and ``target_session_attrs``.
+    """
+    validate_database_url(url, "DAGSTER_PG_URL")
     parsed = make_url(url).set(drivername="postgresql+psycopg2")
     if database is not None:
         parsed = parsed.set(database=database)
