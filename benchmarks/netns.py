@@ -56,16 +56,17 @@ def require_netns() -> None:
 
 
 def run_in_own_network(
-    argv: list[str], *, env: Mapping[str, str] | None = None, timeout: float
+    argv: list[str], *, env: Mapping[str, str] | None = None, timeout: float, capture: bool = True
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``argv`` in a network namespace of its own (loopback up); output captured as text."""
+    """Run ``argv`` in a network namespace of its own (loopback up); output captured as text
+    (``capture=False``: the caller's stdout and stderr, e.g. a long run's progress lines)."""
     reason = netns_unavailable()
     if reason is not None:
         raise RuntimeError(f"cannot run in a network namespace: {reason}")
     return subprocess.run(
         ["unshare", "-n", "sh", "-c", _LO_UP_THEN_EXEC, "sh", *argv],
         env=dict(env) if env is not None else None,
-        capture_output=True,
+        capture_output=capture,
         text=True,
         timeout=timeout,
         check=False,
