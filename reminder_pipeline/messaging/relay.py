@@ -109,7 +109,9 @@ def relay_lock(
         try:
             yield conn
         finally:
-            repository.release_relay_lock(conn)
+            # A lost session took its lock with it: releasing on it would only hide the error.
+            if not conn.invalidated:
+                repository.release_relay_lock(conn)
 
 
 _DONE = object()
@@ -234,7 +236,8 @@ class OutboxRelay:
                 try:
                     self._publish_handed_over(conn, deadline)
                 finally:
-                    repository.release_relay_lock(conn)
+                    if not conn.invalidated:  # a lost session took its lock with it
+                        repository.release_relay_lock(conn)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the dispatcher's thread by finish()
             self._error = exc
         finally:
