@@ -207,6 +207,7 @@ class FaultProxy:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.Server | None = None
         self._thread: threading.Thread | None = None
+        self._closed = False
 
     # -- life ----------------------------------------------------------------------------------
 
@@ -240,8 +241,9 @@ class FaultProxy:
     def close(self) -> None:
         """Stop listening and drop every connection (both sides); idempotent."""
         loop, thread = self._loop, self._thread
-        if loop is None or thread is None or not thread.is_alive():
+        if self._closed or loop is None or thread is None or not thread.is_alive():
             return
+        self._closed = True
         asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result(_CALL_TIMEOUT)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(_CALL_TIMEOUT)
@@ -266,10 +268,15 @@ class FaultProxy:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     def _call(self, fn: Callable[[], None]) -> None:
-        """Run ``fn`` on the proxy's loop and wait for it, so a switch is in force on return."""
+        """Run ``fn`` on the proxy's loop and wait for it, so a switch is in force on return.
+
+        After close() a switch changes nothing (there is nothing left to switch).
+        """
         loop = self._loop
         if loop is None:
             raise RuntimeError("FaultProxy.start() was not called")
+        if self._closed:
+            return
         if threading.current_thread() is self._thread:
             fn()
             return
@@ -289,7 +296,16 @@ class FaultProxy:
     # -- switches ------------------------------------------------------------------------------
 
     def set_mode(self, mode: str, **kw: float) -> None:
-        """Switch to ``pass``, ``latency`` (``delay=`` seconds per chunk), ``reset`` or ``stuck``."""
+        """Switch to ``pass``, ``latency`` (``delay=`` seconds per chunk), ``reset`` or ``stuck``.
+
+        In force when it returns. ``latency`` delays every chunk in both directions (in order,
+        throughput kept). ``reset`` resets every connection, both sides, and resets new ones at
+        once while it lasts. ``stuck`` forwards nothing on any connection, now or later (a peer
+        that keeps ACKing and never answers): new connections are accepted and held with no
+        upstream, and a client's close is not passed on while stuck lasts (the server keeps its
+        session, as behind a black hole). Back to ``pass``, connections made from then on
+        forward again, the held ones stay dead-silent, and the closes held back reach the server.
+        """
         if mode not in MODES:
             raise ValueError(f"fault proxy mode {mode!r} is not one of {', '.join(MODES)}")
         delay = float(kw.pop("delay", 0.0))

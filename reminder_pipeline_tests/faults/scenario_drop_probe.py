@@ -1,0 +1,81 @@
+"""Packet-drop scenario: how a bounded libpq connection notices a black-holed PostgreSQL.
+
+Run in a network namespace of its own (``benchmarks.netns.run_in_own_network``), from the
+repository root: ``python -m reminder_pipeline_tests.faults.scenario_drop_probe``. It starts an
+embedded PostgreSQL on a free port in a temporary directory, connects with TCP keepalives and
+``tcp_user_timeout``, drops the port's packets both ways (iptables), runs a query, and prints one
+JSON line: whether the query failed, how, and after how many seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from benchmarks.netns import drop_port, undrop_port
+from reminder_pipeline.local.servers import EmbeddedPostgres, free_port
+
+#: libpq's client-side bounds: keepalive probes after 2 s idle, and unacknowledged data given up
+#: after 5 s (tcp_user_timeout), instead of Linux's ~15 minutes of retransmissions.
+BOUNDS = {
+    "keepalives": 1,
+    "keepalives_idle": 2,
+    "keepalives_interval": 2,
+    "keepalives_count": 2,
+    "tcp_user_timeout": 5000,
+    "connect_timeout": 10,
+}
+
+
+def probe(server: EmbeddedPostgres) -> dict[str, Any]:
+    """Connect, drop the port's packets, run a query: what surfaced, and when."""
+    conn = psycopg.connect(
+        host=server.host,
+        port=server.port,
+        user="postgres",
+        dbname="postgres",
+        autocommit=True,
+        **BOUNDS,
+    )
+    before = conn.execute("SELECT 1").fetchone()
+    drop_port(server.port)
+    started = time.monotonic()
+    try:
+        conn.execute("SELECT 1").fetchone()
+    except psycopg.OperationalError as exc:
+        outcome, error = "failed", f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+    else:
+        outcome, error = "answered", None
+    seconds = time.monotonic() - started
+    undrop_port(server.port)
+    conn.close()
+    return {
+        "before": before[0] if before else None,
+        "outcome": outcome,
+        "error": error,
+        "seconds": round(seconds, 2),
+    }
+
+
+def main() -> None:
+    """Run the probe on a server of its own and print the findings as one JSON line."""
+    root = Path(tempfile.mkdtemp(prefix="rp-drop-probe-"))
+    server = EmbeddedPostgres(data_dir=root / "data", port=free_port())
+    try:
+        server.start()
+        findings = probe(server)
+    finally:
+        # The namespace lives as long as a process in it: the server must not outlive the probe.
+        server.stop(mode="immediate")
+        shutil.rmtree(root, ignore_errors=True)
+    print(json.dumps(findings), flush=True)
+
+
+if __name__ == "__main__":
+    main()
