@@ -529,6 +529,9 @@ class FaultProxy:
                 break
             kind = buf[0]
             (length,) = struct.unpack("!i", buf[1:5])
+            if length < 4:  # not the protocol this proxy reads: forward the rest as it comes
+                pg.opaque = True
+                break
             if len(buf) < 1 + length:
                 break
             message = bytes(buf[: 1 + length])
