@@ -50,6 +50,7 @@ def where(message: Message, found: dict[str, str] | None = None) -> dict[str, An
     for name, header in (
         ("reminder_id", contract.HEADER_REMINDER_ID),
         ("correlation_id", contract.HEADER_CORRELATION_ID),
+        ("message_id", contract.HEADER_MESSAGE_ID),
     ):
         if found.get(header):
             result[name] = found[header][:64]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+import uuid
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -38,6 +40,11 @@ HEADER_EVENT_TYPE = "event-type"
 HEADER_REMINDER_ID = "reminder-id"
 HEADER_CORRELATION_ID = "correlation-id"
 HEADER_CONTENT_TYPE = "content-type"
+HEADER_MESSAGE_ID = "message-id"
+
+#: The namespace of message ids, ``uuid5(NAMESPACE_URL, EVENT_TYPE)``: fixed for good (changing it
+#: would give a reminder's next copy another id).
+MESSAGE_ID_NAMESPACE = uuid.UUID("42da0ede-c3e9-538d-b648-a2c8af30482b")
 
 
 class ContractViolation(ValueError):
@@ -108,14 +115,34 @@ def validate_with_schema(payload: dict[str, Any]) -> None:
         raise ContractViolation(f"{where}: {error.message[:200]}")
 
 
+def name_based_uuid8(namespace: uuid.UUID, name: str) -> uuid.UUID:
+    """RFC 9562's name-based UUIDv8 (its appendix B.2): the first 128 bits of SHA-256 over the
+    namespace's bytes and the name's UTF-8, with version 8 and the RFC's variant set. The
+    database computes the same with its built-in ``sha256`` (``store/queries.py``)."""
+    digest = bytearray(hashlib.sha256(namespace.bytes + name.encode()).digest()[:16])
+    digest[6] = (digest[6] & 0x0F) | 0x80
+    digest[8] = (digest[8] & 0x3F) | 0x80
+    return uuid.UUID(bytes=bytes(digest))
+
+
+def message_id(reminder_id: str) -> str:
+    """The id of the message for ``reminder_id``, the same on every copy (a re-send after a lost
+    commit, a relay retry, a re-publish): :func:`name_based_uuid8` of
+    :data:`MESSAGE_ID_NAMESPACE` and the ReminderId's canonical text."""
+    return str(name_based_uuid8(MESSAGE_ID_NAMESPACE, reminder_id))
+
+
 def headers(reminder_id: str, correlation_id: str | None) -> dict[str, str]:
-    """The Kafka headers every ReminderDueEvent carries."""
+    """The Kafka headers every ReminderDueEvent carries (a batch's shared ones have no ReminderId
+    yet: its reminder-id and message-id are set per row)."""
     result = {
         HEADER_CONTRACT_VERSION: str(CONTRACT_VERSION),
         HEADER_EVENT_TYPE: EVENT_TYPE,
         HEADER_REMINDER_ID: reminder_id,
         HEADER_CONTENT_TYPE: "application/json",
     }
+    if reminder_id:
+        result[HEADER_MESSAGE_ID] = message_id(reminder_id)
     if correlation_id:
         result[HEADER_CORRELATION_ID] = correlation_id
     return result
