@@ -19,6 +19,9 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+#: Every Kafka client's bounds on a silent broker (docs/configuration.md, "Connection bounds").
+KAFKA_CONNECT_TIMEOUT_MS = 5_000
+KAFKA_SOCKET_TIMEOUT_MS = 15_000
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
 DEFAULT_BATCH_SIZE = 200
@@ -337,6 +340,14 @@ class KafkaSettings:
         config: dict[str, str | int | float | bool] = {
             "bootstrap.servers": self.bootstrap_servers,
             "security.protocol": self.security_protocol,
+            # A broker that takes no connection in 5 s is tried again (librdkafka: 30 s).
+            "socket.connection.setup.timeout.ms": KAFKA_CONNECT_TIMEOUT_MS,
+            # A request unanswered this long closes its connection, which is made again
+            # (librdkafka: 60 s): a silent broker is noticed within 15 s of a request (a
+            # consumer always has a fetch in flight; a producer's next produce).
+            "socket.timeout.ms": KAFKA_SOCKET_TIMEOUT_MS,
+            # SO_KEEPALIVE, at the host's timings (librdkafka sets no intervals).
+            "socket.keepalive.enable": True,
         }
         if self.sasl_mechanism:
             config["sasl.mechanism"] = self.sasl_mechanism

@@ -38,6 +38,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from ..config import ConfigError, check_database_hosts, libpq_url
+from ..pg_client import BoundedConnection, bounded_params, connect_bounded, read_bound
 
 #: How long a delivered reminder can come again: the topic keeps a message 7 days, and the
 #: re-publish back-fill re-sends outbox rows up to 168 h old, which then stay 7 days on the topic.
@@ -327,6 +328,12 @@ class SqliteDedupStore(_Closing):
 #: UUID (:data:`HANDLED`): both facts in one table a narrow login can be granted.
 PG_TABLE = "reminder_dedup"
 HANDLED = uuid.UUID(int=0)
+#: The shared store's statements are look-ups by primary key and one insert per batch
+#: (milliseconds). A store that does not answer within the read bound past this (10 s in all)
+#: is an outage: ``dependency_up{dependency="dedup_store"}`` 0 and one log line (.outages).
+STATEMENT_TIMEOUT_MS = 5_000
+#: The start-up prune deletes a day's entries or more at once.
+PRUNE_STATEMENT_TIMEOUT_MS = 120_000
 
 
 def psycopg_dsn(url: str) -> str:
@@ -357,7 +364,7 @@ def _host(dsn: str) -> str:
 class PostgresDedupStore(_Closing):
     """:class:`DedupStore` in a PostgreSQL table shared by consumers on any number of hosts."""
 
-    _conn: psycopg.Connection[tuple[Any, ...]]
+    _conn: BoundedConnection[tuple[Any, ...]]
 
     def __init__(self, url: str, *, retention: timedelta = DEFAULT_RETENTION) -> None:
         self._dsn = psycopg_dsn(url)
@@ -380,27 +387,51 @@ class PostgresDedupStore(_Closing):
             ) from None
         self.prune(retention)
 
-    def _connect(self) -> psycopg.Connection[tuple[Any, ...]]:
+    def _connect(self) -> BoundedConnection[tuple[Any, ...]]:
+        """A bounded session (:mod:`reminder_pipeline.pg_client`): a store that goes silent is
+        an outage within :data:`STATEMENT_TIMEOUT_MS` + the read margin (10 s), not a hang."""
+        params = bounded_params(conninfo_to_dict(self._dsn), STATEMENT_TIMEOUT_MS)
         # autocommit: each write is durable when the call returns, like the SQLite store.
-        return psycopg.connect(self._dsn, autocommit=True, connect_timeout=10)
+        return connect_bounded(read_bound(STATEMENT_TIMEOUT_MS), autocommit=True, **params)
 
-    def _run(self, sql: str, params: tuple[object, ...] = ()) -> psycopg.Cursor[tuple[Any, ...]]:
+    def _run(
+        self, sql: str, params: tuple[object, ...] = (), *, timeout_ms: int | None = None
+    ) -> psycopg.Cursor[tuple[Any, ...]]:
         """Run one statement, reconnecting first when the session was lost.
 
-        A statement that fails because the connection broke (the server restarted) is run once
-        more on a new connection: every statement here is a read or an idempotent write. When
-        the server does not answer, :class:`DedupStoreUnavailable`; the next call reconnects.
+        A statement that fails because the connection broke (the server restarted, or went
+        silent past the read bound) is run once more on a new connection: every statement here
+        is a read or an idempotent write. A server that does not take a new connection, or
+        does not answer, is :class:`DedupStoreUnavailable` at once; the next call reconnects.
+        ``timeout_ms`` gives one statement a longer bound than the store's.
         """
         with self._lock:
             for attempt in (1, 2):
                 try:
                     if self._conn.closed:
                         self._conn = self._connect()
-                    return self._conn.execute(sql, params)
+                except psycopg.OperationalError as exc:
+                    raise _unavailable(exc) from exc
+                try:
+                    if timeout_ms is None:
+                        return self._conn.execute(sql, params)
+                    return self._longer(sql, params, timeout_ms)
                 except psycopg.OperationalError as exc:
                     if attempt == 2 or not self._conn.closed:
                         raise _unavailable(exc) from exc
             raise AssertionError("unreachable")
+
+    def _longer(
+        self, sql: str, params: tuple[object, ...], timeout_ms: int
+    ) -> psycopg.Cursor[tuple[Any, ...]]:
+        """``sql`` under a statement timeout of ``timeout_ms``, server and client side."""
+        self._conn.read_timeout = read_bound(timeout_ms)
+        try:
+            with self._conn.transaction():
+                self._conn.execute(f"SET LOCAL statement_timeout = {int(timeout_ms)}")
+                return self._conn.execute(sql, params)
+        finally:
+            self._conn.read_timeout = read_bound(STATEMENT_TIMEOUT_MS)
 
     def ping(self) -> None:
         """Return when the table answers (reconnecting first), else DedupStoreUnavailable."""
@@ -433,7 +464,11 @@ class PostgresDedupStore(_Closing):
 
     def prune(self, retention: timedelta = DEFAULT_RETENTION) -> int:
         """Forget entries older than ``retention`` (the database's clock); returns how many."""
-        cursor = self._run(f"DELETE FROM {PG_TABLE} WHERE recorded_at < now() - %s", (retention,))
+        cursor = self._run(
+            f"DELETE FROM {PG_TABLE} WHERE recorded_at < now() - %s",
+            (retention,),
+            timeout_ms=PRUNE_STATEMENT_TIMEOUT_MS,
+        )
         return cursor.rowcount
 
     def counts(self) -> tuple[int, int]:

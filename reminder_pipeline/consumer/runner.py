@@ -63,6 +63,8 @@ RUN_GEN0_THRESHOLD = 50_000
 #: memory stays flat however long the backlog is. The default, 64 MiB, put ~40 MB more on a
 #: member's peak RSS with a 150,000 backlog at the same throughput (benchmarks.consumer).
 QUEUED_MAX_KBYTES = 16_384
+#: librdkafka's ``max.poll.interval.ms`` (its default 300,000): why, in ``consumer_config``.
+MAX_POLL_INTERVAL_MS = 60_000
 
 
 @dataclass
@@ -129,6 +131,11 @@ class ReminderConsumer:
             # the contract's one-minute SLA (and the embedded broker joins in ~session/2).
             "session.timeout.ms": 10_000,
             "heartbeat.interval.ms": 3_000,
+            # Between two polls the loop waits on one batch at most: the de-dup store's read
+            # bound and one reconnect (15 s), or the dead-letter flush (15 s). A loop stuck past
+            # twice both has lost its bounds: its member leaves the group and its partitions move
+            # to a live member within a minute, not librdkafka's 5 (docs/configuration.md).
+            "max.poll.interval.ms": MAX_POLL_INTERVAL_MS,
             "enable.partition.eof": False,
             # What librdkafka fetches ahead, in all (one queue for the member's partitions).
             "queued.max.messages.kbytes": QUEUED_MAX_KBYTES,
@@ -323,6 +330,10 @@ class ReminderConsumer:
         topic, partition, _offset = kafka_messages.position(first)
         key = (topic, partition)
         try:
+            if self.store_outage.active:
+                # The store is away (a probe finds it back): asking it for each partition's batch
+                # would block the loop a connect time-out per batch, past max.poll.interval.ms.
+                raise DedupStoreUnavailable("the de-dup store is in an outage")
             outcome = self._handling.handle_batch(messages, attempt, read_failures)
         except DedupStoreUnavailable as exc:
             # Logged once per outage, not per message; the batch waits for the store to answer

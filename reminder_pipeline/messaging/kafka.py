@@ -161,9 +161,9 @@ class KafkaPublisher:
                 "linger.ms": 5,
                 "compression.type": "none",
                 # Bounded so a broker that is gone turns into failed deliveries, leaving the rows
-                # unpublished for a later pass, instead of holding them for ever.
+                # unpublished for a later pass, instead of holding them for ever (a silent
+                # connection is dropped and made again sooner: client_config's socket.timeout.ms).
                 "message.timeout.ms": self.message_timeout_ms,
-                "socket.connection.setup.timeout.ms": 5_000,
                 "error_cb": on_error,
                 "logger": _LibrdkafkaLog(),
             }

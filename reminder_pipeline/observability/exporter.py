@@ -26,6 +26,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
@@ -109,6 +110,10 @@ HEARTBEAT_METRIC_NAMES: tuple[str, ...] = (DAEMON_HEARTBEAT_AGE,)
 DaemonHeartbeats = Callable[[], Mapping[str, float]]
 
 SCRAPE_STATEMENT_TIMEOUT_MS = 5_000
+#: A scrape answers within this, whatever the databases do (Prometheus gives up at 10 s): what is
+#: not read by then is left out (``up 0`` without the database, no heartbeat ages without
+#: Dagster's). A read still waiting ends by its own bounds (store/engine.py, pg_client.py).
+SCRAPE_DEADLINE_SECONDS = 7.0
 DEFAULT_HOST = "127.0.0.1"
 
 
@@ -309,20 +314,37 @@ class LedgerCollector(Collector):
         self._heartbeats_read: bool | None = None
         self._reconnects = 0  # outages this process saw end (the first read is not one)
         self._lock = threading.Lock()  # scrapes may overlap: each change is logged once
+        # The reads run here, so a scrape can answer while a silent database keeps one waiting;
+        # one thread each: scrapes queued behind a waiting read answer at their deadline.
+        self._reads = ThreadPoolExecutor(1, thread_name_prefix="metrics-read")
+        self._beats = ThreadPoolExecutor(1, thread_name_prefix="metrics-heartbeats")
+
+    def close(self) -> None:
+        """Let the read threads go (a read still waiting ends by its own bounds)."""
+        self._reads.shutdown(wait=False, cancel_futures=True)
+        self._beats.shutdown(wait=False, cancel_futures=True)
 
     def describe(self) -> Iterator[Metric]:
         """The families' names, without touching the database (used at registration)."""
         yield from (Metric(name.removesuffix("_total"), "", "untyped") for name in METRIC_NAMES)
 
     def collect(self) -> Iterator[Metric]:
-        """One scrape: read a snapshot; on failure serve only ``up 0`` (and log the change once)."""
+        """One scrape: read a snapshot; on failure serve only ``up 0`` (and log the change once).
+
+        Answers within :data:`SCRAPE_DEADLINE_SECONDS`: a read that has not answered by then
+        counts as a failure.
+        """
         started = time.monotonic()
+        deadline = started + SCRAPE_DEADLINE_SECONDS
+        reading = self._reads.submit(read_snapshot, self._engine)
+        beats = self._beats.submit(self._heartbeats) if self._heartbeats is not None else None
         try:
-            snapshot = read_snapshot(self._engine)
+            snapshot = reading.result(timeout=SCRAPE_DEADLINE_SECONDS)
         except Exception as exc:  # noqa: BLE001 - a scrape answers even when the DB does not
             # Connections to a server that went away are dead: the next scrape connects afresh.
             self._engine.dispose()
-            self._transition(False, type(exc).__name__)
+            silent = isinstance(exc, TimeoutError)
+            self._transition(False, "NoAnswerInTime" if silent else type(exc).__name__)
             yield GaugeMetricFamily(UP, "1 if the last scrape read the database.", value=0)
             yield self._reconnects_family()
             return
@@ -330,19 +352,21 @@ class LedgerCollector(Collector):
         yield GaugeMetricFamily(UP, "1 if the last scrape read the database.", value=1)
         yield self._reconnects_family()
         yield from families(snapshot)
-        if self._heartbeats is not None:
-            yield from self._daemon_heartbeats()
+        if beats is not None:
+            yield from self._daemon_heartbeats(beats, deadline)
         yield GaugeMetricFamily(
             SCRAPE_DURATION,
             "Time this scrape spent reading the database.",
             value=time.monotonic() - started,
         )
 
-    def _daemon_heartbeats(self) -> Iterator[Metric]:
-        """The age of each Dagster daemon's newest heartbeat; absent when they cannot be read."""
-        assert self._heartbeats is not None
+    def _daemon_heartbeats(
+        self, reading: Future[Mapping[str, float]], deadline: float
+    ) -> Iterator[Metric]:
+        """The age of each Dagster daemon's newest heartbeat; absent when they cannot be read
+        by the scrape's deadline."""
         try:
-            beats = self._heartbeats()
+            beats = reading.result(timeout=max(deadline - time.monotonic(), 0.0))
         except Exception as exc:  # noqa: BLE001 - the dispatcher's metrics are served regardless
             if self._heartbeats_read is not False:
                 event(
@@ -395,9 +419,17 @@ class LedgerCollector(Collector):
 class MetricsExporter:
     """A running ``/metrics`` HTTP endpoint; :meth:`stop` shuts it down."""
 
-    def __init__(self, server: MetricsServer, engine: Engine, *, owns_engine: bool) -> None:
+    def __init__(
+        self,
+        server: MetricsServer,
+        engine: Engine,
+        collector: LedgerCollector,
+        *,
+        owns_engine: bool,
+    ) -> None:
         self._server = server
         self._engine = engine
+        self._collector = collector
         self._owns_engine = owns_engine
         self.host = server.host
         self.port = server.port
@@ -410,6 +442,7 @@ class MetricsExporter:
     def stop(self) -> None:
         """Stop serving, wait for the server thread, release the database connections."""
         self._server.stop()
+        self._collector.close()
         if self._owns_engine:
             self._engine.dispose()
         event(log, logging.INFO, "metrics exporter stopped", port=self.port)
@@ -445,17 +478,22 @@ def start_exporter(
     port = settings.metrics_port if port is None else port
     owns_engine = engine is None
     engine = engine or make_engine(
-        endpoints.database_url, pool_size=2, application_name="reminder-pipeline-exporter"
+        endpoints.database_url,
+        pool_size=2,
+        application_name="reminder-pipeline-exporter",
+        statement_timeout_ms=SCRAPE_STATEMENT_TIMEOUT_MS,
     )
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(LedgerCollector(engine, heartbeats))
+    collector = LedgerCollector(engine, heartbeats)
+    registry.register(collector)
     try:
         server = serve_registry(registry, host, port)
     except OSError as exc:
+        collector.close()
         if owns_engine:
             engine.dispose()
         raise MetricsPortUnavailable(
             f"metrics exporter cannot listen on {host}:{port} (REMINDER_METRICS_PORT): {exc}"
         ) from None
     event(log, logging.INFO, "metrics exporter listening", host=host, port=port)
-    return MetricsExporter(server, engine, owns_engine=owns_engine)
+    return MetricsExporter(server, engine, collector, owns_engine=owns_engine)

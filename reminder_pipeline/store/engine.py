@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
+from typing import Any
 
-from sqlalchemy import create_engine
-from sqlalchemy.engine import Engine, make_url
+from sqlalchemy import create_engine, event
+from sqlalchemy.engine import Connection, Engine, make_url
 
+from .. import pg_client
 from ..config import mask_secrets, mask_url, validate_database_url
 
 #: Pinned, not left to the server's ``default_transaction_isolation``: the cycle's correctness
@@ -16,13 +19,33 @@ from ..config import mask_secrets, mask_url, validate_database_url
 ISOLATION_LEVEL = "READ COMMITTED"
 
 
+#: The dispatcher's statements (a batch of up to 10,000 rows takes about a second, a relay
+#: mark well under one) and the operator commands' (index-backed, or in short batches). With
+#: the read bound (pg_client.READ_MARGIN_SECONDS) a silent database is noticed within 15 s.
+STATEMENT_TIMEOUT_MS = 10_000
+#: A migration may rebuild an index on a large table: one hour (:func:`migration_bounds`).
+MIGRATION_STATEMENT_TIMEOUT_MS = 3_600_000
+#: Dagster's own statements (runs, event log, ticks; the run retention pass's deletes).
+DAGSTER_STATEMENT_TIMEOUT_MS = 60_000
+
+
 def make_engine(
-    url: str, *, pool_size: int = 5, application_name: str = "reminder-pipeline"
+    url: str,
+    *,
+    pool_size: int = 5,
+    application_name: str = "reminder-pipeline",
+    statement_timeout_ms: int = STATEMENT_TIMEOUT_MS,
+    connect_timeout: int = pg_client.CONNECT_TIMEOUT_SECONDS,
 ) -> Engine:
-    """An engine for ``url``; psycopg2 URLs are moved to psycopg 3, the app's driver."""
+    """An engine for ``url``; psycopg2 URLs are moved to psycopg 3, the app's driver.
+
+    Every connection is bounded (:mod:`reminder_pipeline.pg_client`): keepalives and
+    ``tcp_user_timeout`` both ends, ``statement_timeout_ms`` on the server, and no wait for an
+    answer past it plus a margin; settings the URL's query gives itself win.
+    """
     validate_database_url(url)
     parsed = make_url(url).set(drivername="postgresql+psycopg")
-    return create_engine(
+    engine = create_engine(
         parsed,
         isolation_level=ISOLATION_LEVEL,
         # Error messages carry the statement but never its parameters (ids, payloads, errors
@@ -31,18 +54,42 @@ def make_engine(
         pool_size=pool_size,
         max_overflow=5,
         pool_pre_ping=True,
-        connect_args={
-            "application_name": application_name,
-            "connect_timeout": 10,
-            # A dispatcher that dies or is cut off mid-statement must not keep its row locks: the
-            # server checks the client every 5 s even while a query runs, and ends a session left
-            # idle inside a transaction after 2 minutes (ours last milliseconds).
+    )
+    read_timeout = pg_client.read_bound(statement_timeout_ms)
+
+    @event.listens_for(engine, "do_connect")
+    def _bounded(
+        _dialect: object, _record: object, cargs: list[Any], cparams: dict[str, Any]
+    ) -> pg_client.BoundedConnection[Any]:
+        params = pg_client.bounded_params(
+            cparams,
+            statement_timeout_ms,
             # Timestamps come back in UTC whatever the server's default zone (no conversion per
             # row when payloads are built).
-            "options": "-c client_connection_check_interval=5000"
-            " -c idle_in_transaction_session_timeout=120000 -c TimeZone=UTC",
-        },
-    )
+            "TimeZone=UTC",
+            connect_timeout=connect_timeout,
+        )
+        params.setdefault("application_name", application_name)
+        return pg_client.connect_bounded(read_timeout, *cargs, **params)
+
+    return engine
+
+
+@contextlib.contextmanager
+def migration_bounds(connection: Connection) -> Iterator[None]:
+    """Inside a migration's transaction: its statements may run for
+    :data:`MIGRATION_STATEMENT_TIMEOUT_MS` (server and client side alike)."""
+    dbapi = connection.connection.dbapi_connection
+    connection.exec_driver_sql(f"SET LOCAL statement_timeout = {MIGRATION_STATEMENT_TIMEOUT_MS}")
+    if not isinstance(dbapi, pg_client.BoundedConnection):
+        yield
+        return
+    before = dbapi.read_timeout
+    dbapi.read_timeout = pg_client.read_bound(MIGRATION_STATEMENT_TIMEOUT_MS)
+    try:
+        yield
+    finally:
+        dbapi.read_timeout = before
 
 
 class DatabaseUnavailable(ConnectionError):
@@ -65,16 +112,27 @@ def check_connection(engine: Engine, setting: str = "DATABASE_URL") -> None:
 
 
 def dagster_storage_url(url: str, database: str | None = None) -> str:
-    """``url`` (any PostgreSQL driver) as dagster-postgres needs it: ``postgresql+psycopg2://``.
+    """``url`` (any PostgreSQL driver) as dagster-postgres needs it: ``postgresql+psycopg2://``,
+    with the connection bounds it does not set itself in its query.
 
-    A multi-host URL keeps its hosts: dagster-postgres hands the URL to SQLAlchemy's psycopg2
-    dialect, which passes libpq the host list and ``target_session_attrs``.
+    dagster-postgres hands the URL to SQLAlchemy's psycopg2 dialect, which passes the query to
+    libpq: the keepalives, ``tcp_user_timeout`` and the session's ``options``
+    (:data:`DAGSTER_STATEMENT_TIMEOUT_MS`), and a multi-host URL's host list and
+    ``target_session_attrs``.
     """
     validate_database_url(url, "DAGSTER_PG_URL")
     parsed = make_url(url).set(drivername="postgresql+psycopg2")
     if database is not None:
         parsed = parsed.set(database=database)
-    return parsed.render_as_string(hide_password=False)
+    given = dict(parsed.query)
+    # psycopg2 blocks inside libpq: no client read bound, the server's statement timeout only.
+    # Dagster's transactions are its own: no idle-in-transaction limit imposed on them.
+    params = pg_client.bounded_params(
+        given, DAGSTER_STATEMENT_TIMEOUT_MS, idle_in_transaction=False
+    )
+    added = {key: str(value) for key, value in params.items() if key not in given}
+    added["options"] = str(params["options"])
+    return parsed.update_query_dict(added).render_as_string(hide_password=False)
 
 
 def create_database(admin_url: str, name: str) -> None:

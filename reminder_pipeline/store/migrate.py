@@ -12,6 +12,8 @@ from alembic.script.revision import RevisionError
 from alembic.util.exc import CommandError
 from sqlalchemy.engine import Connection, Engine
 
+from .engine import migration_bounds
+
 MIGRATIONS = Path(__file__).parent / "migrations"
 
 
@@ -25,7 +27,7 @@ def alembic_config(connection: Connection) -> Config:
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
     """Migrate the database forward to ``revision``; a no-op when already there."""
-    with engine.begin() as connection:
+    with engine.begin() as connection, migration_bounds(connection):
         # Serialise concurrent upgrades (several processes starting at once).
         connection.exec_driver_sql("SELECT pg_advisory_xact_lock(7263001)")
         command.upgrade(alembic_config(connection), revision)
@@ -42,7 +44,7 @@ def downgrade(engine: Engine, revision: str) -> None:
     transaction: a refused revision changed nothing.
     """
     try:
-        with engine.begin() as connection:
+        with engine.begin() as connection, migration_bounds(connection):
             command.downgrade(alembic_config(connection), revision)
     except (CommandError, RevisionError) as error:
         raise BadRevision(" ".join(str(error).split()) or type(error).__name__) from None
