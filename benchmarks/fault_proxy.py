@@ -5,10 +5,10 @@ at run time from any thread. Plain asyncio on a daemon thread of the calling pro
 server to install. What a user-space proxy cannot make is a real packet drop (its kernel keeps
 ACKing whatever it is sent): for that see :mod:`benchmarks.netns`.
 
-In front of PostgreSQL (``postgres=True``) it also reads the client's side of the wire protocol
-(the untyped startup packets, then typed messages), so that :meth:`FaultProxy.cut_after` can let
-a statement reach the server, or not, and make sure its answer never reaches the client: the
-commit whose outcome the client cannot know.
+In front of PostgreSQL (``postgres=True``) it also reads the wire protocol along
+(:mod:`benchmarks._pg_wire`), so that :meth:`FaultProxy.cut_after` can let a statement reach the
+server, or not, and make sure its answer never reaches the client: the commit whose outcome the
+client cannot know.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import re
 import socket
 import struct
@@ -23,65 +24,20 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy.engine import make_url
 
+from ._pg_wire import Cut, PgWire
+
 MODES = ("pass", "latency", "reset", "stuck")
 
-# The first packets of a PostgreSQL connection carry no type byte: a length and a code.
-_SSL_REQUEST = 80877103
-_GSSENC_REQUEST = 80877104
-_CANCEL_REQUEST = 80877102
-_PROTOCOL_MAJOR_3 = 3
 _READ_CHUNK = 65536
 # Chunks waiting in one direction before the reader stops reading (backpressure to the sender).
 _QUEUED_CHUNKS = 256
 _CONNECT_TIMEOUT = 10.0
 _CALL_TIMEOUT = 10.0
-
-
-@dataclass
-class _Cut:
-    """An armed cut: what it matches, what the server gets, how many are left."""
-
-    pattern: re.Pattern[bytes]
-    server_gets_it: bool
-    remaining: int
-    application_name: str | None
-
-
-class _ClientStream:
-    """The client's half of a PostgreSQL connection, read message by message.
-
-    Only what a cut needs: the startup's application_name, the text of each prepared statement
-    (Parse), and how many answers ending in ReadyForQuery the client has asked for so far (one per
-    simple Query, one per Sync), which tells the server's half where a statement's answer starts.
-    """
-
-    def __init__(self) -> None:
-        self.buffer = bytearray()
-        self.startup = True
-        self.opaque = False  # TLS, a cancel, or something not understood: forwarded untouched
-        self.application_name: str | None = None
-        self.statements: dict[bytes, bytes] = {}
-        self.answers_asked = 0
-        self.singles_asked = 0  # SSL/GSS requests, each answered by one untyped byte
-
-
-class _ServerStream:
-    """The server's half of a PostgreSQL connection: message boundaries and ReadyForQuery count."""
-
-    def __init__(self) -> None:
-        self.header = bytearray()
-        self.body_left = 0
-        self.kind = 0
-        self.ready_seen = 0
-        self.opaque = False
-        self.boundary: int | None = None  # answers before the cut statement's; then swallow
-        self.swallowing = False
 
 
 class _Link:
@@ -95,12 +51,11 @@ class _Link:
         self.client_open = True
         self.up_open = False
         self.silent = False  # held by "stuck": forwards nothing, ever
-        self.cut: _Cut | None = None  # a cut under way on this connection
+        self.cut: Cut | None = None  # a cut under way on this connection
         self.to_up: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue(_QUEUED_CHUNKS)
         self.to_client: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue(_QUEUED_CHUNKS)
         self.tasks: list[asyncio.Task[None]] = []
-        self.pg_client = _ClientStream() if proxy.postgres else None
-        self.pg_server = _ServerStream() if proxy.postgres else None
+        self.wire = PgWire() if proxy.postgres else None
 
     # -- closing -------------------------------------------------------------------------------
 
@@ -199,7 +154,7 @@ class FaultProxy:
         self.port = 0
         self._mode = "pass"
         self._delay = 0.0
-        self._cut: _Cut | None = None
+        self._cut: Cut | None = None
         self._cuts_done = 0
         self._cuts_changed = threading.Condition()
         self._connections = 0
@@ -358,7 +313,7 @@ class FaultProxy:
             raise ValueError("cut_after needs a FaultProxy made with postgres=True")
         if times < 1:
             raise ValueError(f"cut_after times must be 1 or more, not {times}")
-        cut = _Cut(re.compile(pattern, re.IGNORECASE), server_gets_it, times, application_name)
+        cut = Cut(re.compile(pattern, re.IGNORECASE), server_gets_it, times, application_name)
 
         def arm() -> None:
             self._cut = cut
@@ -383,15 +338,12 @@ class FaultProxy:
             self._cuts_done += 1
             self._cuts_changed.notify_all()
 
-    def _take_cut(self, link: _Link, text: bytes) -> _Cut | None:
-        """The armed cut, counted down, if ``text`` on ``link`` is one it cuts."""
+    def _take_cut(self, wire: PgWire, text: bytes) -> Cut | None:
+        """The armed cut, counted down, if statement ``text`` on ``wire`` is one it cuts."""
         cut = self._cut
         if cut is None or cut.remaining <= 0:
             return None
-        assert link.pg_client is not None
-        if cut.application_name is not None and (
-            link.pg_client.application_name != cut.application_name
-        ):
+        if cut.application_name not in (None, wire.application_name):
             return None
         if not cut.pattern.search(text):
             return None
@@ -440,11 +392,17 @@ class FaultProxy:
                 return
             if link.silent or not link.up_open:
                 continue  # a stuck peer ACKs and forgets
-            if link.pg_client is not None and link.cut is None:
-                # (Under a cut the rest of the statement's group, up to its Sync, goes on as is.)
-                data = self._from_client(link, data)
-                if not link.up_open:  # a cut that keeps the statement from the server
+            if link.wire is not None:
+                feed = link.wire.from_client(data, functools.partial(self._take_cut, link.wire))
+                data = feed.forward
+                if feed.cut is not None and not feed.cut.server_gets_it:
+                    # Nothing of the statement reaches the server; the connection dies under it.
+                    link.close_client(reset=True)
+                    link.close_up(reset=True)
+                    self._cut_finished()
                     return
+                if feed.cut is not None:
+                    link.cut = feed.cut
             if data:
                 await link.to_up.put((time.monotonic() + self._delay, data))
 
@@ -460,8 +418,16 @@ class FaultProxy:
                 return
             if link.silent:
                 continue
-            if link.pg_server is not None:
-                data = self._from_server(link, data)
+            if link.wire is not None:
+                feed = link.wire.from_server(data)
+                data = feed.forward
+                if feed.answer_started:  # the client never sees the cut statement's answer
+                    link.close_client(reset=True)
+                if feed.answer_done:  # the server has finished it (committed, say): let it go
+                    link.cut = None
+                    link.close_up(reset=False)
+                    self._cut_finished()
+                    return
             if data and link.client_open:
                 await link.to_client.put((time.monotonic() + self._delay, data))
 
@@ -491,153 +457,6 @@ class FaultProxy:
                 await writer.drain()
             except OSError:
                 return
-
-    # -- the PostgreSQL wire protocol ----------------------------------------------------------
-
-    def _from_client(self, link: _Link, data: bytes) -> bytes:
-        """What of ``data`` goes on to the server; may start a cut on ``link``."""
-        pg = link.pg_client
-        assert pg is not None
-        if pg.opaque:
-            return data
-        pg.buffer += data
-        out = bytearray()
-        buf = pg.buffer
-        while True:
-            if pg.startup:
-                if len(buf) < 8:
-                    break
-                length, code = struct.unpack("!ii", buf[:8])
-                if length < 8 or length > 10_000:
-                    pg.opaque = True  # direct TLS or not PostgreSQL: stop reading along
-                    break
-                if len(buf) < length:
-                    break
-                packet = bytes(buf[:length])
-                del buf[:length]
-                out += packet
-                if code in (_SSL_REQUEST, _GSSENC_REQUEST):
-                    pg.singles_asked += 1
-                elif code >> 16 == _PROTOCOL_MAJOR_3:
-                    pg.startup = False
-                    pg.application_name = _startup_parameter(packet[8:], b"application_name")
-                else:  # a CancelRequest, or a protocol this proxy does not know
-                    pg.opaque = True
-                    break
-                continue
-            if len(buf) < 5:
-                break
-            kind = buf[0]
-            (length,) = struct.unpack("!i", buf[1:5])
-            if length < 4:  # not the protocol this proxy reads: forward the rest as it comes
-                pg.opaque = True
-                break
-            if len(buf) < 1 + length:
-                break
-            message = bytes(buf[: 1 + length])
-            body = message[5:]
-            cut = self._cut_for(link, kind, body)
-            if cut is not None and not cut.server_gets_it:
-                # Nothing of the statement reaches the server; the connection dies under it.
-                pg.buffer = bytearray()
-                link.close_client(reset=True)
-                link.close_up(reset=True)
-                self._cut_finished()
-                return bytes(out)
-            if cut is not None:
-                assert link.pg_server is not None
-                link.cut = cut
-                link.pg_server.boundary = pg.answers_asked
-            del buf[: 1 + length]
-            out += message
-            if kind in (ord("Q"), ord("S")):
-                pg.answers_asked += 1
-            if link.cut is not None:
-                out += buf  # the rest of the statement's group goes on untouched
-                buf.clear()
-                break
-        if pg.opaque:
-            out += buf
-            buf.clear()
-        return bytes(out)
-
-    def _cut_for(self, link: _Link, kind: int, body: bytes) -> _Cut | None:
-        """The cut this client message starts, if any (and remember prepared statements)."""
-        pg = link.pg_client
-        assert pg is not None
-        if kind == ord("Q"):
-            return self._take_cut(link, body.rstrip(b"\0"))
-        if kind == ord("P"):
-            name, _, rest = body.partition(b"\0")
-            pg.statements[name] = rest.partition(b"\0")[0]
-        elif kind == ord("B"):
-            _portal, _, rest = body.partition(b"\0")
-            text = pg.statements.get(rest.partition(b"\0")[0])
-            if text is not None:
-                return self._take_cut(link, text)
-        return None
-
-    def _from_server(self, link: _Link, data: bytes) -> bytes:
-        """What of ``data`` goes on to the client; ends a cut once the server has answered."""
-        st, pg = link.pg_server, link.pg_client
-        assert st is not None and pg is not None
-        if st.opaque:
-            return data
-        i, n, forward_end = 0, len(data), len(data)
-        while i < n:
-            if pg.singles_asked > 0:  # the one-byte answer to an SSL or GSS request
-                pg.singles_asked -= 1
-                if data[i] in (ord("S"), ord("G")):
-                    st.opaque = pg.opaque = True  # encrypted from here on: cannot read along
-                    return data
-                i += 1
-                continue
-            if st.body_left > 0:
-                take = min(st.body_left, n - i)
-                i += take
-                st.body_left -= take
-                if st.body_left == 0:
-                    self._server_message(link, st)
-                continue
-            starts = not st.header and st.boundary is not None and not st.swallowing
-            if starts and st.ready_seen >= (st.boundary or 0):
-                # The cut statement's answer starts here: the client never sees it.
-                st.swallowing = True
-                forward_end = min(forward_end, i)
-                link.close_client(reset=True)
-            take = min(5 - len(st.header), n - i)
-            st.header += data[i : i + take]
-            i += take
-            if len(st.header) == 5:
-                st.kind = st.header[0]
-                st.body_left = struct.unpack("!i", st.header[1:5])[0] - 4
-                st.header.clear()
-                if st.body_left <= 0:
-                    st.body_left = 0
-                    self._server_message(link, st)
-            if not link.up_open:
-                break
-        return data[:forward_end] if link.client_open else b""
-
-    def _server_message(self, link: _Link, st: _ServerStream) -> None:
-        if st.kind != ord("Z"):
-            return
-        st.ready_seen += 1
-        if st.swallowing and st.boundary is not None and st.ready_seen > st.boundary:
-            # The server has finished the cut statement (committed, say): let it go.
-            st.swallowing, st.boundary = False, None
-            link.cut = None
-            link.close_up(reset=False)
-            self._cut_finished()
-
-
-def _startup_parameter(params: bytes, key: bytes) -> str | None:
-    """One parameter of a StartupMessage's key\\0value\\0 list."""
-    parts = params.split(b"\0")
-    for k, v in zip(parts[::2], parts[1::2], strict=False):
-        if k == key:
-            return v.decode("utf-8", "replace")
-    return None
 
 
 def pg_url_via(url: str, proxy: FaultProxy) -> str:
