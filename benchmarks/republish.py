@@ -25,7 +25,8 @@ import sqlalchemy as sa
 
 from benchmarks._infra import fmt_rate, progress, servers
 from reminder_pipeline.messaging.kafka import KafkaPublisher, ensure_topic
-from reminder_pipeline.messaging.relay import publish_outbox, relay_lock
+from reminder_pipeline.messaging.relay import publish_outbox
+from reminder_pipeline.messaging.relay_lock import relay_lock
 from reminder_pipeline.operator_jobs.republish import Requester, day_window, resend_day
 from reminder_pipeline.store import migrate
 from reminder_pipeline.store.engine import make_engine

@@ -12,7 +12,7 @@ UI runs ``reminder_health_checks``.
 # No ``from __future__ import annotations``: Dagster reads the resource annotation.
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 from dagster import (
     AssetCheckEvaluation,
@@ -61,13 +61,18 @@ def check_evaluation(check: health.HealthCheck) -> AssetCheckEvaluation:
     return AssetCheckEvaluation(**_verdict(check))
 
 
-def evaluate_all(engine: "Engine") -> list[AssetCheckEvaluation]:
+def evaluate_all(
+    engine: "Engine", unpublished_of_run: int = 0, holder: Optional[str] = None
+) -> list[AssetCheckEvaluation]:
     """Every check of the dispatcher, evaluated now from the database, in ``health.CHECKS`` order.
 
     The one list both the sensor and ``relay_outbox`` report: a check added to ``health.CHECKS``
-    (and ``health.ASSERTIONS``, its spec) is recorded by both without touching them.
+    (and ``health.ASSERTIONS``, its spec) is recorded by both without touching them. A run that
+    left ``unpublished_of_run`` of its outbox rows unpublished says so on ``outbox_backlog`` (a
+    warning, :func:`health.partial_publish`).
     """
-    return [check_evaluation(check) for check in health.evaluate(engine)]
+    checks = health.partial_publish(health.evaluate(engine), unpublished_of_run, holder)
+    return [check_evaluation(check) for check in checks]
 
 
 @multi_asset_check(

@@ -7,6 +7,9 @@ transaction, and its snapshot, open. A row is marked published only after its de
 succeeded; a crash in between publishes it again (at least once). A failed row holds back the
 later rows of its key and counts a failed attempt (``outbox.publish_attempts``).
 
+The lock is never held across a wait without a bound (:mod:`.relay_lock`): a relay whose
+connection went silent loses it within seconds, and then marks nothing more.
+
 :class:`OutboxRelay` runs in the foreground (:meth:`OutboxRelay.run`: publish until nothing is
 unpublished) or, during a multi-batch drain, on a thread of its own fed each committed batch's
 rows (:meth:`OutboxRelay.start`, :meth:`OutboxRelay.hand_over`, :meth:`OutboxRelay.finish`):
@@ -19,9 +22,9 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import suppress
+from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from sqlalchemy.engine import Connection, Engine
@@ -30,13 +33,15 @@ from ..domain.model import ClaimedMessage
 from ..logs import event
 from ..store import repository
 from .kafka import DeliveryResult
+from .relay_lock import LockKeeper, lock_holder, lock_session
 
 log = logging.getLogger(__name__)
 
-#: How long a relay waits for the lock before leaving the work to the relay holding it. The
+#: How long one attempt at the lock waits before leaving the work to the relay holding it. The
 #: holder reads the outbox until nothing is unpublished, so the wait only has to cover a holder
 #: that read its last, empty batch just before our rows committed (a longer wait only made
-#: parallel catch-ups end late).
+#: parallel catch-ups end late); a cycle whose own rows still wait tries again
+#: (:func:`publish_rows`).
 LOCK_WAIT_SECONDS = 1.0
 #: Rows per publish: one read (or hand-over), one produce-and-flush, one mark.
 RELAY_BATCH_SIZE = 1000
@@ -58,15 +63,27 @@ class RelayResult:
     batches: int = 0
     busy: bool = False
     last_error: str | None = None
+    #: Of the rows the relay was to see out (:func:`publish_rows`), how many are still unpublished
+    #: at its end: more than 0 is a partial publish, like ``failed``.
+    left: int = 0
+    #: Who held the lock when the relay found it busy (``pid N (application_name ...)``).
+    holder: str | None = None
 
     def merge(self, other: RelayResult) -> RelayResult:
-        """Add another pass's result to this one; returns self."""
+        """Add another pass's result to this one; returns self (``left``: the later pass's)."""
         self.published += other.published
         self.failed += other.failed
         self.batches += other.batches
         self.busy = self.busy or other.busy
         self.last_error = other.last_error or self.last_error
+        self.left = other.left
+        self.holder = other.holder or self.holder
         return self
+
+    @property
+    def partial(self) -> bool:
+        """Some rows could not be published: failed, or left behind by a busy or spent relay."""
+        return self.failed > 0 or self.left > 0
 
     def plain(self) -> dict[str, Any]:
         """As builtins (what Dagster steps hand on)."""
@@ -94,24 +111,36 @@ def acknowledged_in_key_order(
     return ok
 
 
-@contextmanager
-def relay_lock(
-    engine: Engine, wait_seconds: float, correlation_id: str | None = None
-) -> Iterator[Connection | None]:
-    """Hold the relay's advisory lock for the block; yields None when another relay keeps it."""
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        if not repository.try_relay_lock(conn) and not repository.wait_relay_lock(
-            conn, wait_seconds
-        ):
-            event(log, logging.INFO, "relay busy in another process", run_id=correlation_id)
-            yield None
+@dataclass
+class OutboxSpans:
+    """Outbox rows by id span (first, last): a run's own rows, which its relay must see out.
+
+    One span per batch written (merged with the previous one when they touch). A batch's ids are
+    consecutive unless another writer inserted at the same moment; such a row inside a batch's
+    span counts with it.
+    """
+
+    spans: list[tuple[int, int]] = field(default_factory=list)
+
+    def add(self, ids: Iterable[int]) -> None:
+        """Note a batch's outbox ids."""
+        ids = list(ids)
+        if not ids:
             return
-        try:
-            yield conn
-        finally:
-            # A lost session took its lock with it: releasing on it would only hide the error.
-            if not conn.invalidated:
-                repository.release_relay_lock(conn)
+        first, last = min(ids), max(ids)
+        if self.spans and self.spans[-1][0] <= first <= self.spans[-1][1] + 1:
+            self.spans[-1] = (self.spans[-1][0], max(last, self.spans[-1][1]))
+        else:
+            self.spans.append((first, last))
+
+    def plain(self) -> list[list[int]]:
+        """As builtins (what Dagster steps hand on)."""
+        return [[first, last] for first, last in self.spans]
+
+    @classmethod
+    def from_plain(cls, data: Iterable[Sequence[int]]) -> OutboxSpans:
+        """From :meth:`plain`."""
+        return cls([(int(first), int(last)) for first, last in data])
 
 
 _DONE = object()
@@ -129,6 +158,7 @@ class OutboxRelay:
         lock_wait_seconds: float = LOCK_WAIT_SECONDS,
         correlation_id: str | None = None,
         on_acknowledged: Callable[[list[int]], None] | None = None,
+        quiet_busy: bool = False,
     ) -> None:
         self._engine = engine
         self._publisher = publisher
@@ -144,6 +174,8 @@ class OutboxRelay:
         self._early: list[list[ClaimedMessage]] = []  # handed over while waiting for the lock
         self._finished = False  # finish() was met while taking several batches at once
         self._error: BaseException | None = None
+        self._keeper: LockKeeper | None = None  # the lock session's keep-alive, once held
+        self._quiet_busy = quiet_busy  # a retry: busy was logged already
 
     # -- foreground ------------------------------------------------------------------------------
 
@@ -153,12 +185,27 @@ class OutboxRelay:
         deadline = time.monotonic() + budget_seconds
         if stop is not None:
             self._stop = stop
-        with relay_lock(self._engine, self._lock_wait_seconds, self._correlation_id) as conn:
-            if conn is None:
-                self.result.busy = True
+        with (
+            self._engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn,
+            lock_session(
+                conn,
+                lambda: (
+                    repository.try_relay_lock(conn)
+                    or repository.wait_relay_lock(conn, self._lock_wait_seconds)
+                ),
+                self._correlation_id,
+            ) as keeper,
+        ):
+            if keeper is None:
+                self._busy(conn)
             else:
+                self._keeper = keeper
                 self._from_outbox(conn, deadline, seen=set())
         return self.result
+
+    def _busy(self, conn: Connection) -> None:
+        self.result.busy = True
+        self.result.holder = lock_holder(conn, self._correlation_id, quiet=self._quiet_busy)
 
     # -- background (a multi-batch drain) ----------------------------------------------------------
 
@@ -223,21 +270,17 @@ class OutboxRelay:
 
     def _background(self, deadline: float) -> None:
         try:
-            with self._engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-                if not self._lock_taking_hand_overs(conn):
-                    self.result.busy = True
-                    event(
-                        log,
-                        logging.INFO,
-                        "relay busy in another process",
-                        run_id=self._correlation_id,
-                    )
+            with (
+                self._engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn,
+                lock_session(
+                    conn, lambda: self._lock_taking_hand_overs(conn), self._correlation_id
+                ) as keeper,
+            ):
+                if keeper is None:
+                    self._busy(conn)
                     return
-                try:
-                    self._publish_handed_over(conn, deadline)
-                finally:
-                    if not conn.invalidated:  # a lost session took its lock with it
-                        repository.release_relay_lock(conn)
+                self._keeper = keeper
+                self._publish_handed_over(conn, deadline)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the dispatcher's thread by finish()
             self._error = exc
         finally:
@@ -317,8 +360,12 @@ class OutboxRelay:
             try:
                 return self._handed.get(timeout=0.2)
             except queue.Empty:
-                continue
+                self._check_session()  # waiting for the drain: a lost lock stops the relay now
         return _DONE
+
+    def _check_session(self) -> None:
+        if self._keeper is not None:
+            self._keeper.check(self._correlation_id)
 
     # -- shared --------------------------------------------------------------------------------
 
@@ -342,6 +389,7 @@ class OutboxRelay:
     def _publish(self, conn: Connection, messages: Sequence[ClaimedMessage]) -> bool:
         """Produce, then mark the acknowledged rows (key order kept); False after a failure."""
         results = self._publisher.publish(messages)
+        self._check_session()  # the lock went while the broker answered: mark nothing
         ok = acknowledged_in_key_order(messages, results)
         if self._on_acknowledged is not None:
             self._on_acknowledged(ok)
@@ -380,6 +428,7 @@ def publish_outbox(
     correlation_id: str | None = None,
     on_acknowledged: Callable[[list[int]], None] | None = None,
     stop: threading.Event | None = None,
+    quiet_busy: bool = False,
 ) -> RelayResult:
     """One foreground pass of :class:`OutboxRelay` (the CLI's ``relay``, the relay step)."""
     relay = OutboxRelay(
@@ -389,5 +438,81 @@ def publish_outbox(
         lock_wait_seconds=lock_wait_seconds,
         correlation_id=correlation_id,
         on_acknowledged=on_acknowledged,
+        quiet_busy=quiet_busy,
     )
     return relay.run(budget_seconds, stop=stop)
+
+
+def publish_rows(
+    engine: Engine,
+    publisher: Publisher,
+    rows: OutboxSpans,
+    *,
+    budget_seconds: float,
+    lock_wait_seconds: float = LOCK_WAIT_SECONDS,
+    correlation_id: str | None = None,
+    stop: threading.Event | None = None,
+) -> RelayResult:
+    """Publish until ``rows`` are out of the outbox or the budget is spent; ``left`` says how
+    many of them are still unpublished at the end (a partial publish when above 0).
+
+    A pass of the relay (:func:`publish_outbox`). While another relay holds the lock, ``rows``
+    wait for it: the pass is tried again every ``lock_wait_seconds`` until that relay published
+    them or let go of the lock (one gone silent loses it within
+    :data:`.relay_lock.RELAY_IDLE_SESSION_SECONDS`), within the budget. "Busy" alone is no
+    partial publish: the holder publishing our rows is the normal case.
+    """
+    deadline = time.monotonic() + budget_seconds
+    result = RelayResult()
+    while True:
+        remaining = deadline - time.monotonic()
+        passed = publish_outbox(
+            engine,
+            publisher,
+            budget_seconds=max(remaining, 0.0),
+            lock_wait_seconds=max(min(lock_wait_seconds, remaining), 0.001),
+            correlation_id=correlation_id,
+            stop=stop,
+            quiet_busy=result.busy,
+        )
+        result.merge(passed)
+        with engine.connect() as conn:
+            result.left = repository.count_unpublished_in(conn, rows.spans)
+        if (
+            not result.left
+            or not passed.busy
+            or time.monotonic() >= deadline
+            or (stop is not None and stop.is_set())
+        ):
+            break
+    if result.left and result.busy:
+        event(
+            log,
+            logging.WARNING,
+            "outbox rows left unpublished: the relay lock stayed busy",
+            run_id=correlation_id,
+            left=result.left,
+            holder=result.holder,
+            waited_seconds=round(budget_seconds, 1),
+        )
+    return result
+
+
+def publish_all(
+    engine: Engine,
+    publisher: Publisher,
+    *,
+    budget_seconds: float,
+    lock_wait_seconds: float = LOCK_WAIT_SECONDS,
+) -> RelayResult:
+    """The ``relay`` command: :func:`publish_rows` over every row unpublished when it starts."""
+    with engine.connect() as conn:
+        newest = repository.last_outbox_id(conn)
+    rows = OutboxSpans([] if newest is None else [(0, newest)])
+    return publish_rows(
+        engine,
+        publisher,
+        rows,
+        budget_seconds=budget_seconds,
+        lock_wait_seconds=lock_wait_seconds,
+    )

@@ -8,12 +8,13 @@ happens at all, which is what liveness means. The Prometheus rules in
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from sqlalchemy.engine import Engine
 
 from ..domain.lateness import LATENESS_BUCKETS
+from ..messaging.relay_lock import RELAY_KEEPALIVE_SECONDS
 from ..store import metrics_repository, repository
 from . import forecast, ledger
 
@@ -26,6 +27,7 @@ RUNBOOK_ERRORS = RUNBOOK_DISPATCH + "#errors-sustained"
 RUNBOOK_LATENESS = RUNBOOK_DISPATCH + "#lateness-slo-burn"
 RUNBOOK_CLOCK_SKEW = RUNBOOK_DISPATCH + "#clock-skew"
 RUNBOOK_COMING_PEAK = RUNBOOK_DISPATCH + "#coming-peak-over-one-runs-capacity"
+RUNBOOK_STUCK_RELAY = RUNBOOK_OUTBOX + "#stuck-relay"
 
 #: No successful cycle for longer than this: the dispatcher is not running (design: > 5 min).
 LIVENESS_SECONDS = 300.0
@@ -39,6 +41,14 @@ ERRORS_GAP = timedelta(minutes=5)
 POISON_MIN_ATTEMPTS = metrics_repository.POISON_MIN_ATTEMPTS
 #: The oldest unpublished outbox row may be this old before the backlog check fails.
 OUTBOX_LAG_SECONDS = 120.0
+#: A relay lock holder that has sent nothing for this long is silent, and named in the liveness
+#: check too: a live relay runs a statement on its lock session every RELAY_KEEPALIVE_SECONDS.
+RELAY_SILENT_SECONDS = 2 * RELAY_KEEPALIVE_SECONDS
+#: Silent this long while rows wait, the holder holds up publishing and the outbox check fails at
+#: once. The server ends a silent relay's session sooner (RELAY_IDLE_SESSION_SECONDS): a holder
+#: past this is one that bound does not reach (an older relay, a session stuck writing to a peer
+#: that does not read), and nobody else publishes meanwhile.
+RELAY_STUCK_SECONDS = 30.0
 #: The design's delivery SLO: SentAt - DueAt at p95 within 2 minutes, over this window.
 LATENESS_SLO_SECONDS = 120.0
 LATENESS_WINDOW = timedelta(minutes=15)
@@ -64,16 +74,34 @@ def _round(value: float | None, digits: int = 1) -> float | None:
     return None if value is None else round(value, digits)
 
 
+def _holder_metadata(holder: metrics_repository.RelayLockHolder | None) -> Metadata:
+    """Who holds the relay lock, as both checks' metadata show it (None: nobody)."""
+    return {
+        "relay_lock_holder": None if holder is None else holder.describe(),
+        "relay_lock_holder_pid": None if holder is None else holder.pid,
+        "relay_lock_holder_silent_seconds": None
+        if holder is None
+        else _round(holder.silent_seconds),
+    }
+
+
+def _silent(holder: metrics_repository.RelayLockHolder | None, seconds: float) -> bool:
+    return holder is not None and holder.silent_seconds >= seconds
+
+
 def liveness(engine: Engine, now: datetime) -> HealthCheck:
     """A cycle succeeded in the last 5 minutes (from the ledger)."""
     with engine.connect() as conn:
         last = metrics_repository.last_success_at(conn)
+        holder = metrics_repository.relay_lock_holder(conn)
     age = None if last is None else max((now - last).total_seconds(), 0.0)
     passed = age is not None and age <= LIVENESS_SECONDS
     if last is None:
         description = "No dispatch cycle has ever succeeded."
     else:
         description = f"Last successful cycle {age:.0f} s ago (limit {LIVENESS_SECONDS:.0f} s)."
+    if holder is not None and _silent(holder, RELAY_SILENT_SECONDS):
+        description += f" Relay lock held by a silent session: {holder.describe()}."
     return HealthCheck(
         name="dispatch_liveness",
         passed=passed,
@@ -82,6 +110,7 @@ def liveness(engine: Engine, now: datetime) -> HealthCheck:
             "seconds_since_last_success": _round(age),
             "last_success_at": None if last is None else last.isoformat(),
             "threshold_seconds": LIVENESS_SECONDS,
+            **_holder_metadata(holder),
             "runbook_url": RUNBOOK_LIVENESS,
         },
         runbook_url=RUNBOOK_LIVENESS,
@@ -183,16 +212,25 @@ def errors(engine: Engine, now: datetime) -> HealthCheck:
 
 
 def outbox_backlog(engine: Engine, now: datetime) -> HealthCheck:
-    """The oldest unpublished outbox row is younger than 2 minutes."""
+    """The oldest unpublished outbox row is younger than 2 minutes, and no silent relay holds
+    the lock while rows wait (named whenever rows wait or it is silent)."""
     del now  # the outbox lag is measured on the database clock, like the exporter's gauge
     with engine.connect() as conn:
         lag = repository.outbox_lag(conn)
+        holder = metrics_repository.relay_lock_holder(conn)
     age = lag.oldest_unpublished_age_seconds or 0.0
-    passed = lag.unpublished == 0 or age <= OUTBOX_LAG_SECONDS
+    stuck = lag.unpublished > 0 and _silent(holder, RELAY_STUCK_SECONDS)
+    passed = (lag.unpublished == 0 or age <= OUTBOX_LAG_SECONDS) and not stuck
     description = (
         f"{lag.unpublished} unpublished message(s); oldest {age:.0f} s "
         f"(limit {OUTBOX_LAG_SECONDS:.0f} s)."
     )
+    if holder is not None and (lag.unpublished or _silent(holder, RELAY_SILENT_SECONDS)):
+        description += f" Relay lock held by {holder.describe()}"
+        description += (
+            f": silent over {RELAY_STUCK_SECONDS:.0f} s, it holds up publishing." if stuck else "."
+        )
+    runbook = RUNBOOK_STUCK_RELAY if stuck else RUNBOOK_OUTBOX
     return HealthCheck(
         name="outbox_backlog",
         passed=passed,
@@ -201,10 +239,37 @@ def outbox_backlog(engine: Engine, now: datetime) -> HealthCheck:
             "unpublished": lag.unpublished,
             "oldest_unpublished_age_seconds": _round(lag.oldest_unpublished_age_seconds),
             "threshold_seconds": OUTBOX_LAG_SECONDS,
-            "runbook_url": RUNBOOK_OUTBOX,
+            **_holder_metadata(holder),
+            "runbook_url": runbook,
         },
-        runbook_url=RUNBOOK_OUTBOX,
+        runbook_url=runbook,
     )
+
+
+def partial_publish(
+    checks: list[HealthCheck], unpublished_of_run: int, holder: str | None = None
+) -> list[HealthCheck]:
+    """The checks as a run that left ``unpublished_of_run`` of its own outbox rows unpublished
+    reports them: its ``outbox_backlog`` verdict says so, a warning when it passes otherwise."""
+    if not unpublished_of_run:
+        return checks
+    why = f" (relay lock held by {holder})" if holder else ""
+    note = (
+        f"This run left {unpublished_of_run} of its outbox message(s) unpublished{why}; the "
+        "next cycle publishes them."
+    )
+    return [
+        replace(
+            check,
+            passed=False,
+            severity="WARN" if check.passed else check.severity,
+            description=f"{note} {check.description}",
+            metadata={**check.metadata, "unpublished_of_run": unpublished_of_run},
+        )
+        if check.name == "outbox_backlog"
+        else check
+        for check in checks
+    ]
 
 
 def lateness_slo(engine: Engine, now: datetime) -> HealthCheck:
@@ -337,7 +402,9 @@ ASSERTIONS: dict[str, tuple[str, str]] = {
         RUNBOOK_ERRORS,
     ),
     "outbox_backlog": (
-        f"The oldest unpublished outbox message is at most {OUTBOX_LAG_SECONDS:.0f} s old.",
+        f"The oldest unpublished outbox message is at most {OUTBOX_LAG_SECONDS:.0f} s old, and "
+        f"no relay silent for {RELAY_STUCK_SECONDS:.0f} s holds the relay lock while messages "
+        "wait (a run that left its own messages unpublished reports a warning).",
         RUNBOOK_OUTBOX,
     ),
     "lateness_slo": (

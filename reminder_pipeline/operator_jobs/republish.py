@@ -43,7 +43,8 @@ from sqlalchemy.engine import Engine
 
 from ..domain.model import ClaimedMessage
 from ..logs import Journal, event
-from ..messaging.relay import Publisher, relay_lock
+from ..messaging.relay import Publisher
+from ..messaging.relay_lock import relay_lock
 from ..store import operator_repository, repository
 from .outbox_retention import DEFAULT_RETENTION
 

@@ -11,6 +11,7 @@ from sqlalchemy.engine import Connection
 
 from ..domain.model import TOTALED_COUNTERS
 from . import metrics_queries as q
+from . import queries
 
 
 @dataclass(frozen=True)
@@ -275,3 +276,66 @@ def poison_summary(
     row = conn.execute(q.POISON_ROWS, {"now": now, "min_attempts": min_attempts}).one()
     age = row.oldest_due_age_seconds
     return PoisonRows(int(row.poison_rows), None if age is None else float(age))
+
+
+@dataclass(frozen=True)
+class RelayLockHolder:
+    """The session holding the relay lock, as pg_locks and pg_stat_activity show it."""
+
+    pid: int
+    application_name: str | None
+    client_addr: str | None
+    client_port: int | None
+    backend_start: datetime | None
+    state: str | None
+    state_change: datetime | None
+    wait_event_type: str | None
+    wait_event: str | None
+    query_start: datetime | None
+    #: Seconds it has sent nothing the server waits for (idle, or waiting on its client); 0
+    #: while it works.
+    silent_seconds: float
+    #: Seconds in its current state (None: the session is another role's and hidden).
+    state_seconds: float | None
+
+    def describe(self) -> str:
+        """``pid N (application_name 'x', client 10.0.0.5:5123, state idle for 45 s)``."""
+        parts = []
+        if self.application_name is not None:
+            parts.append(f"application_name '{self.application_name}'")
+        if self.client_addr is not None:
+            parts.append(f"client {self.client_addr}:{self.client_port}")
+        if self.state is None:
+            parts.append("state hidden (no pg_read_all_stats)")
+        else:
+            state = self.state
+            if self.wait_event is not None and self.state == "active":
+                state += f" waiting on {self.wait_event}"
+            if self.state_seconds is not None:
+                state += f" for {self.state_seconds:.0f} s"
+            parts.append(f"state {state}")
+        return f"pid {self.pid} ({', '.join(parts)})"
+
+
+def relay_lock_holder(conn: Connection) -> RelayLockHolder | None:
+    """Who holds the relay lock in this database, None when nobody does."""
+    key = queries.RELAY_LOCK_KEY
+    row = conn.execute(
+        queries.RELAY_LOCK_HOLDER, {"classid": key >> 32, "objid": key & 0xFFFFFFFF}
+    ).first()
+    if row is None:
+        return None
+    return RelayLockHolder(
+        pid=int(row.pid),
+        application_name=row.application_name,
+        client_addr=row.client_addr,
+        client_port=row.client_port,
+        backend_start=row.backend_start,
+        state=row.state,
+        state_change=row.state_change,
+        wait_event_type=row.wait_event_type,
+        wait_event=row.wait_event,
+        query_start=row.query_start,
+        silent_seconds=float(row.silent_seconds or 0),
+        state_seconds=None if row.state_seconds is None else float(row.state_seconds),
+    )

@@ -361,6 +361,57 @@ TRY_RELAY_LOCK = text("SELECT pg_try_advisory_lock(:key)")
 RELAY_LOCK = text("SELECT pg_advisory_lock(:key)")
 RELAY_UNLOCK = text("SELECT pg_advisory_unlock(:key)")
 
+# The relay's lock session, bounded by the server before it takes the lock: a session with no
+# statement for :idle (idle_session_timeout, PostgreSQL >= 14) is ended by the server, and the
+# session's advisory lock with it, whatever became of its client (docs/design.md, "The relay's
+# lock"). Named after the run holding it, so pg_stat_activity says whose relay holds the lock.
+# Session-level settings: RELAY_SESSION_RESET puts them back before the connection is pooled.
+RELAY_SESSION_BOUND = text(
+    """
+    SELECT set_config('idle_session_timeout', :idle, false),
+           set_config('application_name',
+                      left(current_setting('application_name') || ' relay ' || :who, 63), false)
+    """
+)
+RELAY_SESSION_RESET = ("RESET idle_session_timeout", "RESET application_name")
+# What a relay that holds the lock and waits (on the broker, on the drain's next batch) runs on
+# its lock session every few seconds: the session is not idle, so the server keeps it. Plain text:
+# it runs on the driver's connection, from the relay's keep-alive thread.
+RELAY_KEEPALIVE = "SELECT 1"
+
+# Who holds the relay lock in this database (none, or one session): its backend and what it is
+# doing. ``silent_seconds``: how long the session has sent nothing the server waits for, i.e. it
+# is idle (in a transaction or not), or active but waiting on its client (ClientRead/ClientWrite,
+# a peer that does not read); 0 while it works. Without pg_read_all_stats another role's session
+# shows its pid only (pg_stat_activity hides the rest).
+RELAY_LOCK_HOLDER = text(
+    """
+    SELECT l.pid, a.application_name, host(a.client_addr) AS client_addr, a.client_port,
+           a.backend_start, a.state, a.state_change, a.wait_event_type, a.wait_event,
+           a.query_start,
+           CASE WHEN a.state LIKE 'idle%' OR a.wait_event_type = 'Client'
+                THEN GREATEST(EXTRACT(EPOCH FROM (clock_timestamp() - a.state_change)), 0)
+                ELSE 0 END AS silent_seconds,
+           EXTRACT(EPOCH FROM (clock_timestamp() - a.state_change)) AS state_seconds
+      FROM pg_locks l
+      LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+     WHERE l.locktype = 'advisory' AND l.granted
+       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+       AND l.classid = CAST(:classid AS oid) AND l.objid = CAST(:objid AS oid) AND l.objsubid = 1
+    """
+)
+
+# How many of the given outbox rows (id spans, first and last id of each) are still unpublished:
+# a run's own rows after its relay, on the partial index of unpublished ids.
+COUNT_UNPUBLISHED_IN_SPANS = text(
+    """
+    SELECT count(*)
+      FROM unnest(CAST(:firsts AS bigint[]), CAST(:lasts AS bigint[])) AS s(first_id, last_id)
+      JOIN outbox o ON o.id BETWEEN s.first_id AND s.last_id
+     WHERE o.published_at IS NULL
+    """
+)
+
 # The oldest unpublished rows, in id order. A read, not a write: the relay's advisory lock makes
 # it the only publisher, and an UPDATE here would write every outbox row once more per hand-over.
 SELECT_UNPUBLISHED = text(

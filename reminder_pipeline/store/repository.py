@@ -351,6 +351,32 @@ def release_relay_lock(conn: Connection) -> None:
     conn.execute(queries.RELAY_UNLOCK, {"key": queries.RELAY_LOCK_KEY})
 
 
+def bound_relay_session(conn: Connection, idle_seconds: float, who: str) -> None:
+    """Have the server end this session after ``idle_seconds`` without a statement (and its
+    advisory lock with it); name it the relay of ``who`` in pg_stat_activity."""
+    conn.execute(queries.RELAY_SESSION_BOUND, {"idle": f"{int(idle_seconds * 1000)}ms", "who": who})
+
+
+def unbound_relay_session(conn: Connection) -> None:
+    """Put back what :func:`bound_relay_session` changed (before the connection is pooled)."""
+    for statement in queries.RELAY_SESSION_RESET:
+        conn.exec_driver_sql(statement)
+
+
+def keep_relay_session(dbapi_connection: Any) -> None:
+    """One cheap statement on the lock session's driver connection (psycopg's are thread-safe):
+    the relay's keep-alive thread runs it while the relay waits."""
+    dbapi_connection.execute(queries.RELAY_KEEPALIVE)
+
+
+def count_unpublished_in(conn: Connection, spans: Sequence[tuple[int, int]]) -> int:
+    """How many outbox rows with an id in one of ``spans`` (first, last) are unpublished."""
+    if not spans:
+        return 0
+    params = {"firsts": [first for first, _ in spans], "lasts": [last for _, last in spans]}
+    return int(conn.execute(queries.COUNT_UNPUBLISHED_IN_SPANS, params).scalar_one())
+
+
 def purge_published_outbox(conn: Connection, retention_seconds: float, limit: int) -> int:
     """Delete up to ``limit`` outbox rows published more than ``retention_seconds`` ago."""
     return conn.execute(

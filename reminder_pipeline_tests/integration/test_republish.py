@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from reminder_pipeline.config import KafkaSettings
 from reminder_pipeline.local.servers import free_port
 from reminder_pipeline.messaging.kafka import KafkaPublisher
-from reminder_pipeline.messaging.relay import relay_lock
+from reminder_pipeline.messaging.relay_lock import relay_lock
 from reminder_pipeline.operator_jobs.republish import (
     HEADER_REPUBLISHED_BY_RUN,
     RepublishFailed,
