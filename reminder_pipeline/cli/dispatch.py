@@ -68,7 +68,9 @@ def dispatch(
 ) -> int:
     """Run one dispatch cycle now (select, decide, transition + outbox, relay); print its counts.
 
-    Never migrates: run `db upgrade` first. Exit 3 when some outbox rows could not be published.
+    Never migrates: run `db upgrade` first. Exit 3 when some of the cycle's outbox rows are
+    still unpublished at its end (a failed delivery, or the relay lock held by another relay
+    that did not publish them within the budget).
     """
     from .. import cycle
 
@@ -105,19 +107,30 @@ def dispatch(
     if as_json:
         print_json(counts)
     else:
+        partial = (
+            {"unpublished_of_run": report.relay.left, "relay_lock_holder": report.relay.holder}
+            if report.relay.left
+            else {}
+        )
         print_fields(
             "dispatch cycle",
-            {k: counts.get(k) for k in (*COUNTERS, "duration_ms", "backlog_remaining", "run_id")},
+            {
+                **{k: counts.get(k) for k in (*COUNTERS, "duration_ms", "backlog_remaining")},
+                **partial,
+                "run_id": counts.get("run_id"),
+            },
         )
-    return relay_exit(report.relay.failed)
+    return relay_exit(report.relay.failed, report.relay.left)
 
 
 @click.command()
 @budget_option(help="Stop publishing after this many seconds, 1..600.")
 @json_option
 def relay(budget_seconds: float, as_json: bool) -> int:
-    """Publish unpublished outbox rows now. Exit 3 when some could not be published."""
-    from ..messaging.relay import publish_outbox
+    """Publish unpublished outbox rows now. Exit 3 when some of those unpublished when it
+    started are still unpublished at its end (a failed delivery, the budget spent, or the relay
+    lock held past the budget by a relay that did not publish them)."""
+    from ..messaging.relay import publish_all
 
     settings = load_settings()
     endpoints, engine = open_servers(settings, broker=True)
@@ -125,7 +138,7 @@ def relay(budget_seconds: float, as_json: bool) -> int:
         require_schema(engine)
         publisher = open_publisher(settings, endpoints.bootstrap_servers)
         try:
-            result = publish_outbox(engine, publisher, budget_seconds=budget_seconds)
+            result = publish_all(engine, publisher, budget_seconds=budget_seconds)
         finally:
             publisher.close()
     finally:
@@ -135,10 +148,12 @@ def relay(budget_seconds: float, as_json: bool) -> int:
         "failed": result.failed,
         "batches": result.batches,
         "busy": result.busy,
+        "left": result.left,
+        "holder": result.holder,
         "last_error": result.last_error,
     }
     if as_json:
         print_json(data)
     else:
         print_fields("relay", data)
-    return relay_exit(result.failed)
+    return relay_exit(result.failed, result.left)

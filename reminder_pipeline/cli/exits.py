@@ -20,16 +20,18 @@ EXIT_FAILURE = 1
 #: Bad usage or configuration: an unknown option, a value out of bounds, a missing confirmation,
 #: a setting missing or malformed. Refused before anything was started or written.
 EXIT_USAGE = 2
-#: Partial publish: the rows were written, but some outbox rows could not be published; they
-#: stay in the outbox and the next relay publishes them.
+#: Partial publish: the rows were written, but some outbox rows could not be published (a
+#: failed delivery, or the relay lock held past the budget by a relay that did not publish
+#: them); they stay in the outbox and the next relay publishes them.
 EXIT_PARTIAL = 3
 #: Stopped by Ctrl-C (128 + SIGINT).
 EXIT_INTERRUPTED = 130
 
 
-def relay_exit(failed: int) -> int:
-    """``dispatch`` and ``relay``: 0, or 3 when some outbox rows could not be published."""
-    return EXIT_OK if failed == 0 else EXIT_PARTIAL
+def relay_exit(failed: int, left: int = 0) -> int:
+    """``dispatch`` and ``relay``: 0, or 3 when some outbox rows could not be published:
+    ``failed`` deliveries, or rows it was to see out ``left`` unpublished at its end."""
+    return EXIT_OK if failed == 0 and left == 0 else EXIT_PARTIAL
 
 
 def exit_code(error: BaseException) -> int | None:

@@ -13,7 +13,7 @@ from ..domain.model import (
 )
 from ..logs import Journal
 from ..memory import young_generation
-from ..messaging.relay import OutboxRelay, Publisher, RelayResult
+from ..messaging.relay import OutboxRelay, OutboxSpans, Publisher, RelayResult
 from .batch import dispatch_batch
 from .records import Progress
 
@@ -44,6 +44,7 @@ def drain(
     journal: Journal | None = None,
     progress: Progress | None = None,
     continuing: bool = False,
+    written: OutboxSpans | None = None,
 ) -> tuple[CycleCounts, RelayResult]:
     """Dispatch up to ``max_batches`` batches, each its own transaction.
 
@@ -53,6 +54,7 @@ def drain(
     (:meth:`OutboxRelay.start`): each committed batch's rows are handed to it and published
     while the next batch is written; its result is returned. ``continuing``: the cycle already
     wrote a batch, so a first look-up that finds nothing is not counted as a batch.
+    ``written`` collects the outbox rows the drain wrote (what its cycle's relay must see out).
     """
     journal = journal or Journal()
     started = time.time() if started is None else started
@@ -75,6 +77,8 @@ def drain(
                     # The look-up after a full batch that found nothing due is not a batch: a
                     # burst of 2,000 reads "10 batches" on the asset, not 11.
                     counts.batches -= 1
+                if written is not None:
+                    written.add(m.id for m in outcome.messages)
                 if relay is not None:
                     relay.hand_over(outcome.messages)
                 if progress is not None:

@@ -15,7 +15,7 @@ from ..domain.model import (
     DueReminder,
     PoisonRow,
 )
-from ..messaging.relay import RelayResult
+from ..messaging.relay import OutboxSpans, RelayResult
 from ..observability.ledger import CLOCK_SKEW_WARN_SECONDS
 
 #: What a batch progress callback receives: the cycle's counts so far.
@@ -58,21 +58,31 @@ class Decisions:
 
 @dataclass
 class Written:
-    """What step 3 did in run ``run_id``: its counts, and what it already published."""
+    """What step 3 did in run ``run_id``: its counts, what it already published, and its outbox
+    rows (the ones step 4 must see out, or report a partial publish)."""
 
     run_id: str
     counts: CycleCounts
     relay: RelayResult = field(default_factory=RelayResult)
+    outbox: OutboxSpans = field(default_factory=OutboxSpans)
 
     def plain(self) -> dict[str, Any]:
         """As builtins."""
-        return {"run_id": self.run_id, "counts": asdict(self.counts), "relay": self.relay.plain()}
+        return {
+            "run_id": self.run_id,
+            "counts": asdict(self.counts),
+            "relay": self.relay.plain(),
+            "outbox": self.outbox.plain(),
+        }
 
     @classmethod
     def from_plain(cls, data: Mapping[str, Any]) -> Written:
-        """From :meth:`plain`."""
+        """From :meth:`plain` (an older version's output has no ``outbox``)."""
         return cls(
-            data["run_id"], CycleCounts.from_plain(data["counts"]), RelayResult(**data["relay"])
+            data["run_id"],
+            CycleCounts.from_plain(data["counts"]),
+            RelayResult(**data["relay"]),
+            OutboxSpans.from_plain(data.get("outbox", [])),
         )
 
 
@@ -107,6 +117,8 @@ class CycleReport:
             "clock_skew_seconds": round(self.clock_skew_seconds, 3),
             "clock_skewed": abs(self.clock_skew_seconds) > CLOCK_SKEW_WARN_SECONDS,
             "reexecuted_relay_only": self.reexecuted_relay_only,
+            "unpublished_of_run": self.relay.left,
+            "partial_publish": self.relay.partial,
         }
 
     def plain(self) -> dict[str, Any]:
@@ -124,6 +136,7 @@ class CycleReport:
             backlog_remaining=self.backlog_remaining,
             oldest_due_age_seconds=self.oldest_due_age_seconds,
             outbox_unpublished=self.outbox_unpublished,
+            unpublished_of_run=self.relay.left,
             clock_skew_seconds=round(self.clock_skew_seconds, 3),
         )
         return data

@@ -15,7 +15,7 @@ from ..domain.model import (
 )
 from ..domain.transitions import LIVE_EVENT_STATUSES
 from ..logs import Journal
-from ..messaging.relay import Publisher, RelayResult, publish_outbox
+from ..messaging.relay import OutboxSpans, Publisher, RelayResult, publish_rows
 from ..observability import ledger, tracing
 from ..observability.ledger import CLOCK_SKEW_WARN_SECONDS
 from ..store import repository
@@ -142,6 +142,8 @@ def write(
         outcome.skipped_locked += skipped_locked
         report_batch(journal, outcome, run_id)
         counts = outcome.counts()
+        outbox = OutboxSpans()
+        outbox.add(m.id for m in outcome.messages)
         if progress is not None:
             progress(counts)
         relay = RelayResult()
@@ -162,6 +164,7 @@ def write(
                 journal=journal,
                 progress=(lambda c: progress(_plus(counts, c))) if progress else None,
                 continuing=True,
+                written=outbox,
             )
             counts.add(more)
             # The step's summary: in a run's event log a drain's batches are folded.
@@ -172,7 +175,7 @@ def write(
                 **{**counts.counters(), "published": relay.published},
             )
         tracing.set_attributes(**counts.as_dict())
-    return Written(run_id, counts, relay)
+    return Written(run_id, counts, relay, outbox)
 
 
 def _plus(first: CycleCounts, more: CycleCounts) -> CycleCounts:
@@ -200,6 +203,11 @@ def finish(
     dispatcher's liveness) with its ``publish_failed`` count, and the outbox backlog tells the
     rest. A re-executed relay (``run_id`` differs from the run that wrote) reports only what it
     published; the sends were counted by the run that made them.
+
+    The relay sees the written rows out (:func:`~reminder_pipeline.messaging.relay.publish_rows`:
+    while another relay holds the lock it waits, within the budget, for that one to publish them
+    or let go); those still unpublished at the end are the report's ``relay.left``, a partial
+    publish like a failed delivery (logged ``partial publish``; the CLI's exit 3).
     """
     journal = journal or Journal()
     own = written.run_id == run_id
@@ -209,12 +217,15 @@ def finish(
     if publisher is not None:
         remaining = max(started + cycle.budget_seconds - time.time(), MIN_RELAY_SECONDS)
         relay.merge(
-            publish_outbox(engine, publisher, budget_seconds=remaining, correlation_id=run_id)
+            publish_rows(
+                engine, publisher, written.outbox, budget_seconds=remaining, correlation_id=run_id
+            )
         )
     elif publisher_error is not None:
         with engine.connect() as conn:
             waiting = repository.outbox_lag(conn).unpublished
-        relay.merge(RelayResult(failed=waiting, last_error=publisher_error))
+            ours = repository.count_unpublished_in(conn, written.outbox.spans)
+        relay.merge(RelayResult(failed=waiting, last_error=publisher_error, left=ours))
         journal.event(
             logging.ERROR,
             "outbox publish failed; rows stay unpublished",
@@ -229,6 +240,15 @@ def finish(
     counts.published = relay.published
     counts.publish_failed = relay.failed
     counts.duration_ms = int((time.time() - started) * 1000)
+    if relay.left and not relay.failed:  # a failed delivery is logged as such by the relay
+        journal.event(
+            logging.WARNING,
+            "partial publish: outbox rows of this run stay unpublished",
+            run_id=run_id,
+            unpublished_of_run=relay.left,
+            relay_busy=relay.busy,
+            relay_lock_holder=relay.holder,
+        )
     journal.event(
         logging.INFO,
         "cycle completed",
@@ -237,6 +257,7 @@ def finish(
         duration_ms=counts.duration_ms,
         backlog_remaining=left.count,
         outbox_unpublished=lag.unpublished,
+        unpublished_of_run=relay.left,
     )
     ledger.record_cycle(
         engine,
@@ -313,6 +334,7 @@ def run_cycle(
     with tracing.cycle_span(
         cycle.run_id, as_of=cycle.as_of.isoformat(), batch_size=batch_size, max_batches=max_batches
     ):
+        outbox = OutboxSpans()
         try:
             counts, relay = drain(
                 engine,
@@ -325,11 +347,12 @@ def run_cycle(
                 started=cycle.started_at,
                 journal=journal,
                 progress=progress,
+                written=outbox,
             )
             report = finish(
                 engine,
                 cycle,
-                Written(cycle.run_id, counts, relay),
+                Written(cycle.run_id, counts, relay, outbox),
                 run_id=cycle.run_id,
                 publisher=publisher,
                 journal=journal,

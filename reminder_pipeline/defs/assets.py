@@ -25,6 +25,7 @@ NUMERIC_METADATA = (
     "oldest_due_age_seconds",
     "max_lateness_seconds",
     "outbox_unpublished",
+    "unpublished_of_run",
     "batch_size",
 )
 

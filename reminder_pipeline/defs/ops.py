@@ -172,15 +172,18 @@ def relay_outbox(
     # until it lands, so the UI never shows them "Not evaluated" (docs/operations.md). Yielded,
     # not logged: they are stored before a Failure below ends the step.
     try:
-        yield from evaluate_all(postgres.engine)
+        yield from evaluate_all(postgres.engine, report.relay.left, report.relay.holder)
     except Exception as exc:  # noqa: BLE001 - the cycle is done: record it; the sensor checks
         context.log.warning(f"checks not evaluated by this run ({type(exc).__name__})")
+    left = report.relay.left
+    holder = {"relay_lock_holder": report.relay.holder} if left and report.relay.holder else {}
     yield AssetMaterialization(
         asset_key=DISPATCH_ASSET_KEY,
-        metadata={**report.figures(), "as_of": MetadataValue.timestamp(report.as_of)},
+        metadata={**report.figures(), "as_of": MetadataValue.timestamp(report.as_of), **holder},
         description=f"{report.counts.sent} sent, {report.counts.skipped} skipped, "
         f"{report.relay.published} published in {report.counts.batches} batch(es); "
-        f"{report.backlog_remaining} due left",
+        f"{report.backlog_remaining} due left"
+        + (f"; partial publish: {left} of this run's outbox rows stay unpublished" if left else ""),
     )
     if report.relay.failed:
         raise Failure(
