@@ -62,6 +62,7 @@ BACKLOG = PREFIX + "backlog"
 BACKLOG_OLDEST_AGE = PREFIX + "backlog_oldest_age_seconds"
 OUTBOX_UNPUBLISHED = PREFIX + "outbox_unpublished"
 OUTBOX_LAG = PREFIX + "outbox_lag_seconds"
+RELAY_LOCK_SILENT = PREFIX + "relay_lock_holder_silent_seconds"
 LAST_SUCCESS = PREFIX + "last_success_timestamp_seconds"
 POISON_ROWS = PREFIX + "poison_rows"
 POISON_OLDEST_AGE = PREFIX + "poison_oldest_age_seconds"
@@ -89,6 +90,7 @@ METRIC_NAMES: tuple[str, ...] = (
     BACKLOG_OLDEST_AGE,
     OUTBOX_UNPUBLISHED,
     OUTBOX_LAG,
+    RELAY_LOCK_SILENT,
     LAST_SUCCESS,
     UP,
     RECONNECTS,
@@ -128,6 +130,8 @@ class Snapshot:
     clock_skew: metrics_repository.ClockSkew
     #: The next 24 hours' busiest minute and one run's capacity (observability.forecast).
     forecast: forecast.Forecast
+    #: The session holding the relay lock (None: nobody), docs/design.md "The relay's lock".
+    relay_lock: metrics_repository.RelayLockHolder | None = None
 
 
 def read_snapshot(engine: Engine, now: datetime | None = None) -> Snapshot:
@@ -155,6 +159,7 @@ def read_snapshot(engine: Engine, now: datetime | None = None) -> Snapshot:
                 conn, now - ledger.CLOCK_SKEW_WINDOW, ledger.CLOCK_SKEW_WARN_SECONDS
             ),
             forecast.read(conn),
+            metrics_repository.relay_lock_holder(conn),
         )
 
 
@@ -235,6 +240,13 @@ def families(snapshot: Snapshot) -> list[Metric]:
             OUTBOX_LAG,
             "Age of the oldest unpublished outbox message (0 if none).",
             value=snapshot.outbox.oldest_unpublished_age_seconds or 0.0,
+        ),
+        GaugeMetricFamily(
+            RELAY_LOCK_SILENT,
+            "How long the session holding the relay lock has sent nothing (idle, or waiting on "
+            "its client); 0 if nobody holds it or it works. A live relay is never silent for "
+            "more than a few seconds.",
+            value=0.0 if snapshot.relay_lock is None else snapshot.relay_lock.silent_seconds,
         ),
         # Live, not a counter: a poison row retried with a growing back-off adds to errors_total
         # only at each retry, while it stays held back the whole time (the errors alert's gauge).

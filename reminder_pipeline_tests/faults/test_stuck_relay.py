@@ -4,9 +4,10 @@ On a real PostgreSQL and the real broker: a relay reaches the database through t
 which goes "stuck" (sockets open, nothing forwarded: a peer that keeps ACKing) right after the
 broker acknowledged its batch, before the mark. The server ends the silent lock session by
 itself (``idle_session_timeout`` on the lock session) and its advisory lock with it within 30 s;
-meanwhile the ``outbox_backlog`` check names the holder (pid, application name, idle); another
-dispatcher started while the lock was held publishes its own rows and the stuck relay's within
-its cycle; the stuck relay fails with a database error, and every message is on the topic.
+meanwhile the ``outbox_backlog`` check names the holder (pid, application name, idle) and the
+exporter's snapshot reads the same session; another dispatcher started while the lock was held
+publishes its own rows and the stuck relay's within its cycle; the stuck relay fails with a
+database error, and every message is on the topic.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from reminder_pipeline.cli.exits import EXIT_FAILURE, exit_code
 from reminder_pipeline.messaging.kafka import KafkaPublisher
 from reminder_pipeline.messaging.relay import publish_outbox
 from reminder_pipeline.observability import health
+from reminder_pipeline.observability.exporter import read_snapshot
 from reminder_pipeline.store import queries
 from reminder_pipeline.store.engine import make_engine
 from reminder_pipeline_tests.support import bulk_due, outbox_rows, reminders, utcnow
@@ -96,6 +98,8 @@ def test_a_stuck_relay_loses_the_lock_and_another_dispatcher_publishes(
             check.description
         )
         assert f"application_name '{STUCK_APP} relay stuck-run'" in check.description
+        holder = read_snapshot(engine).relay_lock  # the exporter's gauge reads the same session
+        assert holder is not None and holder.pid == check.metadata["relay_lock_holder_pid"]
 
         # Another dispatcher starts while the lock is held; its relay waits for the holder.
         bulk_due(engine, 10)
