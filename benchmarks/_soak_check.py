@@ -10,9 +10,18 @@ Every reminder row the workload made (and every message on the topic) is checked
   had returned) that is Sent, on the topic or notified; and any message for a reminder the
   database does not hold (a moved event's deleted row).
 
+After a failover the database is the new primary, and every judgement is against what it knows:
+a reminder whose Sent commit was lost is Pending again there and is sent again, so two messages
+with the same payload for one ReminderId are a re-send (counted, not doubled), while a recipient
+notified twice is still doubled; a message published before the switch for a reminder the new
+primary never heard of (its event's commit was lost) is counted apart, not as sent after cancel.
+
 A fault's window runs from its start to the moment everything due before its end was notified
 ("back to normal"); the recovery is that moment minus the fault's end. Lateness (DueAt -> the
 broker's timestamp) is reported outside every window (with a minute of lead-in) and inside.
+A fault proves something only if its window held reminders: some fell due between its start and
+its end, or were in flight when it began (due before, delivered after). One that held none is
+reported as such and its kind's ``checked`` leaves it out.
 """
 
 from __future__ import annotations
@@ -142,6 +151,9 @@ def check(
     for at, rid, recipient in notified:
         by_pair[(rid.lower(), recipient.lower())].append(at)
     known = {r.reminder_id for r in rows}
+    # The moment the stack was switched to the new primary (a failover's end), if it was.
+    switched = max((f.ended for f in faults if f.kind == "failover" and f.injected), default=None)
+    status_lost: set[str] = set()  # delivered, then the Sent commit lost in a failover
     lost: dict[str, str] = {}
     doubled: dict[str, str] = {}
     after_cancel: dict[str, str] = {}
@@ -168,7 +180,12 @@ def check(
             if cancelled_at is None or cancelled_at < row.due or not sent:
                 continue  # cancelled (when unknown, either outcome is right): nothing owed
         if row.status != "Sent":
-            lost[row.reminder_id] = f"{row.status}, not sent"
+            if switched is not None and msgs and all(times) and min(t for t, _ in msgs) <= switched:
+                # Delivered before a failover that lost its Sent commit; the new primary then
+                # saw the event cancelled (after DueAt): delivered once, nothing owed.
+                status_lost.add(row.reminder_id)
+            else:
+                lost[row.reminder_id] = f"{row.status}, not sent"
         elif not msgs and all(times):
             # The consumer reads only the topic: it was there, the checker's read missed it.
             read_gaps.add(row.reminder_id)
@@ -176,18 +193,33 @@ def check(
             lost[row.reminder_id] = "Sent but not on the topic"
         elif not all(times):
             lost[row.reminder_id] = "on the topic but not notified"
-    for rid in topic.messages:
-        if rid not in known:
+    unknown_to_new_primary: dict[str, str] = {}
+    for rid, msgs in topic.messages.items():
+        if rid in known:
+            continue
+        if switched is not None and min(t for t, _ in msgs) <= switched:
+            unknown_to_new_primary[rid] = (
+                "published before the failover, unknown to the new primary"
+            )
+        else:
             after_cancel[rid] = "on the topic, no such reminder in the database"
+    resent = [
+        rid
+        for rid, msgs in topic.messages.items()
+        if len(msgs) > 1 and len({payload for _, payload in msgs}) == 1
+    ]
 
+    held = [_held(rows, fault, done_at) if fault.injected else None for fault in faults]
     windows = _windows(rows, faults, done_at)
     due = {r.reminder_id: r.due for r in rows}
 
-    def in_window(rid: str, kind: str | None = None) -> bool:
+    def in_window(rid: str, kind: str | None = None, proven_only: bool = False) -> bool:
         d = due.get(rid)
         return d is not None and any(
-            (kind is None or k == kind) and start - LEAD_IN_S <= d <= end
-            for k, start, end, _ in windows
+            (kind is None or k == kind)
+            and (held_some or not proven_only)
+            and start - LEAD_IN_S <= d <= end
+            for k, start, end, _, held_some in windows
         )
 
     outside = [v for rid, v in lateness.items() if not in_window(rid)]
@@ -195,10 +227,11 @@ def check(
     by_kind = {}
     for kind in KINDS:
         mine = [w for w in windows if w[0] == kind]
-        ids = {r.reminder_id for r in rows if in_window(r.reminder_id, kind)}
+        ids = {r.reminder_id for r in rows if in_window(r.reminder_id, kind, proven_only=True)}
         rec = [w[3] for w in mine if w[3] is not None]
         by_kind[kind] = {
             "faults": len(mine),
+            "held_no_reminder": sum(1 for w in mine if not w[4]),
             "checked": len(ids),
             "lost": len(ids & lost.keys()),
             "doubled": len(ids & doubled.keys()),
@@ -221,6 +254,12 @@ def check(
             for f in faults
             if not f.injected
         ],
+        "faults_held_no_reminder": sum(1 for w in windows if not w[4]),
+        # Per fault, in the order given (None: not injected): reminders due inside its window
+        # and reminders in flight when it began.
+        "fault_windows": [
+            None if h is None else {"due_in_window": h[0], "in_flight": h[1]} for h in held
+        ],
         "not_recovered": sum(1 for w in windows if w[3] is None),
         "lateness_outside_faults": _stats(outside),
         "lateness_all": _stats(list(lateness.values())),
@@ -233,38 +272,59 @@ def check(
         "on_topic": sum(len(v) for v in topic.messages.values()),
         "notified_but_not_read_from_topic": len(read_gaps),
         "notifications": len(notified),
+        "resent_same_payload": len(resent),
+        "unknown_to_new_primary": len(unknown_to_new_primary),
+        "delivered_before_failover_then_cancelled": len(status_lost),
         "examples": {
             "lost": dict(list(lost.items())[:5]),
             "doubled": dict(list(doubled.items())[:5]),
             "sent_after_cancel": dict(list(after_cancel.items())[:5]),
+            "unknown_to_new_primary": dict(list(unknown_to_new_primary.items())[:5]),
         },
         "by_kind": by_kind,
     }
 
 
+def _held(rows: list[Row], fault: FaultRecord, done_at: dict[str, float]) -> tuple[int, int]:
+    """(reminders due from the fault's start to its end, reminders in flight when it began: due
+    before, and Sent but not yet notified to every recipient at its start)."""
+    due_inside = sum(1 for r in rows if fault.started <= r.due <= fault.ended)
+    in_flight = sum(
+        1
+        for r in rows
+        if r.due < fault.started
+        and r.status == "Sent"
+        and done_at.get(r.reminder_id, float("inf")) > fault.started
+    )
+    return due_inside, in_flight
+
+
 def _windows(
     rows: list[Row], faults: list[FaultRecord], done_at: dict[str, float]
-) -> list[tuple[str, float, float, float | None]]:
-    """(kind, start, back to normal, recovery seconds or None) of each injected fault."""
+) -> list[tuple[str, float, float, float | None, bool]]:
+    """(kind, start, back to normal, recovery seconds or None, whether it held a reminder) of
+    each injected fault."""
     out = []
     for fault in faults:
         if not fault.injected:
             continue
+        held_some = sum(_held(rows, fault, done_at)) > 0
         owed = [r for r in rows if fault.started - LEAD_IN_S <= r.due <= fault.ended]
         owed = [r for r in owed if r.status == "Sent"]
         if any(r.reminder_id not in done_at for r in owed):
-            out.append((fault.kind, fault.started, fault.ended, None))
+            out.append((fault.kind, fault.started, fault.ended, None, held_some))
             continue
         back = max((done_at[r.reminder_id] for r in owed), default=fault.ended)
-        out.append(
-            (fault.kind, fault.started, max(back, fault.ended), max(0.0, back - fault.ended))
-        )
+        recovery = max(0.0, back - fault.ended)
+        out.append((fault.kind, fault.started, max(back, fault.ended), recovery, held_some))
     return out
 
 
 def table(report: dict) -> str:
     """The report for people: one line per fault kind, then the totals."""
-    head = f"{'fault kind':<28} {'faults':>6} {'checked':>7} {'lost':>5} {'doubled':>7} "
+    head = (
+        f"{'fault kind':<28} {'faults':>6} {'empty':>5} {'checked':>7} {'lost':>5} {'doubled':>7} "
+    )
     head += (
         f"{'sent after cancel':>17} {'late p95 s':>10} {'late max s':>10} {'recovery max s':>14}"
     )
@@ -272,21 +332,26 @@ def table(report: dict) -> str:
     for kind, v in report["by_kind"].items():
         lat = v["lateness_in_window"]
         lines.append(
-            f"{kind:<28} {v['faults']:>6} {v['checked']:>7} {v['lost']:>5} {v['doubled']:>7} "
+            f"{kind:<28} {v['faults']:>6} {v['held_no_reminder']:>5} {v['checked']:>7} "
+            f"{v['lost']:>5} {v['doubled']:>7} "
             f"{v['sent_after_cancel']:>17} {_f(lat['p95_s']):>10} {_f(lat['max_s']):>10} "
             f"{_f(v['recovery_max_s']):>14}"
         )
     out = report["lateness_outside_faults"]
     lines.append(
-        f"{'total':<28} {report['faults']:>6} {report['checked']:>7} {report['lost']:>5} "
+        f"{'total':<28} {report['faults']:>6} {report['faults_held_no_reminder']:>5} "
+        f"{report['checked']:>7} {report['lost']:>5} "
         f"{report['doubled']:>7} {report['sent_after_cancel']:>17} {_f(out['p95_s']):>10} "
         f"{_f(out['max_s']):>10} {_f(report['recovery_max_s']):>14}"
     )
     lines.append(
-        "(per kind: lateness of reminders due inside that kind's windows; total: outside every "
-        f"fault window, {out['n']} reminders; {report['on_topic']} messages on the topic, "
-        f"{report['notifications']} notifications, {report['notified_but_not_read_from_topic']} "
-        "notified but missed by the checker's read of the topic)"
+        "(per kind: empty = faults whose window held no reminder (none due in it, none in "
+        "flight), not counted in checked; lateness of reminders due inside that kind's other "
+        f"windows; total: outside every fault window, {out['n']} reminders; "
+        f"{report['on_topic']} messages on the topic, {report['resent_same_payload']} "
+        f"reminders published again with the same payload, {report['notifications']} "
+        f"notifications, {report['notified_but_not_read_from_topic']} notified but missed by "
+        "the checker's read of the topic)"
     )
     return "\n".join(lines)
 

@@ -1,9 +1,11 @@
 """The soak's fault plan: a pure function of ``seed`` and ``minutes`` (no clock, no servers).
 
-Every kind is injected ``max(1, minutes // 15)`` times (twice in a 30-minute run), in a seeded
-order, one per equal slot of the faulted span, early in its slot so the stack has the rest of
-the slot to come back. Durations are the 30-minute run's, scaled by ``minutes / 30`` for shorter
-runs (never below a floor that still makes the fault a fault).
+Every kind is injected ``max(1, minutes // 15)`` times (twice in a 30-minute run), except the
+failover, once per run whatever its length; in a seeded order. Durations are the 30-minute run's,
+scaled by ``minutes / 30`` for shorter runs (never below a floor that still makes the fault a
+fault). The faults are laid out one after another over the faulted span: each gets its own
+duration plus an equal share of the time left over, and starts early in that share, so no two
+planned faults overlap and the stack has the rest of the share to come back.
 """
 
 from __future__ import annotations
@@ -20,9 +22,33 @@ KINDS = (
     "dedup_restart",  # the consumer's de-dup PostgreSQL (a server of its own), stop -m fast, start
     "broker_pause",  # SIGSTOP of the broker, SIGCONT after down_s (30-90 s at full scale)
     "consumer_kill",  # SIGKILL of the reference consumer, restarted after down_s
+    "postgres_drop",  # the application's PostgreSQL: every packet to and from it dropped (iptables)
+    "postgres_stuck",  # the application's PostgreSQL a stuck peer: sockets kept open, nothing sent
+    "postgres_slow",  # ~200 ms added to every round trip to the application's PostgreSQL
+    "cut_commit",  # a dispatch run's COMMIT cut before its answer; the server commits or not
+    "failover",  # the primary killed with commits its replica never got; the replica promoted
+    "broker_drop",  # every packet to and from the broker dropped
+    "dedup_drop",  # every packet to and from the de-dup store's PostgreSQL dropped
 )
 
+#: Injected once per run, whatever its length (a run has one replica to promote).
+ONCE_PER_RUN = frozenset({"failover"})
+
+#: Kinds that drop packets (the failover silences the old primary's address so): the stack needs
+#: a network namespace of its own (root, iptables).
+PACKET_DROP_KINDS = frozenset({"postgres_drop", "broker_drop", "dedup_drop", "failover"})
+
+#: Kinds that wait for their moment (a run worker mid-drain, a COMMIT to cut): armed at their
+#: planned time, they wait in the background while the plan goes on.
+ARMED_KINDS = frozenset({"worker_kill", "cut_commit"})
+
+#: Kinds drawn with a variant: the cut commit that the server commits, or rolls back.
+VARIANTS = {"cut_commit": ("server_commits", "server_rolls_back")}
+
 #: Seconds down at full scale (a 30-minute run): (low, high) of a uniform draw, and the floor.
+#: For postgres_stuck: how long the proxy holds every socket (a connection held stays silent
+#: until its client gives up on it, whatever comes after); for the failover: how long the old
+#: primary's address is silent before the switch (a DNS or virtual-IP move).
 DOWN_SECONDS = {
     "worker_kill": (0.0, 0.0, 0.0),
     "daemon_kill": (5.0, 30.0, 2.0),
@@ -31,12 +57,22 @@ DOWN_SECONDS = {
     "dedup_restart": (2.0, 10.0, 1.0),
     "broker_pause": (30.0, 90.0, 5.0),
     "consumer_kill": (5.0, 30.0, 2.0),
+    "postgres_drop": (30.0, 90.0, 5.0),
+    "postgres_stuck": (30.0, 60.0, 5.0),
+    "postgres_slow": (60.0, 60.0, 6.0),
+    "cut_commit": (0.0, 0.0, 0.0),
+    "failover": (10.0, 40.0, 3.0),
+    "broker_drop": (30.0, 90.0, 5.0),
+    "dedup_drop": (30.0, 90.0, 5.0),
 }
 
 #: The first fault comes this long after the workload starts (a normal tick or two first); the
-#: last slot ends this long before the workload stops.
+#: last share ends this long before the workload stops.
 LEAD_IN_SECONDS = 20.0
 TAIL_SECONDS = 10.0
+#: The planned faults take at most this share of the faulted span (the rest is for recovery):
+#: longer draws are shortened in proportion (only short runs, where the floors weigh).
+MAX_DOWN_SHARE = 0.75
 
 
 @dataclass(frozen=True)
@@ -46,10 +82,12 @@ class Fault:
     at_s: float
     kind: str
     down_s: float
+    variant: str = ""
 
     def line(self) -> str:
+        variant = f" {self.variant}" if self.variant else ""
         down = f" (down {self.down_s:.1f} s)" if self.down_s else ""
-        return f"+{self.at_s:7.1f} s  {self.kind}{down}"
+        return f"+{self.at_s:7.1f} s  {self.kind}{variant}{down}"
 
 
 def scale(minutes: float) -> float:
@@ -57,8 +95,9 @@ def scale(minutes: float) -> float:
     return min(1.0, max(0.1, minutes / 30.0))
 
 
-def faults_per_kind(minutes: float) -> int:
-    return max(1, int(minutes // 15))
+def faults_per_kind(minutes: float, kind: str = "") -> int:
+    """How often ``kind`` is injected in a run of ``minutes``."""
+    return 1 if kind in ONCE_PER_RUN else max(1, int(minutes // 15))
 
 
 def plan_faults(seed: int, minutes: float) -> tuple[Fault, ...]:
@@ -66,20 +105,38 @@ def plan_faults(seed: int, minutes: float) -> tuple[Fault, ...]:
     if minutes <= 0:
         raise ValueError("minutes must be more than 0")
     rng = random.Random(f"soak:{seed}:{float(minutes)!r}")  # 30 and 30.0: one plan
-    kinds = [k for k in KINDS for _ in range(faults_per_kind(minutes))]
+    kinds = [k for k in KINDS for _ in range(faults_per_kind(minutes, k))]
     rng.shuffle(kinds)
-    span_start = LEAD_IN_SECONDS
-    span_end = max(span_start + len(kinds), minutes * 60.0 - TAIL_SECONDS)
-    slot = (span_end - span_start) / len(kinds)
     factor = scale(minutes)
-    faults = []
-    for i, kind in enumerate(kinds):
+    downs = []
+    for kind in kinds:
         low, high, floor = DOWN_SECONDS[kind]
-        down = 0.0 if high == 0 else max(floor, rng.uniform(low, high) * factor)
-        # Early in the slot: the fault and its recovery fit before the next one.
-        at = span_start + i * slot + rng.uniform(0.0, 0.25 * slot)
-        faults.append(Fault(round(at, 1), kind, round(down, 1)))
+        downs.append(0.0 if high == 0 else max(floor, rng.uniform(low, high) * factor))
+    span_start = LEAD_IN_SECONDS
+    span = max(float(len(kinds)), minutes * 60.0 - TAIL_SECONDS - span_start)
+    if sum(downs) > MAX_DOWN_SHARE * span:
+        shrink = MAX_DOWN_SHARE * span / sum(downs)
+        downs = [d * shrink for d in downs]
+    share = (span - sum(downs)) / len(kinds)  # recovery time after each fault
+    # A kind with variants takes them in turn from a seeded first one (both in a 30-minute run).
+    turn = {kind: rng.randrange(len(variants)) for kind, variants in VARIANTS.items()}
+    faults = []
+    at = span_start
+    for kind, down in zip(kinds, downs, strict=True):
+        # Early in its share: the fault and its recovery fit before the next one.
+        start = at + rng.uniform(0.0, 0.25 * share)
+        variant = ""
+        if kind in VARIANTS:
+            variant = VARIANTS[kind][turn[kind] % len(VARIANTS[kind])]
+            turn[kind] += 1
+        faults.append(Fault(round(start, 1), kind, round(down, 1), variant))
+        at += down + share
     return tuple(faults)
+
+
+def needs_own_network(plan: tuple[Fault, ...]) -> bool:
+    """Whether ``plan`` drops packets (the stack must run in a network namespace of its own)."""
+    return any(f.kind in PACKET_DROP_KINDS for f in plan)
 
 
 def plan_lines(seed: int, minutes: float) -> list[str]:

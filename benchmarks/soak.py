@@ -2,20 +2,26 @@
 sent after a cancel, whatever breaks and comes back.
 
 ``python -m benchmarks.soak --minutes N --seed S [--json]`` starts embedded PostgreSQL (the
-application's and Dagster's databases), a second embedded PostgreSQL for the consumer's shared
-de-dup store, the broker, ``dagster-daemon run`` with the shipped every-minute schedule and the
-reference consumer (``reminder-pipeline consume`` with ``REMINDER_CONSUMER_DEDUP_URL``), all on
-free ports in a temp dir. For N minutes a calendar workload runs (``_soak_load``: events created,
-cancelled and moved while their reminders fall due; bursts on the compressed hour's :00 and :30)
-while the faults of a plan that depends only on S and N (``_soak_plan``) are injected:
+application's and Dagster's databases) with an asynchronous streaming replica, a second embedded
+PostgreSQL for the consumer's shared de-dup store, the broker, ``dagster-daemon run`` with the
+shipped every-minute schedule and the reference consumer (``reminder-pipeline consume`` with
+``REMINDER_CONSUMER_DEDUP_URL``), all on free ports in a temp dir, the application's PostgreSQL
+reached through fault proxies. For N minutes a calendar workload runs (``_soak_load``: events
+created, cancelled and moved while their reminders fall due; bursts on the compressed hour's :00
+and :30) while the faults of a plan that depends only on S and N (``_soak_plan``) are injected:
 a run worker SIGKILLed mid-drain, the daemon SIGKILLed and restarted, PostgreSQL restarted fast
 and immediate, the de-dup database restarted, the broker paused (SIGSTOP/SIGCONT), the consumer
-SIGKILLed and restarted. Then it waits for the pipeline to drain and checks (``_soak_check``).
+SIGKILLed and restarted; PostgreSQL's, the broker's and the de-dup store's packets dropped,
+PostgreSQL a stuck peer and slowed, a COMMIT cut before its answer, and once a failover to a
+replica that lost the last commits. Then it waits for the pipeline to drain and checks
+(``_soak_check``).
 
-The plan goes to stderr first (``--plan`` prints it and exits, no servers); the report goes to
-stdout, as a table or (``--json``) one JSON object whose top-level keys include ``faults``,
-``checked``, ``lost``, ``doubled``, ``sent_after_cancel`` and ``recovery_max_s``. The exit code
-is 1 when an invariant failed (lost, doubled or sent after cancel), 0 otherwise.
+Packet drops need a network namespace of its own: the command re-runs itself under ``unshare -n``
+(root and iptables; without them it refuses in one line). The plan goes to stderr first
+(``--plan`` prints it and exits, no servers); the report goes to stdout, as a table or
+(``--json``) one JSON object whose top-level keys include ``faults``, ``checked``, ``lost``,
+``doubled``, ``sent_after_cancel`` and ``recovery_max_s``. The exit code is 1 when an invariant
+failed (lost, doubled or sent after cancel), 2 when the soak cannot run here, 0 otherwise.
 """
 
 from __future__ import annotations
@@ -34,30 +40,52 @@ from pathlib import Path
 import psycopg
 
 from ._infra import progress
-from ._soak_plan import Fault, plan_faults, plan_lines
+from ._soak_plan import Fault, needs_own_network, plan_faults, plan_lines, scale
 
 #: After the last fault: how long to wait at most for every due reminder to be notified.
 DRAIN_TIMEOUT_S = 420.0
+#: An armed fault waits at least this long for its moment (a burst comes every other minute).
+ARMED_WAIT_S = 130.0
 
 
 def _inject_all(stack, plan: tuple[Fault, ...], t0: float, end: float, records: list) -> None:
+    """Each fault at its planned moment (or as soon as the one before is over). The kinds that
+    wait for their moment (a run worker mid-drain, a COMMIT to cut) are armed in the background
+    while the plan goes on; returns when every fault is over."""
+    from ._soak_plan import ARMED_KINDS
     from ._soak_stack import FaultRecord
 
+    armed: list[threading.Thread] = []
     for fault in plan:
         wait = t0 + fault.at_s - time.time()
         if wait > 0:
             time.sleep(wait)
         record = FaultRecord(fault.kind, fault.at_s)
         records.append(record)
-        progress(f"soak: fault {fault.kind} (planned +{fault.at_s:.0f} s)")
-        # A run worker is caught within a few ticks, or the fault is reported as not injected.
-        deadline = max(time.time() + 150.0, end)
-        try:
-            stack.inject(record, fault.down_s, deadline)
-        except Exception as exc:  # noqa: BLE001 - reported, the soak goes on
-            record.ended = time.time()
-            record.detail = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
-        progress(f"soak: {fault.kind}: {record.detail} ({record.ended - record.started:.1f} s)")
+        variant = f" {fault.variant}" if fault.variant else ""
+        progress(f"soak: fault {fault.kind}{variant} (planned +{fault.at_s:.0f} s)")
+        # A waiting kind has until the workload ends (at least ARMED_WAIT_S), or is reported as
+        # not injected.
+        deadline = max(time.time() + ARMED_WAIT_S, end)
+        if fault.kind in ARMED_KINDS:
+            thread = threading.Thread(
+                target=_inject_one, args=(stack, fault, record, deadline), daemon=True
+            )
+            thread.start()
+            armed.append(thread)
+        else:
+            _inject_one(stack, fault, record, deadline)
+    for thread in armed:
+        thread.join()
+
+
+def _inject_one(stack, fault: Fault, record, deadline: float) -> None:
+    try:
+        stack.inject(record, fault.down_s, deadline, fault.variant)
+    except Exception as exc:  # noqa: BLE001 - reported, the soak goes on
+        record.ended = time.time()
+        record.detail = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+    progress(f"soak: {fault.kind}: {record.detail} ({record.ended - record.started:.1f} s)")
 
 
 def _drained(stack, workload_events: int, notified_ids: set[str]) -> tuple[bool, str]:
@@ -86,24 +114,33 @@ def _drained(stack, workload_events: int, notified_ids: set[str]) -> tuple[bool,
     return pending == 0 and future == 0 and unpublished == 0 and unnotified == 0, line
 
 
-def run(minutes: float, seed: int, rate: float, burst: int, keep: bool) -> dict:
+def run(minutes: float, seed: int, rate: float, burst: int, keep: bool, own_network: bool) -> dict:
     from ._soak_check import check, read_rows, read_topic
-    from ._soak_load import Workload
+    from ._soak_load import LEAD_SECONDS, Workload
     from ._soak_stack import Stack
 
     plan = plan_faults(seed, minutes)
     workdir = Path(tempfile.mkdtemp(prefix="rp-soak-"))
-    stack = Stack(workdir)
+    stack = Stack(
+        workdir,
+        own_network=own_network,
+        replica=any(f.kind == "failover" for f in plan),
+        # A full-scale run's silent faults each hold a tick; a short run's seldom wait for one.
+        tick_aim_s=60.0 * scale(minutes),
+    )
     records: list = []
     started = time.time()
     try:
         stack.start()
+        # The calendar starts now: it creates each event LEAD_SECONDS before its reminder falls
+        # due, so reminders fall due from t0 on (the first fault's window holds some) while the
+        # daemon loads the code and ticks for the first time.
+        t0 = time.time() + LEAD_SECONDS
+        end = t0 + minutes * 60
+        workload = Workload(stack.app_dsn, seed, t0 - LEAD_SECONDS, end, rate, burst)
+        workload.start()
         progress("soak: waiting for the schedule's first successful run")
         _wait_first_run(stack)
-        t0 = time.time()
-        end = t0 + minutes * 60
-        workload = Workload(stack.app_dsn, seed, t0, end, rate, burst)
-        workload.start()
         progress(f"soak: workload for {minutes:g} min, {len(plan)} faults (workdir {workdir})")
         injector = threading.Thread(
             target=_inject_all, args=(stack, plan, t0, end, records), daemon=True
@@ -145,8 +182,10 @@ def run(minutes: float, seed: int, rate: float, burst: int, keep: bool) -> dict:
                         "lasted_s": round(r.ended - r.started, 1),
                         "injected": r.injected,
                         "detail": r.detail,
+                        **(held or {}),
+                        "held_no_reminder": held is not None and not sum(held.values()),
                     }
-                    for r in records
+                    for r, held in zip(records, report["fault_windows"], strict=True)
                 ],
                 "workload": {
                     "events": len(workload.events),
@@ -195,15 +234,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
     parser.add_argument("--plan", action="store_true", help="print the fault plan and exit")
     parser.add_argument("--keep-workdir", action="store_true", help="keep logs and data dirs")
+    # Internal: set by the command itself when it re-runs under `unshare -n`.
+    parser.add_argument("--in-own-network", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.minutes <= 0:
         parser.error("--minutes must be more than 0")
     if args.plan:
         print("\n".join(plan_lines(args.seed, args.minutes)))
         return 0
+    plan = plan_faults(args.seed, args.minutes)
+    if needs_own_network(plan) and not args.in_own_network:
+        return _rerun_in_own_network(sys.argv[1:] if argv is None else argv, args.minutes)
     for line in plan_lines(args.seed, args.minutes):
         progress(line)
-    report = run(args.minutes, args.seed, args.rate, args.burst, args.keep_workdir)
+    report = run(
+        args.minutes, args.seed, args.rate, args.burst, args.keep_workdir, args.in_own_network
+    )
     if args.json:
         print(json.dumps(report, default=str))
     else:
@@ -216,9 +262,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(table(report))
         for entry in report["fault_log"]:
+            empty = "  (window held no reminder)" if entry["held_no_reminder"] else ""
             print(
                 f"  +{entry['at_s']:7.1f} s {entry['kind']:<28} {entry['lasted_s']:6.1f} s  "
-                f"{entry['detail']}"
+                f"{entry['detail']}{_held_text(entry)}{empty}"
             )
         print(json.dumps({k: report[k] for k in ("workload", "supervised_restarts")}))
         for what, examples in report["examples"].items():
@@ -226,6 +273,30 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {what}: reminder {rid}: {why}")
     failed = report["lost"] or report["doubled"] or report["sent_after_cancel"]
     return 1 if failed else 0
+
+
+def _held_text(entry: dict) -> str:
+    if "due_in_window" not in entry:
+        return ""
+    return f"; {entry['due_in_window']} due in it, {entry['in_flight']} in flight"
+
+
+def _rerun_in_own_network(argv: list[str], minutes: float) -> int:
+    """This command again under ``unshare -n`` (its own loopback, iptables of its own)."""
+    from .netns import netns_unavailable, run_in_own_network
+
+    reason = netns_unavailable()
+    if reason is not None:
+        print(
+            f"benchmarks.soak: the packet-drop faults need a network namespace of their own: "
+            f"{reason}",
+            file=sys.stderr,
+        )
+        return 2
+    argv = [sys.executable, "-m", "benchmarks.soak", *argv, "--in-own-network"]
+    # Setup, the workload, the injections running late, the drain, the check: generous.
+    timeout = 2 * minutes * 60 + DRAIN_TIMEOUT_S + 1800
+    return run_in_own_network(argv, timeout=timeout, capture=False).returncode
 
 
 if __name__ == "__main__":

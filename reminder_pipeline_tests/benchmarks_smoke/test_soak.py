@@ -1,15 +1,34 @@
 """The seeded fault soak (``benchmarks.soak``): its plan is a pure function of the seed and the
-minutes (no servers, seconds), and a short seeded run against the real stack keeps the invariants
-(nothing lost, nothing doubled, nothing sent after a cancel; no timing asserts)."""
+minutes (no servers, seconds), its checker judges synthetic outcomes as the docs say (an empty
+fault window is not a proof; after a failover a re-send with the same payload is not a double),
+and a short seeded run against the real stack, every fault kind in it (packet drops in a network
+namespace of its own, a stuck and a slow PostgreSQL through the fault proxy, a cut commit, a
+failover to a replica that lost its last commits), keeps the invariants (nothing lost, nothing
+doubled, nothing sent after a cancel; no timing asserts)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
+import uuid
 
 import pytest
 
-from benchmarks._soak_plan import KINDS, plan_faults
+from benchmarks import soak
+from benchmarks._soak_check import Row, Topic, check
+from benchmarks._soak_load import EventRecord
+from benchmarks._soak_plan import (
+    DOWN_SECONDS,
+    KINDS,
+    ONCE_PER_RUN,
+    PACKET_DROP_KINDS,
+    faults_per_kind,
+    needs_own_network,
+    plan_faults,
+)
+from benchmarks._soak_stack import FaultRecord
+from benchmarks.netns import require_netns
 
 from .helpers import run_benchmark
 
@@ -23,18 +42,40 @@ def test_the_same_seed_gives_the_same_plan_and_another_seed_another() -> None:
     assert plan_faults(26, 30) != plan_faults(26, 20)
 
 
-@pytest.mark.parametrize("minutes", [2, 3, 10, 30, 45])
-def test_every_kind_is_planned_often_enough_apart_and_inside_the_run(minutes: int) -> None:
+@pytest.mark.parametrize("minutes", [2, 3, 10, 30, 45, 90])
+def test_every_kind_is_planned_often_enough_one_after_another_inside_the_run(
+    minutes: int,
+) -> None:
     faults = plan_faults(5, minutes)
     times = [f.at_s for f in faults]
     assert times == sorted(times)
     assert times[0] > 0 and times[-1] < minutes * 60
-    expected = max(1, minutes // 15)  # twice in the 30-minute run
-    assert {k: sum(f.kind == k for f in faults) for k in KINDS} == dict.fromkeys(KINDS, expected)
-    pauses = [f.down_s for f in faults if f.kind == "broker_pause"]
-    if minutes >= 30:  # full scale: the broker paused 30-90 s
-        assert all(30 <= p <= 90 for p in pauses)
-    assert all(p >= 5 for p in pauses)
+    # Twice in the 30-minute run; the failover once, whatever the length.
+    counts = {k: sum(f.kind == k for f in faults) for k in KINDS}
+    assert counts == {k: faults_per_kind(minutes, k) for k in KINDS}
+    assert counts["failover"] == 1 and counts["broker_drop"] == max(1, minutes // 15)
+    # No planned fault starts before the one before it is over.
+    for before, after in itertools.pairwise(faults):
+        assert before.at_s + before.down_s <= after.at_s, (before, after)
+    assert needs_own_network(faults)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_full_scale_durations_are_the_issues(seed: int) -> None:
+    faults = plan_faults(seed, 30)
+    for kind in ("broker_pause", "postgres_drop", "broker_drop", "dedup_drop"):
+        assert all(30 <= f.down_s <= 90 for f in faults if f.kind == kind), kind
+    assert all(f.down_s == 60 for f in faults if f.kind == "postgres_slow")
+    short = plan_faults(seed, 3)
+    floors = {k: DOWN_SECONDS[k][2] for k in PACKET_DROP_KINDS | {"broker_pause"}}
+    assert all(f.down_s >= floors[f.kind] for f in short if f.kind in floors)
+
+
+def test_a_cut_commit_takes_both_outcomes_in_turn() -> None:
+    cuts = [f.variant for f in plan_faults(26, 30) if f.kind == "cut_commit"]
+    assert sorted(cuts) == ["server_commits", "server_rolls_back"]
+    assert all(f.variant == "" for f in plan_faults(26, 30) if f.kind != "cut_commit")
+    assert frozenset({"failover"}) == ONCE_PER_RUN
 
 
 def _soak(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
@@ -48,9 +89,97 @@ def test_the_command_prints_the_plan_of_its_seed() -> None:
     assert lines[1:] == [f.line() for f in plan_faults(26, 30)]
 
 
+def test_without_a_network_namespace_the_command_refuses_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("benchmarks.netns.netns_unavailable", lambda: "needs root (test)")
+    assert soak.main(["--minutes", "3", "--seed", "26"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "network namespace" in err and "needs root (test)" in err
+
+
+# --- the checker, on outcomes made up here (no servers) ------------------------------------------
+
+T0 = 1_000_000.0
+OWNER, CLIENT = "0000000a-0000-0000-0000-000000000000", "0000000b-0000-0000-0000-000000000000"
+
+
+def _row(n: int, due: float, status: str = "Sent", event_status: str = "Active") -> Row:
+    return Row(f"r{n}", f"e{n}", due, status, event_status, (OWNER,), 1)
+
+
+def _fault(kind: str, start: float, end: float) -> FaultRecord:
+    return FaultRecord(kind, start - T0, started=start, ended=end, injected=True)
+
+
+def _check(rows, messages, notified, faults, events=None):
+    return check(rows, Topic(messages=messages), notified, faults, events or {})
+
+
+def test_a_fault_whose_window_held_no_reminder_is_reported_and_proves_nothing() -> None:
+    rows = [_row(1, T0), _row(2, T0 + 100)]
+    messages = {"r1": [(T0 + 1, b"p1")], "r2": [(T0 + 101, b"p2")]}
+    notified = [(T0 + 2, "r1", OWNER), (T0 + 102, "r2", OWNER)]
+    faults = [
+        _fault("broker_pause", T0 + 30, T0 + 51),  # nothing due, nothing in flight
+        _fault("broker_drop", T0 + 95, T0 + 105),  # r2 falls due inside
+        _fault("worker_kill", T0 + 1.5, T0 + 1.5),  # r1 in flight (sent, not yet notified)
+    ]
+    report = _check(rows, messages, notified, faults)
+    assert report["fault_windows"] == [
+        {"due_in_window": 0, "in_flight": 0},
+        {"due_in_window": 1, "in_flight": 0},
+        {"due_in_window": 0, "in_flight": 1},
+    ]
+    assert report["faults_held_no_reminder"] == 1
+    by_kind = report["by_kind"]
+    assert (by_kind["broker_pause"]["held_no_reminder"], by_kind["broker_pause"]["checked"]) == (
+        1,
+        0,
+    )
+    assert by_kind["broker_drop"]["held_no_reminder"] == 0
+    assert by_kind["broker_drop"]["checked"] == 1
+    assert report["faults_by_kind"]["broker_pause"] == 1  # injected, reported, not proven
+
+
+def test_after_a_failover_a_resend_is_not_a_double_but_a_second_notification_is() -> None:
+    failover = _fault("failover", T0 + 50, T0 + 60)
+    rows = [_row(1, T0), _row(2, T0), _row(3, T0)]
+    messages = {
+        "r1": [(T0 + 1, b"same"), (T0 + 70, b"same")],  # Sent commit lost, sent again
+        "r2": [(T0 + 1, b"one"), (T0 + 70, b"another")],  # a different payload: doubled
+        "r3": [(T0 + 1, b"p3"), (T0 + 70, b"p3")],
+        "gone": [(T0 + 40, b"event lost")],  # its event's commit lost in the failover
+    }
+    notified = [
+        (T0 + 2, "r1", OWNER),
+        (T0 + 2, "r2", OWNER),
+        (T0 + 2, "r3", OWNER),
+        (T0 + 71, "r3", OWNER),  # the consumer did not absorb the copy
+    ]
+    report = _check(rows, messages, notified, [failover])
+    assert report["lost"] == 0 and report["sent_after_cancel"] == 0
+    assert set(report["examples"]["doubled"]) == {"r2", "r3"}
+    assert report["resent_same_payload"] == 2
+    assert report["unknown_to_new_primary"] == 1
+    # Without the failover, a message for a reminder the database does not hold was sent after
+    # its event went away.
+    assert _check(rows, messages, notified, [])["sent_after_cancel"] == 1
+
+
+def test_a_live_reminder_not_sent_is_lost_and_one_cancelled_before_due_sent_is_flagged() -> None:
+    rows = [_row(1, T0, status="Pending"), _row(2, T0, event_status="Cancelled")]
+    cancel = EventRecord(uuid.UUID(int=2), T0, 5, "cancel", created=True, cancelled_at=T0 - 10)
+    events = {"e2": cancel}
+    messages = {"r2": [(T0 + 1, b"p2")]}
+    report = _check(rows, messages, [(T0 + 2, "r2", OWNER)], [], events)
+    assert (report["lost"], report["sent_after_cancel"]) == (1, 1)
+
+
 @pytest.mark.slow
 @pytest.mark.server
 def test_a_short_seeded_soak_loses_nothing_doubles_nothing_sends_nothing_cancelled() -> None:
+    require_netns()
     proc = _soak("--minutes", str(SHORT_MINUTES), "--seed", str(SHORT_SEED), "--json", timeout=1500)
     assert proc.stdout.strip(), proc.stderr[-3000:]
     report = json.loads(proc.stdout)
@@ -61,5 +190,9 @@ def test_a_short_seeded_soak_loses_nothing_doubles_nothing_sends_nothing_cancell
         {k: report[k] for k in ("examples", "fault_log", "by_kind")}
     )[:3000]
     assert report["checked"] > 0
-    assert report["faults"] >= len(KINDS) - 1  # a run worker may not be caught mid-drain
+    # Every kind was injected (a run worker may not be caught mid-drain), the failover once.
+    injected = {k: n for k, n in report["faults_by_kind"].items() if n}
+    assert set(injected) >= set(KINDS) - {"worker_kill"}, report["faults_not_injected"]
+    assert injected["failover"] == 1
+    assert all("held_no_reminder" in entry for entry in report["fault_log"])
     assert proc.returncode == 0
