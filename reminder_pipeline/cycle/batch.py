@@ -235,11 +235,7 @@ def _message(row: repository.DispatchedRow, headers: dict[str, str]) -> ClaimedM
         contract.TOPIC,
         row.event_id,
         row.payload or "",
-        {
-            **headers,
-            contract.HEADER_REMINDER_ID: row.reminder_id,
-            contract.HEADER_MESSAGE_ID: contract.message_id(row.reminder_id),
-        },
+        {**headers, contract.HEADER_REMINDER_ID: row.reminder_id},
     )
 
 

@@ -117,32 +117,37 @@ def validate_with_schema(payload: dict[str, Any]) -> None:
 
 def name_based_uuid8(namespace: uuid.UUID, name: str) -> uuid.UUID:
     """RFC 9562's name-based UUIDv8 (its appendix B.2): the first 128 bits of SHA-256 over the
-    namespace's bytes and the name's UTF-8, with version 8 and the RFC's variant set. The
-    database computes the same with its built-in ``sha256`` (``store/queries.py``)."""
+    namespace's bytes and the name's UTF-8, with version 8 and the RFC's variant set (what any
+    language computes from a SHA-256, no UUIDv5 library needed)."""
     digest = bytearray(hashlib.sha256(namespace.bytes + name.encode()).digest()[:16])
     digest[6] = (digest[6] & 0x0F) | 0x80
     digest[8] = (digest[8] & 0x3F) | 0x80
     return uuid.UUID(bytes=bytes(digest))
 
 
+_NAMESPACE_BYTES = MESSAGE_ID_NAMESPACE.bytes
+#: The hex digit at the variant's place, by the digest's: its two high bits set to 10.
+_VARIANT = {c: "89ab"[int(c, 16) & 3] for c in "0123456789abcdef"}
+
+
 def message_id(reminder_id: str) -> str:
     """The id of the message for ``reminder_id``, the same on every copy (a re-send after a lost
     commit, a relay retry, a re-publish): :func:`name_based_uuid8` of
-    :data:`MESSAGE_ID_NAMESPACE` and the ReminderId's canonical text."""
-    return str(name_based_uuid8(MESSAGE_ID_NAMESPACE, reminder_id))
+    :data:`MESSAGE_ID_NAMESPACE` and the ReminderId's canonical text, formatted straight from the
+    digest's hex (it runs once per message the producer sends)."""
+    h = hashlib.sha256(_NAMESPACE_BYTES + reminder_id.encode()).hexdigest()
+    return f"{h[:8]}-{h[8:12]}-8{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:32]}"
 
 
 def headers(reminder_id: str, correlation_id: str | None) -> dict[str, str]:
-    """The Kafka headers every ReminderDueEvent carries (a batch's shared ones have no ReminderId
-    yet: its reminder-id and message-id are set per row)."""
+    """The Kafka headers stored with every ReminderDueEvent (the producer adds its
+    ``message-id``: ``messaging.kafka.wire_headers``)."""
     result = {
         HEADER_CONTRACT_VERSION: str(CONTRACT_VERSION),
         HEADER_EVENT_TYPE: EVENT_TYPE,
         HEADER_REMINDER_ID: reminder_id,
         HEADER_CONTENT_TYPE: "application/json",
     }
-    if reminder_id:
-        result[HEADER_MESSAGE_ID] = message_id(reminder_id)
     if correlation_id:
         result[HEADER_CORRELATION_ID] = correlation_id
     return result

@@ -218,9 +218,7 @@ _PAYLOAD = """
 # statement"): the rows the batch takes (``picked``: a drain's due selection, or the rows this
 # transaction holds), the decision on the event status read with the row under that lock (:live:
 # the statuses that send), and the write (Pending -> Sent/Skipped, one outbox row per Sent row,
-# its payload built here, its headers :headers with the row's reminder-id and message-id: the
-# name-based UUIDv8 of RFC 9562 over :message_namespace and the ReminderId, domain/contract.py's
-# message_id, so every copy of a reminder's message carries the same one). Rows in :exclude
+# its payload built here, its headers :headers with the row's reminder-id). Rows in :exclude
 # (poison: a payload that breaks the contract, data the database refused) stay Pending and
 # locked. SentAt is the database's clock (now(): this transaction's start; :now only pins it in
 # tests), never before AsOf, so lateness is never negative. The outbox insert is fed from the
@@ -256,17 +254,9 @@ def _write_batch(picked: str, counts: str) -> str:
     published AS (
         INSERT INTO outbox (topic, message_key, payload, headers, reminder_id, due_at)
         SELECT :topic, p.event_id, {_PAYLOAD.format(p="p")},
-               CAST(:headers AS jsonb) || jsonb_build_object(
-                   'reminder-id', p.reminder_id,
-                   'message-id', CAST(CAST(encode(set_byte(set_byte(h.digest,
-                       6, (get_byte(h.digest, 6) & 15) | 128),
-                       8, (get_byte(h.digest, 8) & 63) | 128), 'hex') AS uuid) AS text)),
+               jsonb_set(CAST(:headers AS jsonb), '{{reminder-id}}', to_jsonb(p.reminder_id)),
                m.id, m.due_at
           FROM moved m JOIN picked p ON p.row_id = m.id
-         CROSS JOIN LATERAL (
-             SELECT substring(sha256(CAST(:message_namespace AS bytea)
-                                     || convert_to(p.reminder_id, 'UTF8')) FROM 1 FOR 16) AS digest
-         ) AS h
          WHERE m.status = 'Sent'
          ORDER BY m.due_at, m.id
         RETURNING id, reminder_id, CAST(payload AS text) AS payload

@@ -13,7 +13,7 @@ import orjson
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from ..domain import contract, time_zones
+from ..domain import time_zones
 from ..domain.model import (
     ClaimedMessage,
     DueReminder,
@@ -206,7 +206,6 @@ def _written(
             "headers": orjson.dumps(headers).decode(),
             "live": sorted(live),
             "fallback_zone": time_zones.FALLBACK_ZONE,
-            "message_namespace": contract.MESSAGE_ID_NAMESPACE.bytes,
         },
     ).all()
     # Rows with a status moved; the others are outbox rows (or the counts of an empty batch).

@@ -252,11 +252,11 @@ def test_a_failover_that_loses_commits_costs_copies_and_nothing_else(
     promoted_at = datetime.now(UTC)
 
     with psycopg.connect(stack.app_dsn(), autocommit=True) as conn:
-        sent_on_new, pending_again, unpublished_again = conn.execute(BURST_STATE).fetchone()
+        sent_on_new, due_pending_on_new, unpublished_again = conn.execute(BURST_STATE).fetchone()
     figures.update(
         sent_on_old_primary=sent_on_old,
         sent_on_new_primary=sent_on_new,
-        pending_again=pending_again,
+        due_pending_on_new=due_pending_on_new,
         unpublished_again=unpublished_again,
     )
     # The failover lost Sent transitions: those rows are Pending again on the new primary.

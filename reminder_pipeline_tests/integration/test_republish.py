@@ -20,6 +20,7 @@ import pytest
 import sqlalchemy as sa
 
 from reminder_pipeline.config import KafkaSettings
+from reminder_pipeline.domain import contract
 from reminder_pipeline.local.servers import free_port
 from reminder_pipeline.messaging.kafka import KafkaPublisher
 from reminder_pipeline.messaging.relay_lock import relay_lock
@@ -71,7 +72,11 @@ def test_two_days_go_out_again_as_stored_in_outbox_id_order(engine, publisher, k
     for message in sent:
         row = stored[message.value["ReminderId"]]
         assert message.key == row["message_key"] == message.value["EventId"]
-        assert message.headers == {**row["headers"], HEADER_REPUBLISHED_BY_RUN: run_id}
+        assert message.headers == {
+            **row["headers"],
+            contract.HEADER_MESSAGE_ID: contract.message_id(message.value["ReminderId"]),
+            HEADER_REPUBLISHED_BY_RUN: run_id,
+        }
         original = originals[message.value["ReminderId"]]
         assert message.raw_value == original.raw_value  # the stored payload text, as first sent
         assert message.partition == original.partition
