@@ -10,7 +10,10 @@ a counter only ever grows.
 Each scrape is a handful of index-backed statements in one short read-only REPEATABLE READ
 transaction (one snapshot: a ledger roll-up moving rows between the two tables cannot be seen
 half-done, which would make a counter step back), bounded by a statement time-out. If the
-database cannot be read, the scrape still answers, with ``calendar_reminder_dispatch_up 0``.
+database cannot be read, the scrape still answers, with ``calendar_reminder_dispatch_up 0``; and
+it answers within :data:`SCRAPE_DEADLINE_SECONDS` (Prometheus gives up at 10 s) even when a
+database goes silent: the reads run on threads of their own, each ended by its connection's
+bounds (:mod:`reminder_pipeline.pg_client`).
 
 The exporter heals by itself when its database restarts (a failover, a crash, a minor upgrade):
 a failed scrape drops every pooled connection, so the next scrape connects afresh (the pool's

@@ -1,7 +1,10 @@
 """Every setting that takes a database URL accepts SQLAlchemy's multi-host form (the app's engine on
 psycopg 3, Dagster's storage on psycopg2, the consumer's de-dup store on libpq's own form), and
-refuses a host list libpq would misread in one line; the tests marked ``server`` connect through a
-list whose first server is down."""
+refuses a host list libpq would misread in one line; every connection carries its bounds
+(keepalives, tcp_user_timeout, a statement timeout, a client read bound), the URL's own settings
+winning. The tests marked ``server`` check on a real PostgreSQL: a connection through a host list
+whose first server is down, the settings each session shows, the server's cancel before the read
+bound."""
 
 from __future__ import annotations
 
@@ -10,15 +13,22 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
+from reminder_pipeline import pg_client
 from reminder_pipeline.config import (
     ConfigError,
+    Settings,
     libpq_url,
     mask_url,
     validate_database_url,
 )
 from reminder_pipeline.consumer.dedup import psycopg_dsn
 from reminder_pipeline.local.servers import free_port
-from reminder_pipeline.store.engine import dagster_storage_url, make_engine
+from reminder_pipeline.store.engine import (
+    STATEMENT_TIMEOUT_MS,
+    dagster_storage_url,
+    make_engine,
+    migration_bounds,
+)
 
 MULTI = (
     "postgresql+psycopg://app:hunter2@/calendar"
@@ -129,3 +139,87 @@ def test_each_client_connects_through_the_multi_host_form(pg_admin_url):
         dagster.dispose()
     with psycopg.connect(psycopg_dsn(url), connect_timeout=10) as conn:
         assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+# -- the bounds ------------------------------------------------------------------------------
+
+
+def test_a_urls_own_settings_win_over_the_bounds_and_applying_them_twice_changes_nothing():
+    params = pg_client.bounded_params(
+        {"keepalives_idle": "30", "options": "-c statement_timeout=2000 --search_path=app"},
+        10_000,
+        "TimeZone=UTC",
+    )
+    assert params["keepalives_idle"] == "30"  # the URL's
+    assert params["tcp_user_timeout"] == pg_client.TCP_USER_TIMEOUT_MS
+    options = params["options"]
+    assert "statement_timeout=10000" not in options and options.endswith(
+        "-c statement_timeout=2000 --search_path=app"
+    )
+    assert "-c tcp_keepalives_count=3" in options and "-c TimeZone=UTC" in options
+    url = "postgresql+psycopg2://d@db/dagster?options=-csearch_path%3Ddagster"
+    once = dagster_storage_url(url)
+    assert dagster_storage_url(once) == once
+    query = make_url(once).query
+    assert query["tcp_user_timeout"] == str(pg_client.TCP_USER_TIMEOUT_MS)
+    assert query["keepalives"] == "1" and "-csearch_path=dagster" in query["options"]
+    assert "idle_in_transaction_session_timeout" not in query["options"]  # Dagster's own
+
+
+def test_the_read_bound_is_the_statement_timeout_plus_a_margin_and_none_without_one():
+    assert pg_client.read_bound(10_000) == 10 + pg_client.READ_MARGIN_SECONDS
+    assert pg_client.read_bound(0) is None
+    # Noticed within 30 s: the dispatcher's bound and one reconnect attempt.
+    assert pg_client.read_bound(STATEMENT_TIMEOUT_MS) + pg_client.CONNECT_TIMEOUT_SECONDS <= 30
+
+
+def test_every_kafka_client_bounds_a_silent_broker():
+    config = Settings.from_env({"KAFKA_BOOTSTRAP_SERVERS": "k:9092"}).kafka().client_config()
+    assert config["socket.keepalive.enable"] is True
+    assert config["socket.timeout.ms"] == 15_000
+    assert config["socket.connection.setup.timeout.ms"] == 5_000
+
+
+def test_each_session_carries_the_bounds_on_the_server_side(database_url: str) -> None:
+    app = make_engine(database_url, pool_size=1)
+    dagster = sa.create_engine(dagster_storage_url(database_url))
+    names = (
+        "tcp_keepalives_idle",
+        "tcp_keepalives_interval",
+        "tcp_keepalives_count",
+        "tcp_user_timeout",
+        "statement_timeout",
+        "idle_in_transaction_session_timeout",
+    )
+    try:
+        for engine, statement, idle in ((app, "10s", "30s"), (dagster, "1min", "0")):
+            with engine.connect() as conn:
+                shown = [conn.exec_driver_sql(f"SHOW {name}").scalar() for name in names]
+            assert shown == ["10", "5", "3", "25000", statement, idle], engine.dialect.driver
+        with app.connect() as conn:
+            assert conn.connection.dbapi_connection.read_timeout == 15.0  # type: ignore[union-attr]
+            # A migration's own, for its transaction only.
+            with conn.begin(), migration_bounds(conn):
+                assert conn.exec_driver_sql("SHOW statement_timeout").scalar() == "1h"
+                assert conn.connection.dbapi_connection.read_timeout == 3605.0  # type: ignore[union-attr]
+            assert conn.connection.dbapi_connection.read_timeout == 15.0  # type: ignore[union-attr]
+            assert conn.exec_driver_sql("SHOW statement_timeout").scalar() == "10s"
+    finally:
+        app.dispose()
+        dagster.dispose()
+
+
+def test_a_statement_past_its_timeout_is_the_servers_cancel_and_the_connection_lives(
+    database_url: str,
+) -> None:
+    """The server's own cancel comes before the read bound: a slow statement is not taken for a
+    silent database."""
+    engine = make_engine(database_url, pool_size=1, statement_timeout_ms=1000)
+    try:
+        with engine.connect() as conn:
+            with pytest.raises(sa.exc.OperationalError, match="canceling statement due to"):
+                conn.exec_driver_sql("SELECT pg_sleep(3)")
+            conn.rollback()
+            assert not conn.invalidated and conn.exec_driver_sql("SELECT 1").scalar() == 1
+    finally:
+        engine.dispose()
