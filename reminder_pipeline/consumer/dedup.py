@@ -331,7 +331,7 @@ HANDLED = uuid.UUID(int=0)
 #: The shared store's statements are look-ups by primary key and one insert per batch
 #: (milliseconds). A store that does not answer within the read bound past this (10 s in all)
 #: is an outage: ``dependency_up{dependency="dedup_store"}`` 0 and one log line (.outages).
-STATEMENT_TIMEOUT_MS = 5_000
+STORE_STATEMENT_TIMEOUT_MS = 5_000
 #: The start-up prune deletes a day's entries or more at once.
 PRUNE_STATEMENT_TIMEOUT_MS = 120_000
 
@@ -389,10 +389,10 @@ class PostgresDedupStore(_Closing):
 
     def _connect(self) -> BoundedConnection[tuple[Any, ...]]:
         """A bounded session (:mod:`reminder_pipeline.pg_client`): a store that goes silent is
-        an outage within :data:`STATEMENT_TIMEOUT_MS` + the read margin (10 s), not a hang."""
-        params = bounded_params(conninfo_to_dict(self._dsn), STATEMENT_TIMEOUT_MS)
+        an outage within :data:`STORE_STATEMENT_TIMEOUT_MS` + the read margin (10 s), not a hang."""
+        params = bounded_params(conninfo_to_dict(self._dsn), STORE_STATEMENT_TIMEOUT_MS)
         # autocommit: each write is durable when the call returns, like the SQLite store.
-        return connect_bounded(read_bound(STATEMENT_TIMEOUT_MS), autocommit=True, **params)
+        return connect_bounded(read_bound(STORE_STATEMENT_TIMEOUT_MS), autocommit=True, **params)
 
     def _run(
         self, sql: str, params: tuple[object, ...] = (), *, timeout_ms: int | None = None
@@ -431,7 +431,7 @@ class PostgresDedupStore(_Closing):
                 self._conn.execute(f"SET LOCAL statement_timeout = {int(timeout_ms)}")
                 return self._conn.execute(sql, params)
         finally:
-            self._conn.read_timeout = read_bound(STATEMENT_TIMEOUT_MS)
+            self._conn.read_timeout = read_bound(STORE_STATEMENT_TIMEOUT_MS)
 
     def ping(self) -> None:
         """Return when the table answers (reconnecting first), else DedupStoreUnavailable."""
