@@ -15,11 +15,18 @@ from reminder_pipeline.local import dagster_processes as orchestrator
 from reminder_pipeline.store import engine as db
 
 
+def _without_query(url: str) -> str:
+    """The URL up to its query (dagster_storage_url adds the connection bounds there)."""
+    return url.split("?", 1)[0]
+
+
 def test_storage_urls_are_moved_to_psycopg2():
-    assert db.dagster_storage_url("postgresql+psycopg://u:p@h:5/app", database="dagster") == (
-        "postgresql+psycopg2://u:p@h:5/dagster"
+    url = db.dagster_storage_url("postgresql+psycopg://u:p@h:5/app", database="dagster")
+    assert _without_query(url) == "postgresql+psycopg2://u:p@h:5/dagster"
+    assert "tcp_user_timeout=" in url
+    assert _without_query(db.dagster_storage_url("postgresql://u@h/db")) == (
+        "postgresql+psycopg2://u@h/db"
     )
-    assert db.dagster_storage_url("postgresql://u@h/db") == "postgresql+psycopg2://u@h/db"
 
 
 def test_prepare_home_copies_the_instance_config_and_writes_the_workspace(tmp_path: Path):
@@ -55,7 +62,7 @@ def test_child_env_requires_the_settings_and_disables_telemetry_uploads(
         port=3123,
     )
     env = stack.child_env()
-    assert env["DAGSTER_PG_URL"] == "postgresql+psycopg2://u@h/dagster"
+    assert _without_query(env["DAGSTER_PG_URL"]) == "postgresql+psycopg2://u@h/dagster"
     assert env["DAGSTER_HOME"] == str(tmp_path.resolve())
     assert env["DAGSTER_DISABLE_TELEMETRY"] == "1"
     assert stack.url == "http://127.0.0.1:3123"
