@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
@@ -285,7 +285,14 @@ def libpq_url(url: str) -> str:
         query = servers + [(k, v) for k, v in query if k not in ("host", "port")]
     scheme = parts.scheme.split("+", 1)[0]
     return urlunsplit(
-        (scheme, parts.netloc, parts.path, urlencode(query, safe=",/:"), parts.fragment)
+        # quote, not quote_plus: libpq decodes %20, not "+", as a space (in ``options``).
+        (
+            scheme,
+            parts.netloc,
+            parts.path,
+            urlencode(query, safe=",/:", quote_via=quote),
+            parts.fragment,
+        )
     )
 
 

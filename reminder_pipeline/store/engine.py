@@ -132,7 +132,11 @@ def dagster_storage_url(url: str, database: str | None = None) -> str:
     )
     added = {key: str(value) for key, value in params.items() if key not in given}
     added["options"] = str(params["options"])
-    return parsed.update_query_dict(added).render_as_string(hide_password=False)
+    rendered = parsed.update_query_dict(added).render_as_string(hide_password=False)
+    # SQLAlchemy writes a space as "+", which libpq (psql, psycopg.connect) does not decode; a
+    # "+" of a value is written %2B, so every "+" of the query is a space.
+    path, sep, query = rendered.partition("?")
+    return path + sep + query.replace("+", "%20")
 
 
 def create_database(admin_url: str, name: str) -> None:

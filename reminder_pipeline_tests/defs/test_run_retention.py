@@ -51,8 +51,8 @@ from dagster._core.remote_origin import (
 )
 from dagster._core.scheduler.instigation import TickStatus
 from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
-from sqlalchemy.engine import make_url
 
+from reminder_pipeline.config import libpq_url
 from reminder_pipeline.definitions import defs
 from reminder_pipeline.defs import run_retention_pass
 from reminder_pipeline.defs.resources import PostgresResource
@@ -126,12 +126,8 @@ def instance(dagster_storage_url: str, tmp_path: Path) -> Iterator[DagsterInstan
 
 def backdate(dagster_storage_url: str, run_ids: list[str], by: timedelta) -> None:
     """Move runs' creation time back (SQL on Dagster's runs table: tests only, no public API)."""
-    dsn = (
-        make_url(dagster_storage_url)
-        .set(drivername="postgresql")
-        .render_as_string(hide_password=False)
-    )
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    # libpq's form: SQLAlchemy would write the bounds' options with "+" for spaces.
+    with psycopg.connect(libpq_url(dagster_storage_url), autocommit=True) as conn:
         conn.execute(
             "UPDATE runs SET create_timestamp = create_timestamp - %s WHERE run_id = ANY(%s)",
             (by, run_ids),

@@ -164,6 +164,9 @@ def test_a_urls_own_settings_win_over_the_bounds_and_applying_them_twice_changes
     assert query["tcp_user_timeout"] == str(pg_client.TCP_USER_TIMEOUT_MS)
     assert query["keepalives"] == "1" and "-csearch_path=dagster" in query["options"]
     assert "idle_in_transaction_session_timeout" not in query["options"]  # Dagster's own
+    # libpq reads the same options from the URL (it decodes %20 as a space, never "+").
+    options = psycopg.conninfo.conninfo_to_dict(libpq_url(once))["options"]
+    assert options == query["options"] and "+" not in once.partition("?")[2]
 
 
 def test_the_read_bound_is_the_statement_timeout_plus_a_margin_and_none_without_one():
