@@ -26,9 +26,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -199,10 +201,20 @@ class _Stack:
 
 
 @pytest.fixture
-def stack(tmp_path: Path, pg_admin_url: str, monkeypatch) -> Iterator[_Stack]:
-    built = _Stack(tmp_path, pg_admin_url, monkeypatch)
-    with built.exit:
-        yield built
+def stack(pg_admin_url: str, monkeypatch, artifacts_dir: Path) -> Iterator[_Stack]:
+    # Not under pytest's tmp_path: another pytest session on the machine takes group and other
+    # permissions off pytest's root, and the servers' own user could no longer reach their files.
+    workdir = Path(tempfile.mkdtemp(prefix="rp-failover-"))
+    try:
+        built = _Stack(workdir, pg_admin_url, monkeypatch)
+        with built.exit:
+            yield built
+    finally:
+        with contextlib.suppress(OSError):
+            shutil.copy(
+                workdir / "dagster_home" / "daemon.log", artifacts_dir / "failover-daemon.log"
+            )
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def test_a_failover_that_loses_commits_costs_copies_and_nothing_else(
