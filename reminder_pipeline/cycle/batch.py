@@ -36,6 +36,19 @@ from ..store import repository
 from .records import BatchOutcome, Selection
 
 
+def batch_failed(error: BaseException) -> str:
+    """The log line of a batch whose transaction failed: rolled back, or its outcome unknown.
+
+    A connection lost during the batch (a silent database, a COMMIT whose answer never came)
+    leaves the outcome to the server: the batch committed whole or is rolled back whole when the
+    server ends the session; either way the next cycle re-reads the rows, so nothing is decided
+    twice. Saying "rolled back" there would be a guess.
+    """
+    if isinstance(error, sa.exc.DBAPIError) and error.connection_invalidated:
+        return "batch not confirmed: connection lost (committed whole or rolled back whole)"
+    return "batch rolled back"
+
+
 def lock_due_batch(conn: Connection, as_of: datetime, batch_size: int) -> Selection:
     """A batch's selection: due Pending rows (``due_at < as_of``), oldest first, locked FOR UPDATE
     SKIP LOCKED.
@@ -285,7 +298,7 @@ def dispatch_batch(
     except BaseException as error:
         journal.event(
             logging.WARNING,
-            "batch rolled back",
+            batch_failed(error),
             run_id=correlation_id,
             error_kind=type(error).__name__,
         )

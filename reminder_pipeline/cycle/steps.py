@@ -19,7 +19,7 @@ from ..messaging.relay import OutboxSpans, Publisher, RelayResult, publish_rows
 from ..observability import ledger, tracing
 from ..observability.ledger import CLOCK_SKEW_WARN_SECONDS
 from ..store import repository
-from .batch import report_batch, write_batch
+from .batch import batch_failed, report_batch, write_batch
 from .clock import as_of_or_now, read_clock
 from .drain import drain
 from .records import Cycle, CycleReport, Decisions, Progress, Written
@@ -136,7 +136,7 @@ def write(
                 )
         except BaseException as error:
             journal.event(
-                logging.WARNING, "batch rolled back", run_id=run_id, error_kind=type(error).__name__
+                logging.WARNING, batch_failed(error), run_id=run_id, error_kind=type(error).__name__
             )
             raise
         outcome.skipped_locked += skipped_locked

@@ -18,6 +18,7 @@ each of three writes, in both outcomes, nothing is lost and nothing doubles:
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -148,6 +149,7 @@ def test_a_batch_commit_cut_mid_drain_is_neither_lost_nor_doubled_by_the_next_cy
     publisher: KafkaPublisher,
     kafka_reader: KafkaReader,
     kafka_settings: KafkaSettings,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     scenario = seed_mixed(engine, 40, seed=34)
     first: list[CycleCounts] = []
@@ -158,7 +160,10 @@ def test_a_batch_commit_cut_mid_drain_is_neither_lost_nor_doubled_by_the_next_cy
             first.append(counts)
             pg_proxy.cut_after(COMMIT, server_gets_it=server_gets_it, application_name=APP)
 
-    with pytest.raises(sa.exc.DBAPIError) as failed:
+    with (
+        caplog.at_level(logging.INFO, logger="reminder_pipeline"),
+        pytest.raises(sa.exc.DBAPIError) as failed,
+    ):
         cycle.run_cycle(
             cut_engine,
             publisher,
@@ -169,6 +174,10 @@ def test_a_batch_commit_cut_mid_drain_is_neither_lost_nor_doubled_by_the_next_cy
         )
     assert pg_proxy.wait_cuts(1, DEADLINE)
     _assert_one_line_failure(failed.value)
+    # The log does not guess: the outcome of a COMMIT with no answer is the server's.
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("batch not confirmed: connection lost") for m in messages), messages
+    assert "batch rolled back" not in messages
 
     # The failed cycle's relay let go, and the cut session is gone: its batch is whole either way.
     _await(_relay_threads_done, "the failed cycle's relay thread to end")
