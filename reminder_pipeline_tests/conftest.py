@@ -8,6 +8,8 @@ ports, so a developer's running system is never touched.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -55,18 +57,23 @@ def _stop_signals_not_ignored() -> None:
 
 
 @pytest.fixture(scope="session")
-def pg_admin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def pg_admin_url() -> Iterator[str]:
     """A URL of a database on the test server from which databases can be created."""
     url = os.environ.get("DATABASE_URL")
     if url:
         yield url
         return
-    server = EmbeddedPostgres(data_dir=tmp_path_factory.mktemp("pg") / "data", port=free_port())
+    # Not under pytest's own temporary root: another pytest session on the machine takes
+    # group/other permissions off that root, and a server running as its own system user (as
+    # root, the embedded server does) then PANICs on its own data directory.
+    workdir = Path(tempfile.mkdtemp(prefix="rp-test-pg-"))
+    server = EmbeddedPostgres(data_dir=workdir / "data", port=free_port())
     server.start()
     try:
         yield server.url("postgres")
     finally:
         server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _psycopg_dsn(url: str, database: str | None = None) -> str:
