@@ -9,17 +9,14 @@ JSON line: whether the query failed, how, and after how many seconds.
 
 from __future__ import annotations
 
-import json
-import shutil
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import psycopg
 
 from benchmarks.netns import drop_port, undrop_port
-from reminder_pipeline.local.servers import EmbeddedPostgres, free_port
+from reminder_pipeline.local.servers import EmbeddedPostgres
+from reminder_pipeline_tests.faults.scenarios import run_on_own_server
 
 #: libpq's client-side bounds: keepalive probes after 2 s idle, and unacknowledged data given up
 #: after 5 s (tcp_user_timeout), instead of Linux's ~15 minutes of retransmissions.
@@ -65,16 +62,7 @@ def probe(server: EmbeddedPostgres) -> dict[str, Any]:
 
 def main() -> None:
     """Run the probe on a server of its own and print the findings as one JSON line."""
-    root = Path(tempfile.mkdtemp(prefix="rp-drop-probe-"))
-    server = EmbeddedPostgres(data_dir=root / "data", port=free_port())
-    try:
-        server.start()
-        findings = probe(server)
-    finally:
-        # The namespace lives as long as a process in it: the server must not outlive the probe.
-        server.stop(mode="immediate")
-        shutil.rmtree(root, ignore_errors=True)
-    print(json.dumps(findings), flush=True)
+    run_on_own_server("rp-drop-probe-", probe)
 
 
 if __name__ == "__main__":

@@ -13,12 +13,8 @@ socket, which the drop does not touch.
 
 from __future__ import annotations
 
-import json
-import shutil
-import tempfile
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -26,10 +22,11 @@ from sqlalchemy import event
 
 from benchmarks.netns import drop_port, undrop_port
 from reminder_pipeline import cycle
-from reminder_pipeline.local.servers import EmbeddedPostgres, free_port
+from reminder_pipeline.local.servers import EmbeddedPostgres
 from reminder_pipeline.pg_client import SilentDatabase
 from reminder_pipeline.store import migrate
 from reminder_pipeline.store.engine import make_engine
+from reminder_pipeline_tests.faults.scenarios import run_on_own_server
 from reminder_pipeline_tests.support import bulk_due
 
 APP = "silent-dispatch"
@@ -132,16 +129,7 @@ def scenario(server: EmbeddedPostgres) -> dict[str, Any]:
 
 def main() -> None:
     """Run the scenario on a server of its own and print the findings as one JSON line."""
-    root = Path(tempfile.mkdtemp(prefix="rp-silent-db-"))
-    server = EmbeddedPostgres(data_dir=root / "data", port=free_port())
-    try:
-        server.start()
-        findings = scenario(server)
-    finally:
-        # The namespace lives as long as a process in it: the server must not outlive the run.
-        server.stop(mode="immediate")
-        shutil.rmtree(root, ignore_errors=True)
-    print(json.dumps(findings), flush=True)
+    run_on_own_server("rp-silent-db-", scenario)
 
 
 if __name__ == "__main__":

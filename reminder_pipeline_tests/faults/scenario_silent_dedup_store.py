@@ -11,19 +11,16 @@ how many seconds, what the probe during the drop got, and whether the store answ
 
 from __future__ import annotations
 
-import json
-import shutil
-import tempfile
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 from benchmarks.consumer import dedup_database
 from benchmarks.netns import drop_port, undrop_port
 from reminder_pipeline.consumer import PostgresDedupStore
 from reminder_pipeline.consumer.dedup import DedupStoreUnavailable
-from reminder_pipeline.local.servers import EmbeddedPostgres, free_port
+from reminder_pipeline.local.servers import EmbeddedPostgres
+from reminder_pipeline_tests.faults.scenarios import run_on_own_server
 
 
 def scenario(server: EmbeddedPostgres) -> dict[str, Any]:
@@ -58,16 +55,7 @@ def scenario(server: EmbeddedPostgres) -> dict[str, Any]:
 
 def main() -> None:
     """Run the scenario on a server of its own and print the findings as one JSON line."""
-    root = Path(tempfile.mkdtemp(prefix="rp-silent-dedup-"))
-    server = EmbeddedPostgres(data_dir=root / "data", port=free_port())
-    try:
-        server.start()
-        findings = scenario(server)
-    finally:
-        # The namespace lives as long as a process in it: the server must not outlive the run.
-        server.stop(mode="immediate")
-        shutil.rmtree(root, ignore_errors=True)
-    print(json.dumps(findings), flush=True)
+    run_on_own_server("rp-silent-dedup-", scenario)
 
 
 if __name__ == "__main__":
