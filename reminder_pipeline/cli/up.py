@@ -126,7 +126,7 @@ def _up(
     from ..local import demo as demo_data
     from ..store import migrate
 
-    print(f"reminder-pipeline: starting under {settings.home}", flush=True)
+    _say(f"reminder-pipeline: starting under {settings.home}")
     # A signal is seen at the checkpoints (request.check()); it raises at once only in the
     # database work, where each step is a transaction. Not while a process is spawned: a
     # KeyboardInterrupt inside Popen, or before its pid is written down, loses that process.
@@ -144,11 +144,10 @@ def _up(
     request.interrupting = False
     request.check()
     counts = report.as_dict()
-    print(
+    _say(
         "first dispatch cycle: sent={sent} skipped={skipped} skipped_locked={skipped_locked} "
         "failed={failed} published={published} duration_ms={duration_ms} "
-        "backlog_remaining={backlog_remaining}".format(**counts),
-        flush=True,
+        "backlog_remaining={backlog_remaining}".format(**counts)
     )
     if once:
         engine.dispose()
@@ -173,10 +172,12 @@ def _print_ready(ui_url: str, metrics_url: str, database_url: str) -> None:
     # The form psql and other libpq clients take (no SQLAlchemy driver, libpq's host list),
     # password masked.
     database = mask_secrets(libpq_url(database_url))
-    print(f"Dagster UI: {ui_url}  (schedule reminder_dispatch_schedule runs every minute)")
-    print(f"Prometheus metrics: {metrics_url}")
-    print(f"Database: {database}  ({command} services status)")
-    print(f"Watch reminders arrive: {command} consume   |   Ctrl-C stops everything", flush=True)
+    # Line by line through _say: a reader that stops after the first line (unbuffered output)
+    # and closes the pipe must not turn the later lines into an exit 1.
+    _say(f"Dagster UI: {ui_url}  (schedule reminder_dispatch_schedule runs every minute)")
+    _say(f"Prometheus metrics: {metrics_url}")
+    _say(f"Database: {database}  ({command} services status)")
+    _say(f"Watch reminders arrive: {command} consume   |   Ctrl-C stops everything")
 
 
 def _run_dagster(

@@ -43,6 +43,8 @@ RATE_PER_MINUTE = 6
 HORIZON = timedelta(minutes=10)
 #: Reminders due just before the first cycle (sent by it, seconds late).
 DUE_NOW = 3
+#: How many minutes later the feeder moves an event, at most and at least.
+MOVE_MINUTES = (2, 5)
 
 
 def _one(
@@ -157,7 +159,7 @@ class DemoFeeder(threading.Thread):
             if roll < 0.1:
                 cancel_event(self.engine, event_id)
             else:  # moved a few minutes later: its reminder is re-materialised for the new start
-                minutes = self._rng.randint(2, 5)
+                minutes = self._rng.randint(*MOVE_MINUTES)
                 move_event_by(self.engine, event_id, timedelta(minutes=minutes), now=now)
                 self._upcoming.append((d + timedelta(minutes=minutes), event_id))
         except CalendarError:  # gone meanwhile (a `demo cancel` of it is fine)

@@ -29,7 +29,12 @@ def test_the_feeder_lays_out_the_coming_minutes_at_a_steady_rate_and_nothing_ove
     feeder.tick(now)
     dues = _pending_dues(engine)
     assert dues and min(dues) > now  # nothing already due, let alone overdue
-    assert max(dues) <= now + demo.HORIZON + timedelta(seconds=30)
+    # Laid out up to the horizon; a tick may also move one event a few minutes later, so its
+    # reminder alone may lie beyond it.
+    beyond = [d for d in dues if d > now + demo.HORIZON + timedelta(seconds=30)]
+    assert len(beyond) <= 1, beyond
+    moved_at_most = timedelta(minutes=max(demo.MOVE_MINUTES))
+    assert max(dues) <= now + demo.HORIZON + timedelta(seconds=30) + moved_at_most
     # Steady: every minute of the horizon has reminders falling due (a few were cancelled).
     minutes = {int((d - now).total_seconds() // 60) for d in dues}
     assert minutes >= set(range(1, int(demo.HORIZON.total_seconds() // 60)))

@@ -74,3 +74,29 @@ def test_an_interrupt_dropped_inside_a_finaliser_is_raised_at_the_next_checkpoin
         assert request.signal == signal.SIGTERM
         with pytest.raises(KeyboardInterrupt):
             request.check()
+
+
+def test_up_s_ready_lines_survive_a_reader_that_left_after_the_first() -> None:
+    """``up | head -1`` (or a test reading up to "Dagster UI:"), unbuffered: the pipe is closed
+    while the later ready lines are printed; ``up`` must go on to its stop, not exit 1 on EPIPE."""
+    import subprocess
+
+    code = (
+        "import sys; from reminder_pipeline.cli.up import _print_ready\n"
+        "sys.stdin.read()\n"  # wait until the reader has gone
+        "_print_ready('http://ui', 'http://metrics', 'postgresql+psycopg://u@h:1/d')\n"
+        "print('still here', file=sys.stderr)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert proc.stdout is not None and proc.stdin is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before the first line
+    proc.stdin.close()
+    err = proc.stderr.read()
+    assert proc.wait(60) == 0, err
+    assert b"still here" in err
