@@ -43,6 +43,14 @@ calendar_events = sa.Table(
         "status IN ('Planned', 'InProgress', 'Completed', 'Cancelled')", name="status"
     ),
     sa.CheckConstraint("origin IN ('Manual', 'Appointment')", name="origin"),
+    # Support's finder (``reminders --owner/--client/--tenant``, migration 0007).
+    sa.Index("ix_calendar_events_owner_user_id", "owner_user_id"),
+    sa.Index(
+        "ix_calendar_events_client_user_id",
+        "client_user_id",
+        postgresql_where=sa.text("client_user_id IS NOT NULL"),
+    ),
+    sa.Index("ix_calendar_events_tenant_id", "tenant_id"),
 )
 
 event_reminders = sa.Table(
@@ -71,6 +79,10 @@ event_reminders = sa.Table(
     # selections skip them until the run's write commits or ``reserved_until`` passes.
     sa.Column("reserved_by", sa.Text, nullable=True),
     sa.Column("reserved_until", sa.DateTime(timezone=True), nullable=True),
+    # What moved the row out of Pending and in which run (migration 0007; the trace's reason):
+    # "dagster", "cli:<command>" or "operator:<action>"; NULL when the calendar moved it.
+    sa.Column("moved_by", sa.Text, nullable=True),
+    sa.Column("moved_in_run", sa.Text, nullable=True),
     sa.CheckConstraint("status IN ('Pending', 'Sent', 'Skipped')", name="status"),
     sa.CheckConstraint("status <> 'Sent' OR sent_at IS NOT NULL", name="sent_has_sent_at"),
     sa.CheckConstraint("offset_minutes >= 0", name="offset_non_negative"),
@@ -84,6 +96,8 @@ event_reminders = sa.Table(
         postgresql_where=sa.text("status = 'Pending'"),
     ),
     sa.Index("ix_event_reminders_calendar_event_id", "calendar_event_id"),
+    # Support's finder: newest due first with keyset paging, a due range whatever the status.
+    sa.Index("ix_event_reminders_due_at_id", "due_at", "id"),
 )
 
 outbox = sa.Table(
