@@ -27,7 +27,7 @@ def _print_text(reminders: list[dict[str, Any]]) -> None:
         print(f"  {label:<13}{'-' if text is None else text}")
 
     for r in reminders:
-        print(f"reminder {r['reminder_id']} (event {r['event_id']}): {r['status']}")
+        print(f"reminder {r['reminder_id']} (event {r['event_id']}, {r['kind']}): {r['status']}")
         line("due_at", r["due_at"])
         line("sent_at", r["sent_at"])
         line("reason", r["reason"])
@@ -36,7 +36,7 @@ def _print_text(reminders: list[dict[str, Any]]) -> None:
             line(
                 "published",
                 f"{r['published_at'] or 'not yet'}  partition={r['partition']}"
-                f" offset={r['offset']}  publish_attempts={r['publish_attempts']}",
+                f" offset={r['offset']}  failed publish attempts: {r['failed_publish_attempts']}",
             )
         for c in r["republishes"]:
             line(

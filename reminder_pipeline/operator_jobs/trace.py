@@ -14,19 +14,20 @@ event's title, description or location.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
 from ..store import operator_repository
 
-#: The fields of each reminder, in this order (``--json`` and the Dagster table); the first
-#: eleven are the names scripts rely on (docs/cli.md), the rest are extra.
+#: The fields of each reminder, in this order (``--json``, ``reminders --json`` and the Dagster
+#: cards); see docs/cli.md.
 FIELDS = (
     "reminder_id",
     "event_id",
+    "kind",
     "status",
     "due_at",
     "sent_at",
@@ -36,7 +37,7 @@ FIELDS = (
     "published_at",
     "partition",
     "offset",
-    "publish_attempts",
+    "failed_publish_attempts",
     "attempts",
     "event_status",
     "outbox_id",
@@ -71,7 +72,7 @@ def reason(row: Mapping[str, Any], now: datetime) -> str:
         if row["outbox_id"] is None:
             return f"{words}; its outbox row is gone (purged after the retention)"
         if row["published_at"] is None:
-            failed = int(row["publish_attempts"] or 0)
+            failed = int(row["failed_publish_attempts"] or 0)
             return f"{words}; its message is not published yet ({failed} failed publish attempts)"
         return f"{words}; published at {_at(row['published_at'])}"
     if status == "Skipped":
@@ -111,9 +112,31 @@ def trace(
     wanted = uuid.UUID(str(reminder_or_event_id))
     with engine.connect() as conn:
         rows = operator_repository.trace_rows(conn, wanted)
-        copies = operator_repository.republishes_of(conn, [r["reminder_id"] for r in rows])
+        traced = _items(conn, rows, ui_url=ui_url, delivered=delivered)
     if not rows:
         raise UnknownId(f"no reminder or event has the id {wanted}")
+    return traced
+
+
+def trace_ids(engine: Engine, ids: Sequence[uuid.UUID], *, ui_url: str) -> list[dict[str, Any]]:
+    """The trace items of these reminders, in the given order; ids not found are left out."""
+    wanted = [uuid.UUID(str(i)) for i in ids]
+    with engine.connect() as conn:
+        rows = operator_repository.trace_rows_of(conn, wanted)
+        by_id = {row["reminder_id"]: row for row in rows}
+        ordered = [by_id[i] for i in dict.fromkeys(wanted) if i in by_id]
+        return _items(conn, ordered, ui_url=ui_url, delivered=None)
+
+
+def _items(
+    conn: Connection,
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    ui_url: str,
+    delivered: Callable[[uuid.UUID], bool] | None,
+) -> list[dict[str, Any]]:
+    """The trace items of these rows (with their re-publishes), in their order."""
+    copies = operator_repository.republishes_of(conn, [r["reminder_id"] for r in rows])
     traced = []
     for row in rows:
         item: dict[str, Any] = {name: _iso(row.get(name)) for name in FIELDS}

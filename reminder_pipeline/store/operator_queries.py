@@ -90,20 +90,33 @@ SKIP_POISON_BY_FILTER = text(
 # event's status, its outbox row and where that landed, the run that wrote it (the message's
 # correlation-id header), and the database's clock (reasons are judged on it). Ids, times,
 # statuses and counts only.
-TRACE_REMINDERS = text(
-    """
-    SELECT r.id AS reminder_id, r.calendar_event_id AS event_id, r.status, r.due_at, r.sent_at,
-           r.attempts, r.last_error, r.last_failed_at, r.next_attempt_at,
-           r.reserved_by, r.reserved_until, e.status AS event_status,
+_TRACE_SELECT = """
+    SELECT r.id AS reminder_id, r.calendar_event_id AS event_id, e.kind, r.status, r.due_at,
+           r.sent_at, r.created_at, r.updated_at, r.attempts, r.last_error, r.last_failed_at,
+           r.next_attempt_at, r.reserved_by, r.reserved_until, r.moved_by, r.moved_in_run,
+           e.status AS event_status, e.updated_at AS event_updated_at,
            o.id AS outbox_id, o.created_at AS outbox_created_at, o.published_at,
-           o.publish_attempts, o.kafka_partition AS partition, o.kafka_offset AS offset,
-           o.topic, o.headers ->> 'correlation-id' AS run_id,
+           o.publish_attempts AS failed_publish_attempts, o.kafka_partition AS partition,
+           o.kafka_offset AS offset, o.topic, o.headers ->> 'correlation-id' AS run_id,
            clock_timestamp() AS checked_at
       FROM event_reminders r
       JOIN calendar_events e ON e.id = r.calendar_event_id
       LEFT JOIN outbox o ON o.reminder_id = r.id
+"""
+
+TRACE_REMINDERS = text(
+    f"""
+    {_TRACE_SELECT}
      WHERE r.id = CAST(:id AS uuid) OR r.calendar_event_id = CAST(:id AS uuid)
      ORDER BY r.due_at, r.id
+    """
+)
+
+# The trace of these reminders (by primary key; the caller puts them in its own order).
+TRACE_REMINDERS_BY_IDS = text(
+    f"""
+    {_TRACE_SELECT}
+     WHERE r.id = ANY(CAST(:ids AS uuid[]))
     """
 )
 

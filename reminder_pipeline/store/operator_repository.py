@@ -90,6 +90,14 @@ def trace_rows(conn: Connection, reminder_or_event_id: uuid.UUID) -> list[dict[s
     return [dict(r._mapping) for r in rows]
 
 
+def trace_rows_of(conn: Connection, reminder_ids: Sequence[uuid.UUID]) -> list[dict[str, Any]]:
+    """The trace rows of these reminders (as :func:`trace_rows`), in no particular order."""
+    if not reminder_ids:
+        return []
+    rows = conn.execute(queries.TRACE_REMINDERS_BY_IDS, {"ids": list(reminder_ids)})
+    return [dict(r._mapping) for r in rows]
+
+
 def republishes_of(conn: Connection, reminder_ids: Sequence[uuid.UUID]) -> list[dict[str, Any]]:
     """Every recorded re-publish of these reminders, oldest first."""
     if not reminder_ids:

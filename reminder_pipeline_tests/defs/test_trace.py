@@ -128,7 +128,7 @@ def test_a_sent_reminder_names_the_dagster_run_that_wrote_it_and_where_its_messa
         assert item["run_url"] == f"http://127.0.0.1:{UI_PORT}/runs/{run.run_id}"
         assert item["published_at"] and item["sent_at"] and item["due_at"]
         assert item["reason"].startswith("sent at ") and "published at" in item["reason"]
-        assert item["publish_attempts"] == 0 and item["republishes"] == []
+        assert item["failed_publish_attempts"] == 0 and item["republishes"] == []
         assert "delivered" not in item  # no store given
         msg = _message_at(kafka_settings, item["partition"], item["offset"])
         assert _headers(msg)[contract.HEADER_REMINDER_ID] == item["reminder_id"]

@@ -25,7 +25,7 @@ def _row(**changes):
         "next_attempt_at": None,
         "outbox_id": None,
         "published_at": None,
-        "publish_attempts": None,
+        "failed_publish_attempts": None,
     }
     return {**row, **changes}
 
@@ -38,7 +38,7 @@ def _row(**changes):
             "sent at 2026-12-02T09:00:00+00:00; published at 2026-12-02T09:01:00+00:00",
         ),
         (
-            _row(status="Sent", sent_at=NOW, outbox_id=7, publish_attempts=2),
+            _row(status="Sent", sent_at=NOW, outbox_id=7, failed_publish_attempts=2),
             "sent at 2026-12-02T09:00:00+00:00; its message is not published yet "
             "(2 failed publish attempts)",
         ),
