@@ -1,9 +1,10 @@
 """``reminder_trace``: a reminder's trace (or every reminder of an event's) from the Launchpad.
 
 The same plain call as ``reminder-pipeline trace`` (:mod:`reminder_pipeline.operator_jobs.trace`):
-the operator launches the job with the id as config; the run shows the answer as a table (the
-output's metadata: a table and the same in Markdown) and one log line per reminder. Read-only,
-so it never waits for the dispatch limit.
+the operator launches the job with the id as config; the run shows the answer as one short card
+per reminder (the output's Markdown metadata, :mod:`.cards`: fields down the page, the run as a
+link, the reason in words) and one log line per reminder. Read-only, so it never waits for the
+dispatch limit.
 """
 
 # No ``from __future__ import annotations``: Dagster reads the ops' and fields' annotations.
@@ -18,9 +19,6 @@ from dagster import (
     MetadataValue,
     OpExecutionContext,
     Output,
-    TableColumn,
-    TableRecord,
-    TableSchema,
     in_process_executor,
     job,
     op,
@@ -31,13 +29,11 @@ from ..config import ConfigError, Settings
 from ..consumer.dedup import DedupStoreError
 from ..consumer.delivered import delivered_check
 from ..operator_jobs import trace as trace_lookup
-from .maintenance import markdown_table
+from .cards import reminder_cards
 from .resources import PostgresResource
 from .run_config import checked_by, validated
 
 TRACE_JOB_NAME = "reminder_trace"
-#: The table's columns: the trace's fields, the re-publishes as one text cell.
-_COLUMNS = (*trace_lookup.FIELDS, "delivered")
 
 
 def _id(value: str) -> str:
@@ -64,21 +60,11 @@ class TraceConfig(Config):
     )
 
 
-def _cell(name: str, value: Any) -> Any:
-    if name == "republishes":
-        return "; ".join(
-            f"{c['republished_at']} run {c['run_id']} partition {c['partition']} "
-            f"offset {c['offset']}"
-            for c in value or ()
-        )
-    return value
-
-
 @op(description="The trace of a reminder or of an event's reminders: why each is in its state.")
 def trace_reminders(
     context: OpExecutionContext, config: TraceConfig, postgres: PostgresResource
 ) -> Iterator[Output[dict[str, Any]]]:
-    """The trace as the output, a table and Markdown in its metadata, a log line per reminder."""
+    """The trace as the output, a card per reminder in its metadata, a log line per reminder."""
     try:
         ui_url = Settings.from_env().dagster_ui_url
         with delivered_check(config.dedup_url, config.dedup_path) as delivered:
@@ -92,17 +78,11 @@ def trace_reminders(
             f"reminder {r['reminder_id']} event={r['event_id']} status={r['status']} "
             f"run_id={r['run_id']} partition={r['partition']} offset={r['offset']}: {r['reason']}"
         )
-    rows = [{name: _cell(name, r.get(name)) for name in _COLUMNS} for r in reminders]
-    table = MetadataValue.table(
-        records=[TableRecord(data=row) for row in rows],
-        schema=TableSchema(columns=[TableColumn(name=name, type="string") for name in _COLUMNS]),
-    )
     yield Output(
         {"reminders": reminders},
         metadata={
             "count": len(reminders),
-            "reminders": table,
-            "trace": MetadataValue.md(markdown_table(rows, _COLUMNS)),
+            "trace": MetadataValue.md(reminder_cards(reminders, title=f"Trace of {config.id}")),
         },
     )
 

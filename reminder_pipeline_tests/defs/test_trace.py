@@ -6,7 +6,7 @@ the partition and offset recorded are where the message is (read back from the b
 that position). A skipped reminder says why, a poison row says it is backing off, an event's id
 traces every reminder of it, a re-publish is listed with where its copy landed, the consumer's
 de-duplication store is read when given, and an unknown id is exit 1 in one line. The job shows
-the same answer as a table.
+the same answer as one card per reminder (Markdown: fields down the page, the run as a link).
 """
 
 from __future__ import annotations
@@ -228,7 +228,7 @@ def test_every_republish_is_listed_with_where_its_copy_landed(
     assert (copy["partition"], copy["offset"]) != (item["partition"], item["offset"])
 
 
-def test_the_trace_job_shows_the_same_answer_as_a_table(
+def test_the_trace_job_shows_the_same_answer_as_cards(
     engine, database_url, kafka_settings, instance, cli_env, monkeypatch
 ):
     event_id = make_due_event(engine)
@@ -252,11 +252,12 @@ def test_the_trace_job_shows_the_same_answer_as_a_table(
         e for e in result.all_events if e.is_successful_output and e.step_key == "trace_reminders"
     ]
     meta = event.event_specific_data.metadata
-    [record] = meta["reminders"].value.records
-    assert record.data["reminder_id"] == item["reminder_id"]
-    assert record.data["run_id"] == run.run_id and record.data["run_url"] == item["run_url"]
-    assert (record.data["partition"], record.data["offset"]) == (item["partition"], item["offset"])
-    assert item["reason"] in meta["trace"].value and meta["count"].value == 1
+    cards = meta["trace"].value.splitlines()  # a card: the fields down the page, no table
+    assert f"### Reminder {item['reminder_id']} · Sent" in cards and "reminders" not in meta
+    assert f"- **Run:** [{run.run_id}]({item['run_url']})" in cards and item["run_id"] == run.run_id
+    assert f"- **Partition:** {item['partition']}" in cards
+    assert f"- **Offset:** {item['offset']}" in cards
+    assert f"- **Why:** {item['reason']}" in cards and meta["count"].value == 1
     assert any(item["reason"] in line for line in log_messages(instance, result.run_id))
 
     skipped = reminder_trace.execute_in_process(
