@@ -7,6 +7,7 @@ no environment set.
 What is in it: the dispatcher asset with its six health checks; the jobs ``reminder_dispatch``,
 ``reminder_catch_up``, ``reminder_health_checks``, ``reminder_poison_rows``,
 ``outbox_retention``, ``reminder_trace`` (a reminder's or an event's trace),
+``reminder_find`` (support's finder: reminders by who and when),
 ``reminder_republish`` (the re-publish back-fill, one partition per day that can be
 re-published, with its asset ``calendar/reminder_due_republished``) and
 ``dagster_run_retention``; the schedules
@@ -20,6 +21,7 @@ from dagster import Definitions, EnvVar
 
 from .defs.assets import reminder_dispatch_asset
 from .defs.checks import reminder_dispatch_health
+from .defs.find import reminder_find
 from .defs.jobs import (
     outbox_retention,
     reminder_catch_up,
@@ -55,6 +57,7 @@ defs = Definitions(
         reminder_republish,
         dagster_run_retention,
         reminder_trace,
+        reminder_find,
     ],
     schedules=[
         reminder_dispatch_schedule,
