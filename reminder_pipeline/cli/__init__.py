@@ -28,6 +28,7 @@ from .options import PROGRESS_SECONDS_TYPE, env_option
 from .outbox import outbox
 from .output import PROG, ProgressLine
 from .poison import poison
+from .reminders import reminders
 from .services import services
 from .trace import trace
 from .up import up
@@ -83,6 +84,7 @@ for _command in (dispatch, relay, poison, outbox, db, services, consume, metrics
 for _command in (dlq, forecast):
     cli.add_command(_command)
 cli.add_command(trace)
+cli.add_command(reminders)
 
 
 def main(argv: list[str] | None = None) -> int:
