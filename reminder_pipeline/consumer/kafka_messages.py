@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
@@ -53,8 +54,19 @@ def where(message: Message, found: dict[str, str] | None = None) -> dict[str, An
         ("message_id", contract.HEADER_MESSAGE_ID),
     ):
         if found.get(header):
-            result[name] = found[header][:64]
+            result[name] = logged_id(found[header])
     return result
+
+
+#: What a log line shows for a header that should hold an id and does not.
+NOT_AN_ID = "(not an id)"
+_ID = re.compile(r"[0-9A-Za-z._:{}()-]{1,64}")
+
+
+def logged_id(value: str) -> str:
+    """An id header's value as a log line may show it: an identifier's characters only (a GUID,
+    a run id), else :data:`NOT_AN_ID`: a faulty producer's text is never echoed (it may be PII)."""
+    return value if _ID.fullmatch(value) and any(c.isdigit() for c in value) else NOT_AN_ID
 
 
 def one_line(error: BaseException) -> str:

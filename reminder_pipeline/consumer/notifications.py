@@ -218,7 +218,7 @@ def _offset_minutes(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise _incompatible("OffsetMinutes", f"is a {type(value).__name__}, not an integer")
     if not 0 <= value <= INT32_MAX:
-        raise _incompatible("OffsetMinutes", f"{value} is outside 0..{INT32_MAX}")
+        raise _incompatible("OffsetMinutes", f"is outside 0..{INT32_MAX}")
     return value
 
 

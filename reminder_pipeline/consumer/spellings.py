@@ -35,17 +35,17 @@ _GUID = re.compile(
     r"(?P<hex>[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}"
     r"|[0-9A-Fa-f]{32})"
 )
-#: Longest value quoted back in an error: enough to see the spelling, never a whole payload.
-_QUOTE = 48
 
 
 class SpellingError(ValueError):
-    """A value is not a spelling of the type the contract names; str() says why, in one line."""
+    """A value is not a spelling of the type the contract names; str() says why, in one line,
+    never quoting the value (a faulty producer may have put a name or a phone number there:
+    the error goes to logs and to the dead letter's ``dlq-error`` header)."""
 
 
-def _quote(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= _QUOTE else text[: _QUOTE - 1] + "…"
+def _shape(value: str) -> str:
+    """What an error may say of a refused text: its length, never its characters."""
+    return f"{len(value)} characters"
 
 
 def parse_instant(value: object) -> datetime:
@@ -60,14 +60,14 @@ def parse_instant(value: object) -> datetime:
 def _instant(value: str) -> datetime:
     match = _EXTENDED.fullmatch(value) or _BASIC.fullmatch(value)
     if match is None:
-        raise SpellingError(f"{_quote(value)} is not an ISO-8601 date-time with a UTC offset")
+        raise SpellingError(f"is not an ISO-8601 date-time with a UTC offset ({_shape(value)})")
     fraction = (match["fraction"] or "")[:6].ljust(6, "0")
     if match["offset"] in ("Z", "z"):
         offset = timedelta(0)
     else:
         hours, minutes = int(match["oh"]), int(match["om"] or 0)
         if hours > 23 or minutes > 59:
-            raise SpellingError(f"{_quote(value)} has an offset out of range")
+            raise SpellingError("has a UTC offset out of range")
         offset = timedelta(hours=hours, minutes=minutes) * (-1 if match["sign"] == "-" else 1)
     try:
         local = datetime(
@@ -83,7 +83,7 @@ def _instant(value: str) -> datetime:
         return local.astimezone(UTC)
     except (ValueError, OverflowError) as exc:
         # Month 13, 25:00, or an instant outside years 1..9999 once in UTC.
-        raise SpellingError(f"{_quote(value)} is not a valid instant ({exc})") from None
+        raise SpellingError(f"is not a valid instant ({exc})") from None
 
 
 _new = object.__new__
@@ -148,9 +148,9 @@ def parse_guid(value: object) -> uuid.UUID:
     if len(text) >= 2 and (text[0], text[-1]) in (("{", "}"), ("(", ")")):
         text = text[1:-1]
         if len(text) != 36:  # braces and parentheses wrap the hyphenated form only
-            raise SpellingError(f"{_quote(value)} is not a GUID")
+            raise SpellingError(f"is not a GUID ({_shape(value)})")
     match = _GUID.fullmatch(text)
     if match is None:
-        raise SpellingError(f"{_quote(value)} is not a GUID")
+        raise SpellingError(f"is not a GUID ({_shape(value)})")
     # The pattern admits exactly 32 hex digits (hyphens only where the D form has them).
     return uuid_from_int(int(text.replace("-", ""), 16))

@@ -108,11 +108,13 @@ def validate(payload: dict[str, Any]) -> None:
 
 
 def validate_with_schema(payload: dict[str, Any]) -> None:
-    """The reference check: the shipped JSON Schema through jsonschema (first error, one line)."""
+    """The reference check: the shipped JSON Schema through jsonschema (first error, one line,
+    naming the field and the schema's rule it breaks, never its value: jsonschema's own message
+    quotes it)."""
     error = next(iter(sorted(_validator().iter_errors(payload), key=lambda e: list(e.path))), None)
     if error is not None:
         where = "/".join(str(p) for p in error.path) or "payload"
-        raise ContractViolation(f"{where}: {error.message[:200]}")
+        raise ContractViolation(f"{where}: breaks the schema's {error.validator!s} rule")
 
 
 def name_based_uuid8(namespace: uuid.UUID, name: str) -> uuid.UUID:
