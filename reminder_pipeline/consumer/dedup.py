@@ -32,7 +32,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol, Self
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, quote, urlsplit
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -179,10 +179,25 @@ class _Closing:
 
 
 class SqliteDedupStore(_Closing):
-    """:class:`DedupStore` in a SQLite file (created on first use, schema included)."""
+    """:class:`DedupStore` in a SQLite file (created on first use, schema included).
 
-    def __init__(self, path: Path | str, *, retention: timedelta = DEFAULT_RETENTION) -> None:
+    ``read_only`` (an operator's look-up: ``trace --dedup-path``) opens an existing store as it
+    is: nothing created, upgraded or pruned; a file that is not a store is
+    :class:`DedupStoreError` and stays as it was.
+    """
+
+    def __init__(
+        self,
+        path: Path | str,
+        *,
+        retention: timedelta = DEFAULT_RETENTION,
+        read_only: bool = False,
+    ) -> None:
         self.path = Path(path).expanduser()
+        self._lock = threading.Lock()
+        if read_only:
+            self._conn = self._open_read_only()
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE below), so a write
         # is durable when the call returns. check_same_thread=False + a lock: the runner may be
@@ -190,7 +205,6 @@ class SqliteDedupStore(_Closing):
         self._conn = sqlite3.connect(
             self.path, timeout=30.0, isolation_level=None, check_same_thread=False
         )
-        self._lock = threading.Lock()
         try:
             # WAL + synchronous=NORMAL survives a crash of this process (the restart case); a
             # power loss may forget the last writes: at worst one repeated notification.
@@ -207,6 +221,39 @@ class SqliteDedupStore(_Closing):
         except BaseException:
             self._conn.close()
             raise
+
+    def _open_read_only(self) -> sqlite3.Connection:
+        """The file opened read-only (``mode=ro``), checked to be a store this consumer reads."""
+        uri = f"file:{quote(str(self.path.resolve()))}?mode=ro"
+        try:
+            conn = sqlite3.connect(
+                uri, uri=True, timeout=30.0, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.Error as exc:
+            raise DedupStoreError(f"{self.path} cannot be opened ({exc})") from None
+        try:
+            version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+            tables = {
+                name
+                for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            }
+        except sqlite3.Error as exc:
+            conn.close()
+            raise DedupStoreError(
+                f"{self.path} is not the consumer's de-duplication store ({exc})"
+            ) from None
+        if version > len(_MIGRATIONS):
+            conn.close()
+            raise DedupStoreError(
+                f"{self.path} has schema version {version}, newer than this consumer's "
+                f"{len(_MIGRATIONS)}"
+            )
+        if version == 0 or not {"reminders", "deliveries"} <= tables:
+            conn.close()
+            raise DedupStoreError(
+                f"{self.path} is not the consumer's de-duplication store (no reminders table)"
+            )
+        return conn
 
     def _migrate(self) -> None:
         """Bring the file to the newest schema version, in one transaction."""
@@ -362,12 +409,19 @@ def _host(dsn: str) -> str:
 
 
 class PostgresDedupStore(_Closing):
-    """:class:`DedupStore` in a PostgreSQL table shared by consumers on any number of hosts."""
+    """:class:`DedupStore` in a PostgreSQL table shared by consumers on any number of hosts.
+
+    ``read_only`` (an operator's look-up: ``trace --dedup-url``) only reads: no prune, a session
+    whose transactions are read-only, so a login granted SELECT alone is enough.
+    """
 
     _conn: BoundedConnection[tuple[Any, ...]]
 
-    def __init__(self, url: str, *, retention: timedelta = DEFAULT_RETENTION) -> None:
+    def __init__(
+        self, url: str, *, retention: timedelta = DEFAULT_RETENTION, read_only: bool = False
+    ) -> None:
         self._dsn = psycopg_dsn(url)
+        self._read_only = read_only
         try:
             self._conn = self._connect()
         except psycopg.Error as exc:
@@ -385,14 +439,18 @@ class PostgresDedupStore(_Closing):
                 f"({type(exc).__name__}); create it with "
                 "docker/postgres/initdb/20-notifications-dedup.sh"
             ) from None
-        self.prune(retention)
+        if not read_only:
+            self.prune(retention)
 
     def _connect(self) -> BoundedConnection[tuple[Any, ...]]:
         """A bounded session (:mod:`reminder_pipeline.pg_client`): a store that goes silent is
         an outage within :data:`STORE_STATEMENT_TIMEOUT_MS` + the read margin (10 s), not a hang."""
         params = bounded_params(conninfo_to_dict(self._dsn), STORE_STATEMENT_TIMEOUT_MS)
         # autocommit: each write is durable when the call returns, like the SQLite store.
-        return connect_bounded(read_bound(STORE_STATEMENT_TIMEOUT_MS), autocommit=True, **params)
+        conn = connect_bounded(read_bound(STORE_STATEMENT_TIMEOUT_MS), autocommit=True, **params)
+        if self._read_only:  # the server refuses any write of this session
+            conn.execute("SET default_transaction_read_only = on")
+        return conn
 
     def _run(
         self, sql: str, params: tuple[object, ...] = (), *, timeout_ms: int | None = None

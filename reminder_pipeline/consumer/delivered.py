@@ -2,8 +2,10 @@
 
 For ``reminder-pipeline trace`` and the ``reminder_trace`` job: the store is opened through
 :mod:`.dedup`'s public classes and asked :meth:`~.dedup.DedupStore.is_handled` only (every
-notification of the reminder delivered). A SQLite path that is not there is refused rather than
-created empty (it would answer "not delivered" for everything).
+notification of the reminder delivered). The check only reads: both stores are opened
+``read_only`` (no prune, no schema created or upgraded, a SELECT-only login is enough). A SQLite
+path that is not there, or a file that is not a store, is refused in one line and left as it is
+(created empty it would answer "not delivered" for everything).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..config import ConfigError
-from .dedup import PostgresDedupStore, SqliteDedupStore
+from .dedup import DedupStoreError, PostgresDedupStore, SqliteDedupStore
 
 
 @contextmanager
@@ -28,11 +30,15 @@ def delivered_check(
         yield None
         return
     if dedup_url:
-        with PostgresDedupStore(dedup_url) as shared:
+        with PostgresDedupStore(dedup_url, read_only=True) as shared:
             yield shared.is_handled
         return
     path = Path(str(dedup_path)).expanduser()
     if not path.is_file():
         raise ConfigError(f"--dedup-path: {path} is not a file (the consumer's SQLite store)")
-    with SqliteDedupStore(path) as local:
+    try:
+        local = SqliteDedupStore(path, read_only=True)
+    except DedupStoreError as error:
+        raise DedupStoreError(f"--dedup-path: {error}") from None
+    with local:
         yield local.is_handled
