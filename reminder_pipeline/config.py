@@ -402,6 +402,24 @@ class KafkaSettings:
         )
 
 
+#: Where the runbook links in the Dagster UI point (docs/configuration.md): the base URL of the
+#: repository's ``docs/`` directory, by default the docs of this checkout as a ``file:`` URL.
+DOCS_BASE_URL_ENV = "REMINDER_DOCS_BASE_URL"
+DEFAULT_DOCS_BASE_URL = (Path(__file__).resolve().parents[1] / "docs").as_uri() + "/"
+
+
+def docs_base_url(env: Mapping[str, str] | None = None) -> str:
+    """REMINDER_DOCS_BASE_URL (an absolute http, https or file URL), ending in ``/``."""
+    raw = ((os.environ if env is None else env).get(DOCS_BASE_URL_ENV) or "").strip()
+    if not raw:
+        return DEFAULT_DOCS_BASE_URL
+    parts = urlsplit(raw)
+    absolute = parts.path if parts.scheme == "file" else parts.netloc
+    if parts.scheme not in ("http", "https", "file") or not absolute:
+        raise ConfigError(f"{DOCS_BASE_URL_ENV}={raw!r} is not an absolute http, https or file URL")
+    return raw if raw.endswith("/") else raw + "/"
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything the dispatcher reads from the environment."""
@@ -425,7 +443,7 @@ class Settings:
     @property
     def dagster_ui_url(self) -> str:
         """The Dagster UI's address (the webserver on DAGSTER_WEBSERVER_PORT): run links."""
-        return f"http://127.0.0.1:{self.webserver_port}"
+        return _ui_address(self.webserver_port)
 
     def kafka(self, bootstrap_servers: str | None = None) -> KafkaSettings:
         """Kafka settings, with ``bootstrap_servers`` filling in for an embedded broker."""
@@ -468,3 +486,16 @@ class Settings:
             metrics_port=_int_setting(env, "REMINDER_METRICS_PORT", 9464, 1, 65535),
             env=env,
         )
+
+
+def _ui_address(port: int) -> str:
+    return f"http://127.0.0.1:{port}"
+
+
+def dagster_ui_url(env: Mapping[str, str] | None = None) -> str:
+    """The Dagster UI's address from DAGSTER_WEBSERVER_PORT alone (what definitions link at load,
+    before a run has the rest of the settings)."""
+    env = os.environ if env is None else env
+    return _ui_address(
+        _int_setting(env, "DAGSTER_WEBSERVER_PORT", Settings.webserver_port, 1, 65535)
+    )

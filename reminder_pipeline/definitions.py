@@ -4,7 +4,7 @@ Resources read ``DATABASE_URL`` and ``KAFKA_BOOTSTRAP_SERVERS`` through ``EnvVar
 a run starts, so these definitions load (webserver, ``dagster definitions validate``, tests) with
 no environment set.
 
-What is in it: the dispatcher asset with its six health checks; the jobs ``reminder_dispatch``,
+What is in it: the dispatcher asset with its seven health checks; the jobs ``reminder_dispatch``,
 ``reminder_catch_up``, ``reminder_health_checks``, ``reminder_poison_rows``,
 ``outbox_retention``, ``reminder_trace`` (a reminder's or an event's trace),
 ``reminder_find`` (support's finder: reminders by who and when),

@@ -6,7 +6,8 @@ its materialization (``relay_outbox``), so the UI never shows them "Not evaluate
 latest materialization: Dagster counts a check logged by the materializing run as targeting it
 (docs/operations.md). Between runs ``reminder_health_sensor`` evaluates them every minute without
 a run (liveness must turn red precisely when no dispatch run happens); *Execute* on a check in the
-UI runs ``reminder_health_checks``.
+UI runs ``reminder_health_checks``. Each check's runbook section is a link (``runbook``): the
+docs base URL (``REMINDER_DOCS_BASE_URL``) joined with the runbook's place under ``docs/``.
 """
 
 # No ``from __future__ import annotations``: Dagster reads the resource annotation.
@@ -25,6 +26,7 @@ from dagster import (
     multi_asset_check,
 )
 
+from ..config import docs_base_url
 from ..observability import health
 from .assets import DISPATCH_ASSET_KEY
 from .resources import PostgresResource
@@ -35,6 +37,12 @@ if TYPE_CHECKING:
 CHECKS = health.ASSERTIONS
 
 
+def runbook_link(path: str, base_url: str | None = None) -> MetadataValue:
+    """A runbook's repository path (``docs/runbooks/x.md#section``) as a URL under the docs base."""
+    base = docs_base_url() if base_url is None else base_url
+    return MetadataValue.url(base + path.removeprefix("docs/"))
+
+
 def _verdict(check: health.HealthCheck) -> dict[str, Any]:
     """What a result and a runless evaluation of the check say: figures stay numbers (plotted)."""
     metadata: dict[str, Any] = {
@@ -42,8 +50,8 @@ def _verdict(check: health.HealthCheck) -> dict[str, Any]:
         for k, v in check.metadata.items()
         if k != "runbook_url"
     }
-    # A repository path, not a URL: a relative link in the UI would point at the webserver.
-    metadata["runbook"] = MetadataValue.path(check.runbook_url)
+    # An absolute URL: a relative link in the UI would point at the webserver.
+    metadata["runbook"] = runbook_link(check.runbook_url)
     return {
         "asset_key": DISPATCH_ASSET_KEY,
         "check_name": check.name,
@@ -82,7 +90,7 @@ def evaluate_all(
             name,
             asset=DISPATCH_ASSET_KEY,
             description=text,
-            metadata={"runbook": MetadataValue.path(runbook)},
+            metadata={"runbook": runbook_link(runbook)},
         )
         for name, (text, runbook) in CHECKS.items()
     ],

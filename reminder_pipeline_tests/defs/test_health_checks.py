@@ -19,6 +19,7 @@ from dagster import (
     DagsterInstance,
     DefaultSensorStatus,
     SensorResult,
+    UrlMetadataValue,
     build_sensor_context,
     instance_for_test,
 )
@@ -83,8 +84,9 @@ def test_the_checks_are_the_health_conditions_one_for_one(engine):
 
 
 def test_with_no_dispatch_ever_and_an_overdue_row_liveness_and_overdue_fail(
-    engine, database_url, instance
+    engine, database_url, instance, monkeypatch
 ):
+    monkeypatch.setenv("REMINDER_DOCS_BASE_URL", "https://docs.example.test/reminders/docs")
     make_due_event(engine, minutes_overdue=10)
     make_due_event(engine, minutes_overdue=1)
 
@@ -106,12 +108,18 @@ def test_with_no_dispatch_ever_and_an_overdue_row_liveness_and_overdue_fail(
     meta = _values(overdue)
     assert (meta["overdue_count"], meta["backlog"], meta["threshold_seconds"]) == (1, 2, 300.0)
     assert 590 <= meta["oldest_due_age_seconds"] <= 660
-    assert meta["runbook"] == "docs/runbooks/reminder-dispatch.md#overdue-pending-reminders"
+    assert meta["runbook"] == (  # a link (issue 35: clickable, under the docs base URL)
+        "https://docs.example.test/reminders/docs/runbooks/reminder-dispatch.md"
+        "#overdue-pending-reminders"
+    )
+    assert isinstance(overdue.metadata["runbook"], UrlMetadataValue)
     live = checks["dispatch_liveness"]
     assert live.description == "No dispatch cycle has ever succeeded."
     assert _values(live)["seconds_since_last_success"] is None
     assert checks["lateness_slo"].severity is AssetCheckSeverity.WARN
-    assert _values(checks["outbox_backlog"])["runbook"] == "docs/runbooks/outbox-backlog.md"
+    assert _values(checks["outbox_backlog"])["runbook"] == (
+        "https://docs.example.test/reminders/docs/runbooks/outbox-backlog.md"
+    )
     # Recorded on the asset, where the UI shows them.
     key = AssetCheckKey(DISPATCH_ASSET_KEY, "no_overdue_reminders")
     latest = instance.event_log_storage.get_latest_asset_check_execution_by_key([key])

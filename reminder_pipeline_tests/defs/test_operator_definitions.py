@@ -11,9 +11,11 @@ from dagster import (
     DagsterInvalidConfigError,
     DefaultSensorStatus,
     Definitions,
+    UrlMetadataValue,
     validate_run_config,
 )
 
+from reminder_pipeline.config import docs_base_url
 from reminder_pipeline.definitions import defs
 from reminder_pipeline.defs.assets import DISPATCH_ASSET_KEY
 from reminder_pipeline.defs.checks import CHECKS
@@ -58,7 +60,9 @@ def test_the_dispatcher_asset_has_its_five_checks_and_a_five_minute_freshness_po
     for name in CHECKS:
         spec = graph.get_check_spec(AssetCheckKey(DISPATCH_ASSET_KEY, name))
         assert spec.description
-        assert spec.metadata["runbook"].value.startswith("docs/runbooks/")
+        runbook = spec.metadata["runbook"]  # a link into the docs (issue 35), not a path
+        assert isinstance(runbook, UrlMetadataValue), runbook
+        assert runbook.value.startswith(docs_base_url() + "runbooks/")
     assert graph.get_check_keys_for_assets({DISPATCH_ASSET_KEY}) == {
         AssetCheckKey(DISPATCH_ASSET_KEY, n) for n in CHECKS
     }
