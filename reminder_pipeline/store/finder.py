@@ -9,9 +9,10 @@ only, never a value in the text), ``ORDER BY r.due_at DESC, r.id DESC`` and a ke
 * no filter, a due range, a status, the page after a cursor: ``ix_event_reminders_due_at_id``
   read backwards (Pending alone: the partial ``ix_event_reminders_status_due_at``);
 * ``--event``: ``ix_event_reminders_calendar_event_id``;
-* ``--owner`` / ``--client`` / ``--tenant``: ``ix_calendar_events_owner_user_id`` /
-  ``_client_user_id`` / ``_tenant_id``, then each event's reminders by their event index (or the
-  due index, with the event by its primary key, when that is cheaper, e.g. a tenant's newest).
+* ``--owner`` / ``--client``: ``ix_calendar_events_owner_user_id`` / ``_client_user_id``, then
+  each of the person's events' reminders by ``ix_event_reminders_calendar_event_id``;
+* ``--tenant`` / ``--kind`` (many events each): the due index read backwards, each reminder's
+  event by its primary key, until a page is full.
 
 ``calendar_events`` is joined only when a condition is on it (the foreign key guarantees every
 reminder an event). Ids, times and statuses only: no title, description or location.
@@ -39,22 +40,40 @@ CONDITIONS: Mapping[str, str] = {
     "due_before": "r.due_at < CAST(:due_before AS timestamptz)",
     "after": "(r.due_at, r.id) < (CAST(:after_due AS timestamptz), CAST(:after_id AS uuid))",
 }
-_EVENT_CONDITIONS = frozenset({"owner", "client", "tenant", "kind"})
+_EVENT_CONDITIONS = ("owner", "client", "tenant", "kind")
+#: A person's events are few (thousands at most): read them first, whatever the planner guesses.
+_PERSON_CONDITIONS = frozenset({"owner", "client"})
 
 _SELECT = "SELECT r.id, r.due_at FROM event_reminders r"
 _JOIN = " JOIN calendar_events e ON e.id = r.calendar_event_id"
+_PERSON = "WITH e AS MATERIALIZED (SELECT e.id FROM calendar_events e WHERE {where}) "
 _ORDER = " ORDER BY r.due_at DESC, r.id DESC LIMIT :limit"
 
 
 def find_statement(given: Sequence[str]) -> str:
-    """The finder's statement with the conditions named in ``given`` (keys of CONDITIONS)."""
+    """The finder's statement with the conditions named in ``given`` (keys of CONDITIONS).
+
+    With an owner or a client, that person's events are read first (a CTE kept MATERIALIZED):
+    for a busy owner the planner otherwise walks the due index newest first, expecting to meet
+    their reminders soon, and reads tens of thousands of rows to find a page (1.4 s at 10M
+    reminders, against milliseconds this way). A tenant or a kind, shared by many events, is
+    checked on each reminder met in due order instead.
+    """
     unknown = set(given) - set(CONDITIONS)
     if unknown:
         raise ValueError(f"no finder condition named {sorted(unknown)}")
     names = [name for name in CONDITIONS if name in given]
-    join = _JOIN if _EVENT_CONDITIONS & set(names) else ""
-    where = " WHERE " + " AND ".join(CONDITIONS[n] for n in names) if names else ""
-    return f"{_SELECT}{join}{where}{_ORDER}"
+    on_event = [n for n in names if n in _EVENT_CONDITIONS]
+    on_reminder = [CONDITIONS[n] for n in names if n not in _EVENT_CONDITIONS]
+    prefix, join = "", ""
+    if _PERSON_CONDITIONS & set(on_event):
+        prefix = _PERSON.format(where=" AND ".join(CONDITIONS[n] for n in on_event))
+        join = " JOIN e ON e.id = r.calendar_event_id"
+    elif on_event:
+        join = _JOIN
+        on_reminder = [CONDITIONS[n] for n in on_event] + on_reminder
+    where = " WHERE " + " AND ".join(on_reminder) if on_reminder else ""
+    return f"{prefix}{_SELECT}{join}{where}{_ORDER}"
 
 
 def find_params(
