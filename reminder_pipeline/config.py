@@ -45,6 +45,9 @@ DEFAULT_RETENTION_HOURS = 168.0
 DEFAULT_PURGE_BATCH_SIZE = 1000
 MAX_PURGE_BATCH_SIZE = 10_000
 DEFAULT_POISON_LIMIT = 100
+#: Seconds a bulk poison action waits for rows another session holds before it gives up, changing
+#: nothing and naming them (``--lock-timeout``): a cycle holds its rows for a moment only.
+DEFAULT_POISON_LOCK_TIMEOUT_SECONDS = 5.0
 MAX_POISON_LIMIT = 1000
 
 

@@ -95,8 +95,13 @@ PROGRESS_SECONDS_TYPE = Checked(
 
 def _uuid_check(what: str) -> Callable[[object, str], uuid.UUID]:
     def check(value: object, name: str) -> uuid.UUID:
+        if isinstance(value, uuid.UUID):
+            return value
+        text = str(value).strip()
+        if text[:9].lower() == "urn:uuid:":  # RFC 9562's URN form, in any case
+            text = text[9:]
         try:
-            return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value).strip())
+            return uuid.UUID(text)
         except ValueError:
             raise ConfigError(f"{name}={value!r} is not {what} (a UUID)") from None
 
@@ -105,6 +110,17 @@ def _uuid_check(what: str) -> Callable[[object, str], uuid.UUID]:
 
 REMINDER_ID_TYPE = Checked(_uuid_check("a reminder id"), "REMINDER_ID")
 EVENT_ID_TYPE = Checked(_uuid_check("an event id"), "EVENT_ID")
+
+
+def _check_kind(value: object, name: str) -> str:
+    """The finder's check (:func:`..operator_jobs.finder.check_kind`), imported when used."""
+    from ..operator_jobs.finder import check_kind
+
+    return check_kind(value, name)
+
+
+#: ``--kind``: one of the contract's event kinds (a misspelt one would quietly match nothing).
+KIND_TYPE = Checked(_check_kind, "KIND")
 
 
 # --- options: the shape every command's options share ------------------------------------------

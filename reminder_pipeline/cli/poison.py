@@ -11,11 +11,18 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from ..config import DEFAULT_POISON_LIMIT, ConfigError, parse_as_of
+from ..config import (
+    DEFAULT_POISON_LIMIT,
+    DEFAULT_POISON_LOCK_TIMEOUT_SECONDS,
+    ConfigError,
+    check_number,
+    parse_as_of,
+)
 from .context import database, operator_name
 from .exits import EXIT_FAILURE, EXIT_OK
 from .options import (
     EVENT_ID_TYPE,
+    KIND_TYPE,
     POISON_LIMIT_TYPE,
     REMINDER_ID_TYPE,
     Checked,
@@ -32,6 +39,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 FAILED_SINCE_TYPE = Checked(parse_as_of, "ISO-8601")
+LOCK_TIMEOUT_TYPE = Checked(lambda value, name: check_number(value, name, 0.1, 600.0), "SECONDS")
 
 
 @click.group()
@@ -65,16 +73,19 @@ def poison_list(limit: int, as_json: bool) -> int:
     return EXIT_OK
 
 
-def _poison_change(action: str, reminder_id: uuid.UUID, force: bool) -> int:
+def _poison_change(action: str, reminder_id: uuid.UUID, force: bool, as_json: bool) -> int:
     """Retry or skip one row in its own transaction; refuse a row that has not failed."""
     from ..operator_jobs import poison
 
     with database() as engine:
         done = poison.change(engine, action, reminder_id, actor=operator_name(), force=force)
-    if done.changed:
-        print(f"poison {action}: done ({reminder_id})", flush=True)
-        return EXIT_OK
     reason = (done.reason or "").replace("force acts", "--force acts")
+    if as_json:
+        print_json({**done.plain(), "forced": done.forced, "reason": reason or None})
+    elif done.changed:
+        print(f"poison {action}: done ({reminder_id})", flush=True)
+    if done.changed:
+        return EXIT_OK
     print_error(f"poison {action} {reminder_id}: nothing changed: {reason}")
     return EXIT_FAILURE
 
@@ -126,6 +137,7 @@ def _poison_action(
     *,
     as_json: bool,
     dry_run: bool,
+    lock_timeout: float,
     **filters: Any,
 ) -> int:
     """One row by id, or every poison row a filter takes (a dry run first)."""
@@ -140,10 +152,21 @@ def _poison_action(
                 f"poison {action}: give a REMINDER_ID or a filter ({_FILTERS}), not both "
                 "(--dry-run and --yes go with a filter)"
             )
-        return _poison_change(action, reminder_id, force)
+        return _poison_change(action, reminder_id, force, as_json)
     selected = _poison_filter(action, force=force, dry_run=dry_run, **filters)
     with database() as engine:
-        done = poison.change_many(engine, action, selected, actor=operator_name(), dry_run=dry_run)
+        try:
+            done = poison.change_many(
+                engine,
+                action,
+                selected,
+                actor=operator_name(),
+                dry_run=dry_run,
+                lock_timeout_seconds=lock_timeout,
+            )
+        except poison.RowsLocked as error:
+            print_error(str(error))
+            return EXIT_FAILURE
     if as_json:
         print_json(done.plain())
         return EXIT_OK
@@ -172,7 +195,12 @@ def _bulk_options(command: F) -> F:
                 default=None,
                 help="The poison rows of this event (an EventId).",
             ),
-            click.option("--kind", default=None, help="The poison rows of events of this Kind."),
+            click.option(
+                "--kind",
+                type=KIND_TYPE,
+                default=None,
+                help="The poison rows of events of this Kind (one of the contract's kinds).",
+            ),
             click.option(
                 "--failed-since",
                 type=FAILED_SINCE_TYPE,
@@ -190,6 +218,14 @@ def _bulk_options(command: F) -> F:
                 is_flag=True,
                 default=False,
                 help="Confirm a filter's action. No environment variable: typed each time.",
+            ),
+            env_option(
+                "--lock-timeout",
+                type=LOCK_TIMEOUT_TYPE,
+                default=DEFAULT_POISON_LOCK_TIMEOUT_SECONDS,
+                envvar="REMINDER_POISON_LOCK_TIMEOUT",
+                help="Seconds to wait for rows another session holds; then change nothing and "
+                "name them (0.1..600).",
             ),
             json_option,
         )

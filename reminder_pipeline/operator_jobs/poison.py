@@ -14,12 +14,15 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from ..audit import audited
 from ..audit import os_user as os_user
+from ..config import DEFAULT_POISON_LOCK_TIMEOUT_SECONDS
 from ..logs import RunLog
 from ..store import operator_repository as repository
+from ..store import row_locks
 from ..store.operator_repository import PoisonFilter as PoisonFilter
 
 ACTIONS = ("retry", "skip")
@@ -94,6 +97,28 @@ def change(
 
 #: Reminder ids named in a bulk action's audit line at most (the count is always there).
 AUDITED_IDS = 100
+#: Locked rows named in a refusal at most (the count is always there).
+NAMED_LOCKED_IDS = 20
+
+
+class RowsLocked(RuntimeError):
+    """A bulk action could not take some of its rows within its lock timeout: nothing changed."""
+
+    def __init__(self, action: str, locked: list[str], timeout_seconds: float) -> None:
+        named = ", ".join(locked[:NAMED_LOCKED_IDS])
+        more = (
+            f" and {len(locked) - NAMED_LOCKED_IDS} more" if len(locked) > NAMED_LOCKED_IDS else ""
+        )
+        rows = (
+            f"{len(locked)} rows held by another session ({named}{more})"
+            if locked
+            else ("rows held by another session (released since)")
+        )
+        super().__init__(
+            f"poison {action}: nothing changed: {rows} could not be taken within "
+            f"{timeout_seconds:g}s; run it again once that session ends"
+        )
+        self.locked = locked
 
 
 @dataclass(frozen=True)
@@ -134,13 +159,16 @@ def change_many(
     dry_run: bool = False,
     run_id: str | None = None,
     run_log: RunLog | None = None,
+    lock_timeout_seconds: float = DEFAULT_POISON_LOCK_TIMEOUT_SECONDS,
 ) -> BulkChange:
     """Retry or skip every poison row ``selected`` takes, in one transaction; or, ``dry_run``,
     list them and change nothing.
 
     Only poison rows (Pending with failed attempts): a filter never reaches a healthy row. The
     real run is audited: one line before it acts (who, the filter, how many rows match) and one
-    after (how many changed, their ids up to :data:`AUDITED_IDS`).
+    after (how many changed, their ids up to :data:`AUDITED_IDS`). A row another session holds
+    longer than ``lock_timeout_seconds`` makes it change nothing and raise :class:`RowsLocked`
+    naming the rows it could not take.
     """
     if action not in ACTIONS:
         raise ValueError(f"poison action {action!r} is not one of {', '.join(ACTIONS)}")
@@ -158,8 +186,17 @@ def change_many(
         matching=len(matching),
         run_id=run_id,
     ) as outcome:
-        with engine.begin() as conn:
-            changed = repository.change_poison_by_filter(conn, action, selected)
+        try:
+            with engine.begin() as conn:
+                row_locks.bound_lock_waits(conn, int(lock_timeout_seconds * 1000))
+                changed = repository.change_poison_by_filter(conn, action, selected)
+        except sa.exc.OperationalError as error:
+            if not row_locks.is_lock_timeout(error):
+                raise
+            with engine.connect() as conn:  # rolled back on close: takes nothing for good
+                locked = row_locks.locked_reminders(conn, [r["id"] for r in matching])
+            outcome.fields.update(changed=0, locked=len(locked), reminder_ids=locked[:AUDITED_IDS])
+            raise RowsLocked(action, locked, lock_timeout_seconds) from None
         outcome.fields.update(
             changed=len(changed),
             reminder_ids=changed[:AUDITED_IDS],

@@ -1,6 +1,7 @@
 """Bulk ``poison retry`` / ``poison skip`` by a filter, from the command line and the Dagster job.
 
-Real poison rows (events whose Kind the contract refuses, failed by real cycles) of two kinds and
+Real poison rows (events whose Kind the contract refused, failed by real cycles, their kinds
+mended since) of two kinds and
 three events, one of them failed long ago, next to a healthy Pending row: a dry run lists exactly
 what a filter takes and changes nothing; each filter (--all, --event, --kind, --failed-since)
 takes the right rows and never a healthy one; the real run prints the count and writes one audit
@@ -28,8 +29,11 @@ from reminder_pipeline.defs.resources import PostgresResource
 from ..defs.helpers import instance_overrides, log_messages
 from ..support import error_lines, make_due_event, reminders, run_cli
 
-KIND_A = "A" * 65  # over the contract's 64 characters: the message cannot be built
-KIND_B = "B" * 65
+KIND_A = "Showing"
+KIND_B = "Task"
+#: Over the contract's 64 characters: the message cannot be built (until the kind is mended).
+BAD_KIND_A = "A" * 65
+BAD_KIND_B = "B" * 65
 
 
 @pytest.fixture
@@ -45,12 +49,18 @@ def cli_env(database_url, kafka_settings, tmp_path):
 def rows(engine, publisher) -> SimpleNamespace:
     """Poison rows: event a1 (kind A, two reminders), a2 (kind A, failed two hours ago), b
     (kind B); and a healthy due row."""
-    a1 = make_due_event(engine, kind=KIND_A, offsets=(60, 30), minutes_overdue=40)
-    a2 = make_due_event(engine, kind=KIND_A)
-    b = make_due_event(engine, kind=KIND_B)
+    a1 = make_due_event(engine, kind=BAD_KIND_A, offsets=(60, 30), minutes_overdue=40)
+    a2 = make_due_event(engine, kind=BAD_KIND_A)
+    b = make_due_event(engine, kind=BAD_KIND_B)
     healthy = make_due_event(engine, minutes_overdue=-5)  # Pending, not due: never failed
     report = cycle.run_cycle(engine, publisher)
     assert report.counts.failed == 4
+    with engine.begin() as conn:  # the calendar mends the kinds: what a retry is for
+        for bad, kind in ((BAD_KIND_A, KIND_A), (BAD_KIND_B, KIND_B)):
+            conn.execute(
+                sa.text("UPDATE calendar_events SET kind = :kind WHERE kind = :bad"),
+                {"kind": kind, "bad": bad},
+            )
     with engine.begin() as conn:  # a2 failed two hours ago
         conn.execute(
             sa.text(
@@ -149,6 +159,12 @@ def test_a_filtered_retry_clears_the_back_off_of_its_rows_only(engine, rows, cli
         (("--kind", KIND_A, "--force", "--yes"), "--force acts on one REMINDER_ID only"),
         (("--failed-since", "yesterday", "--dry-run"), "is not an ISO-8601 timestamp"),
         (("--event", "42", "--dry-run"), "is not an event id"),
+        (
+            ("--kind", "Nonsense", "--dry-run"),
+            "--kind='Nonsense' is not an event kind (one of Showing, Consultation, Meeting, Task, "
+            "BookingDeadline)",
+        ),
+        (("--all", "--lock-timeout", "0", "--yes"), "--lock-timeout=0 is out of range"),
     ],
 )
 @pytest.mark.parametrize("action", ["retry", "skip"])
@@ -208,3 +224,53 @@ def test_the_poison_job_takes_the_filter_with_a_dry_run_first(engine, rows, data
             instance=instance,
             resources=resources,
         )
+
+
+# --- another session's row lock, and --json on one row (issue 35) -------------------------------
+
+
+def test_a_bulk_action_behind_another_sessions_row_lock_gives_up_naming_the_rows(
+    engine, rows, cli_env
+):
+    """A row held by another session: the action waits --lock-timeout, changes nothing and
+    names the row in one line (it used to wait silently as long as the lock was held)."""
+    held = sorted(rows.ids[rows.b])[0]
+    before = _state(engine)
+    with engine.connect() as other:
+        other.execute(
+            sa.text("SELECT id FROM event_reminders WHERE id = :id FOR UPDATE"), {"id": held}
+        )
+        result = run_cli("poison", "skip", "--all", "--yes", "--lock-timeout", "0.5", env=cli_env)
+        other.rollback()
+    assert result.returncode == 1, result.stderr
+    [line] = error_lines(result)
+    assert line == (
+        f"reminder-pipeline: error: poison skip: nothing changed: 1 rows held by another "
+        f"session ({held}) could not be taken within 0.5s; run it again once that session ends"
+    )
+    assert result.stdout == ""
+    assert _state(engine) == before
+    audit = [json.loads(x) for x in result.stderr.splitlines() if x.startswith("{")]
+    [failed] = [r for r in audit if r.get("phase") == "failed"]
+    assert failed["error"] == "RowsLocked" and failed["reminder_ids"] == [held]
+
+
+@pytest.mark.parametrize("action", ["retry", "skip"])
+def test_one_rows_retry_and_skip_print_json_with_json(engine, rows, cli_env, action):
+    rid = sorted(rows.ids[rows.a1])[0]
+    done = run_cli("poison", action, rid, "--json", env=cli_env)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {
+        "action": action,
+        "reminder_id": rid,
+        "changed": True,
+        "forced": False,
+        "reason": None,
+    }
+    healthy = str(reminders(engine, rows.healthy)[0]["id"])
+    refused = run_cli("poison", action, healthy, "--json", env=cli_env)
+    assert refused.returncode == 1
+    plain = json.loads(refused.stdout)
+    assert (plain["changed"], plain["reminder_id"]) == (False, healthy)
+    assert plain["reason"] == "it has not failed (attempts=0); --force acts on any Pending row"
+    assert len(error_lines(refused)) == 1
