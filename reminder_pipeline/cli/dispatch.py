@@ -97,6 +97,7 @@ def dispatch(
                 max_batches=max_batches,
                 budget_seconds=budget_seconds,
                 progress=progress,
+                writer=cycle.cli_writer("dispatch"),
             )
         finally:
             if publisher is not None:

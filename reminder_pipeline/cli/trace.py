@@ -31,7 +31,8 @@ def _print_text(reminders: list[dict[str, Any]]) -> None:
         line("due_at", r["due_at"])
         line("sent_at", r["sent_at"])
         line("reason", r["reason"])
-        line("run", r["run_id"] and f"{r['run_id']}  {r['run_url']}")
+        line("moved by", r["moved_by"])
+        line("run", r["run_id"] and " ".join(filter(None, (r["run_id"], r["run_url"]))))
         if r["outbox_id"] is not None:
             line(
                 "published",

@@ -139,7 +139,9 @@ def _up(
         # A few reminders due now for the first cycle; the feeder lays out the coming minutes
         # once Dagster runs, so none falls due (and late) while it loads.
         demo_data.seed(engine, upcoming=0)
-    report = cycle.run_cycle(engine, publisher, batch_size=settings.batch_size)
+    report = cycle.run_cycle(
+        engine, publisher, batch_size=settings.batch_size, writer=cycle.cli_writer("up")
+    )
     publisher.close()
     request.interrupting = False
     request.check()

@@ -22,6 +22,7 @@ one statement, in one transaction, logged after commit); and :func:`drain` (:mod
 batch after batch. :func:`decide_batch` is the decision described in Python (pure).
 """
 
+from ..domain.writers import WRITER_DAGSTER, WRITER_IN_PROCESS, cli_writer
 from ..observability.ledger import CLOCK_SKEW_WARN_SECONDS
 from .batch import decide_batch, dispatch_batch, lock_due_batch, report_batch, write_batch
 from .clock import (
@@ -59,6 +60,8 @@ __all__ = [
     "MIN_RELAY_SECONDS",
     "RELAY_QUEUE_ROWS",
     "RESERVATION_SECONDS",
+    "WRITER_DAGSTER",
+    "WRITER_IN_PROCESS",
     "BatchOutcome",
     "Cycle",
     "CycleReport",
@@ -69,6 +72,7 @@ __all__ = [
     "as_of_or_now",
     "backlog_left",
     "check_as_of_on_database",
+    "cli_writer",
     "database_now",
     "decide_batch",
     "dispatch_batch",

@@ -30,6 +30,7 @@ from ..domain.model import (
 )
 from ..domain.plan import ZONE_FALLBACK, message_headers, unsendable
 from ..domain.transitions import LIVE_EVENT_STATUSES, decide_all
+from ..domain.writers import WRITER_IN_PROCESS
 from ..logs import Journal
 from ..observability import tracing
 from ..store import repository
@@ -75,6 +76,7 @@ def write_batch(
     reserved_by: str | None = None,
     held: Sequence[DueReminder] | None = None,
     now: datetime | None = None,
+    writer: str = WRITER_IN_PROCESS,
 ) -> BatchOutcome:
     """A batch's write in ``conn``'s transaction: lock and re-read the candidates, decide, write.
 
@@ -90,6 +92,7 @@ def write_batch(
     ``reserved_by``: the run whose reservation the candidates may carry (the run that selected
     them). ``held``: the candidates as :func:`lock_due_batch` read and locked them *in this
     same transaction*; nothing can have changed them since, so they are not read again.
+    ``writer``: who moves the rows (``moved_by``, in run ``correlation_id``; domain/writers.py).
     """
     ids = [str(i) for i in candidate_ids]  # a selection stored by an older version held UUIDs
     if held is not None and [r.reminder_id for r in held] == ids:
@@ -101,7 +104,9 @@ def write_batch(
     missing = [i for i in ids if i not in taken]
     outcome.skipped_locked = repository.count_still_pending(conn, missing)
     outcome.gone = len(missing) - outcome.skipped_locked
-    written = write_held_rows(conn, locked, as_of, correlation_id=correlation_id, now=now)
+    written = write_held_rows(
+        conn, locked, as_of, correlation_id=correlation_id, now=now, writer=writer
+    )
     by_id = {r.reminder_id: r for r in locked}
     for row in written.batch.rows:
         reminder = by_id[row.reminder_id]
@@ -128,6 +133,9 @@ class _HeldWrite:
 
     batch: repository.DispatchedBatch
     headers: dict[str, str]
+    #: Who moves the rows, in which run (``moved_by``, ``moved_in_run``).
+    writer: str
+    run: str | None
     #: Poison rows left Pending: reminder id -> why (one line).
     poison: dict[str, str] = field(default_factory=dict)
     #: Rows sent with the fallback time zone.
@@ -141,6 +149,7 @@ def write_held_rows(
     *,
     correlation_id: str | None = None,
     now: datetime | None = None,
+    writer: str = WRITER_IN_PROCESS,
 ) -> _HeldWrite:
     """Write rows this transaction holds with the batch statement, checked before it stays.
 
@@ -151,7 +160,9 @@ def write_held_rows(
     each row is tried alone to find the refused ones, which are left out as poison. Every other
     error propagates.
     """
-    held = _HeldWrite(repository.DispatchedBatch([], 0, 0), _headers(correlation_id))
+    held = _HeldWrite(
+        repository.DispatchedBatch([], 0, 0), _headers(correlation_id), writer, correlation_id
+    )
     ids = [r.reminder_id for r in locked]
     for _ in range(len(ids) + 2):  # each retry sets at least one more row apart
         savepoint = conn.begin_nested()
@@ -199,6 +210,8 @@ def _write_held(
         topic=contract.TOPIC,
         headers=held.headers,
         live=LIVE_EVENT_STATUSES,
+        moved_by=held.writer,
+        moved_in_run=held.run,
         exclude=list(held.poison),
         utc_zone=sorted(held.zone_fallbacks),
         now=now,
@@ -268,6 +281,7 @@ def dispatch_batch(
     *,
     correlation_id: str | None = None,
     journal: Journal | None = None,
+    writer: str = WRITER_IN_PROCESS,
 ) -> BatchOutcome:
     """Select and write one batch in one transaction (locks held from select to commit).
 
@@ -282,7 +296,9 @@ def dispatch_batch(
     try:
         try:
             with engine.begin() as conn:
-                outcome = write_due_batch(conn, as_of, batch_size, correlation_id=correlation_id)
+                outcome = write_due_batch(
+                    conn, as_of, batch_size, correlation_id=correlation_id, writer=writer
+                )
         except _WriteAgain as why:
             journal.event(logging.DEBUG, "batch written again", run_id=correlation_id, **why.fields)
             with engine.begin() as conn:
@@ -293,6 +309,7 @@ def dispatch_batch(
                     as_of,
                     held=selection.candidates,
                     correlation_id=correlation_id,
+                    writer=writer,
                 )
             outcome.skipped_locked += selection.skipped_locked
     except BaseException as error:
@@ -318,6 +335,7 @@ def write_due_batch(
     batch_size: int,
     *,
     correlation_id: str | None = None,
+    writer: str = WRITER_IN_PROCESS,
 ) -> BatchOutcome:
     """A drain's batch as one statement in ``conn``'s transaction (docs/design.md): the due
     selection and its lock, then the decision and the write of :func:`write_held_rows`' statement.
@@ -329,7 +347,14 @@ def write_due_batch(
     headers = _headers(correlation_id)
     try:
         batch = repository.dispatch_due_batch(
-            conn, as_of, batch_size, topic=contract.TOPIC, headers=headers, live=LIVE_EVENT_STATUSES
+            conn,
+            as_of,
+            batch_size,
+            topic=contract.TOPIC,
+            headers=headers,
+            live=LIVE_EVENT_STATUSES,
+            moved_by=writer,
+            moved_in_run=correlation_id,
         )
     except sa.exc.DBAPIError as error:
         sqlstate = repository.data_error(error)

@@ -11,6 +11,7 @@ from sqlalchemy.engine import Engine
 from ..domain.model import (
     CycleCounts,
 )
+from ..domain.writers import WRITER_IN_PROCESS
 from ..logs import Journal
 from ..memory import young_generation
 from ..messaging.relay import OutboxRelay, OutboxSpans, Publisher, RelayResult
@@ -45,6 +46,7 @@ def drain(
     progress: Progress | None = None,
     continuing: bool = False,
     written: OutboxSpans | None = None,
+    writer: str = WRITER_IN_PROCESS,
 ) -> tuple[CycleCounts, RelayResult]:
     """Dispatch up to ``max_batches`` batches, each its own transaction.
 
@@ -55,6 +57,7 @@ def drain(
     while the next batch is written; its result is returned. ``continuing``: the cycle already
     wrote a batch, so a first look-up that finds nothing is not counted as a batch.
     ``written`` collects the outbox rows the drain wrote (what its cycle's relay must see out).
+    ``writer``: who moves the rows (recorded on each, with ``correlation_id``; domain/writers.py).
     """
     journal = journal or Journal()
     started = time.time() if started is None else started
@@ -70,7 +73,12 @@ def drain(
         with young_generation(DRAIN_GEN0_THRESHOLD):
             for number in range(max_batches):
                 outcome = dispatch_batch(
-                    engine, as_of, batch_size, correlation_id=correlation_id, journal=journal
+                    engine,
+                    as_of,
+                    batch_size,
+                    correlation_id=correlation_id,
+                    journal=journal,
+                    writer=writer,
                 )
                 counts.add(outcome.counts())
                 if not outcome.selected and (number or continuing):

@@ -14,6 +14,7 @@ from ..domain.model import (
     CycleCounts,
 )
 from ..domain.transitions import LIVE_EVENT_STATUSES
+from ..domain.writers import WRITER_DAGSTER, WRITER_IN_PROCESS
 from ..logs import Journal
 from ..messaging.relay import OutboxSpans, Publisher, RelayResult, publish_rows
 from ..observability import ledger, tracing
@@ -114,12 +115,14 @@ def write(
     publisher: Publisher | None = None,
     journal: Journal | None = None,
     progress: Progress | None = None,
+    writer: str = WRITER_DAGSTER,
 ) -> Written:
     """Step 3: write the selected rows (re-locked and re-read); drain on if the cycle may.
 
     ``run_id`` is the run writing: it may differ from ``cycle.run_id`` when the step is
     re-executed from the UI, days later maybe; then the budget starts afresh, and the rows
-    reserved by the selecting run are still its to write.
+    reserved by the selecting run are still its to write. ``writer``: who moves the rows (the
+    Dagster ops' step; recorded on each row with ``run_id``).
     """
     journal = journal or Journal()
     started = cycle.started_at if cycle.run_id == run_id else time.time()
@@ -132,7 +135,12 @@ def write(
         try:
             with engine.begin() as conn:
                 outcome = write_batch(
-                    conn, ids, cycle.as_of, correlation_id=run_id, reserved_by=cycle.run_id
+                    conn,
+                    ids,
+                    cycle.as_of,
+                    correlation_id=run_id,
+                    reserved_by=cycle.run_id,
+                    writer=writer,
                 )
         except BaseException as error:
             journal.event(
@@ -165,6 +173,7 @@ def write(
                 progress=(lambda c: progress(_plus(counts, c))) if progress else None,
                 continuing=True,
                 written=outbox,
+                writer=writer,
             )
             counts.add(more)
             # The step's summary: in a run's event log a drain's batches are folded.
@@ -315,11 +324,13 @@ def run_cycle(
     run_id: str | None = None,
     journal: Journal | None = None,
     progress: Progress | None = None,
+    writer: str = WRITER_IN_PROCESS,
 ) -> CycleReport:
     """One whole cycle: each batch selected and written in one transaction, then the relay.
 
     In one trace span, recorded in the metrics ledger afterwards; a failed cycle is recorded as
-    an error, then the exception propagates.
+    an error, then the exception propagates. ``writer``: who runs it, recorded on each row it
+    moves (``cli:dispatch``, ``cli:up``; in process by default; domain/writers.py).
     """
     journal = journal or Journal()
     cycle = start(
@@ -348,6 +359,7 @@ def run_cycle(
                 journal=journal,
                 progress=progress,
                 written=outbox,
+                writer=writer,
             )
             report = finish(
                 engine,

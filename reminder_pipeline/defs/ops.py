@@ -138,6 +138,7 @@ def transition_and_outbox(
             skipped_locked=decisions["skipped_locked"],
             publisher=kafka.ready_publisher(),
             journal=journal,
+            writer=cycle.WRITER_DAGSTER,
         )
     return {"cycle": decisions["cycle"], **written.plain()}
 

@@ -2,13 +2,15 @@
 answered from the store, the same answer behind ``reminder-pipeline trace`` and the
 ``reminder_trace`` job.
 
-For each reminder: its status, DueAt and SentAt, why it is in that state in words (:func:`reason`,
-judged on the database's clock), the run that wrote it (the message's ``correlation-id``) with
-its UI address, its outbox row (published when, after how many failed attempts) and where the
-message landed (partition and offset, from the delivery report the relay recorded), every
-re-publish of it, and, given a check on the consumer's de-duplication store, whether the
-notifications side has it as delivered. Identifiers, times, statuses and counts only: never an
-event's title, description or location.
+For each reminder: its event's kind, its status, DueAt and SentAt, why it is in that state in
+words, when and by what (:func:`reason`, judged on the database's clock: the writer recorded in
+``moved_by``, domain/writers.py), the run that wrote it (the message's ``correlation-id``) with its
+UI address when it is a Dagster run (a command's cycle has no page), its outbox row (published
+when, after how many failed attempts) and where the message landed (partition and offset, from the
+delivery report the relay recorded), every re-publish of it, and, given a check on the consumer's
+de-duplication store, whether the notifications side has it as delivered. A reminder whose row is
+gone (a moved or deleted event's) is traced from its outbox message. Identifiers, times, statuses
+and counts only: never an event's title, description or location.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection, Engine
 
+from ..domain.writers import CLI_PREFIX, OPERATOR_PREFIX, WRITER_DAGSTER, WRITER_IN_PROCESS
 from ..store import operator_repository
 
 #: The fields of each reminder, in this order (``--json``, ``reminders --json`` and the Dagster
@@ -39,6 +42,7 @@ FIELDS = (
     "offset",
     "failed_publish_attempts",
     "attempts",
+    "moved_by",
     "event_status",
     "outbox_id",
     "republishes",
@@ -46,12 +50,28 @@ FIELDS = (
 
 
 class UnknownId(LookupError):
-    """Neither a reminder nor an event has this id."""
+    """Neither a reminder, an event nor an outbox message has this id."""
+
+
+#: The event statuses that send, and what closed an event that does not (a reason's words).
+_LIVE = ("Planned", "InProgress")
+_CLOSED_BY = {"Cancelled": "cancel", "Completed": "completion"}
 
 
 def run_url(ui_url: str, run_id: str | None) -> str | None:
     """The Dagster UI's page of a run (``<ui>/runs/<run id>``), None without a run id."""
     return f"{ui_url.rstrip('/')}/runs/{run_id}" if run_id else None
+
+
+def has_run_page(row: Mapping[str, Any]) -> bool:
+    """Whether the run named in the trace is a Dagster run (a page in the UI): moved by one, or
+    sent before the writer was recorded (then most likely one); never a command's cycle."""
+    moved_by = row.get("moved_by")
+    if moved_by == WRITER_DAGSTER:
+        return True
+    if moved_by is not None and moved_by.startswith(OPERATOR_PREFIX):
+        return row.get("moved_in_run") is not None
+    return moved_by is None and row.get("status") == "Sent"
 
 
 def _at(value: datetime | None) -> str | None:
@@ -64,23 +84,81 @@ def _iso(value: Any) -> Any:
     return value.isoformat() if isinstance(value, datetime) else value
 
 
+def _by(row: Mapping[str, Any]) -> str:
+    """The writer that moved the row, in words (a dispatch cycle's: Dagster run or command)."""
+    moved_by, run = row.get("moved_by"), row.get("moved_in_run") or row.get("run_id")
+    if moved_by == WRITER_DAGSTER:
+        return f"by Dagster run {run}"
+    if moved_by is not None and moved_by.startswith(CLI_PREFIX):
+        command = moved_by.removeprefix(CLI_PREFIX)
+        return f"by `reminder-pipeline {command}` (no Dagster run, cycle {run})"
+    if moved_by == WRITER_IN_PROCESS:
+        return f"by a cycle called in process (no Dagster run, cycle {run})"
+    if moved_by is not None:
+        return f"by {moved_by} (cycle {run})"
+    # Moved before the writer was recorded (migration 0007): the run is all that is known.
+    if run:
+        return f"by run {run} (a Dagster run or a command's cycle: before writers were recorded)"
+    return "(moved before writers were recorded)"
+
+
+def _sent(row: Mapping[str, Any]) -> str:
+    words = f"sent at {_at(row['sent_at'])} {_by(row)}"
+    if row["outbox_id"] is None:
+        return f"{words}; its outbox row is gone (purged after the retention)"
+    return f"{words}; {_message(row)}"
+
+
+def _message(row: Mapping[str, Any]) -> str:
+    """The outbox row's message: published when, or not yet after how many failed attempts."""
+    if row["published_at"] is None:
+        failed = int(row["failed_publish_attempts"] or 0)
+        return f"its message is not published yet ({failed} failed publish attempts)"
+    return f"published at {_at(row['published_at'])}"
+
+
+def _skipped(row: Mapping[str, Any]) -> str:
+    moved_by, at = row.get("moved_by"), _at(row.get("updated_at"))
+    attempts, error, event_status = (
+        int(row["attempts"] or 0),
+        row["last_error"],
+        row["event_status"],
+    )
+    operator = moved_by is not None and moved_by.startswith(OPERATOR_PREFIX)
+    if operator or (moved_by is None and attempts > 0 and event_status not in _CLOSED_BY):
+        in_run = f" (Dagster run {row['moved_in_run']})" if row.get("moved_in_run") else ""
+        if attempts == 0:
+            return f"skipped by an operator at {at}{in_run}, forced: it had not failed"
+        return (
+            f"skipped by an operator at {at}{in_run} after {attempts} failures "
+            f"(last error: {error})"
+        )
+    if moved_by is not None:  # a dispatch cycle, on the event status it read under the lock
+        why = (
+            f"the event was {event_status}"
+            if event_status not in _LIVE
+            else f"the event was not Planned or InProgress when read (it is {event_status} now)"
+        )
+        return f"skipped at {at} {_by(row)}: {why}"
+    created = row.get("created_at")
+    if created is not None and row.get("updated_at") == created:  # inserted Skipped
+        return (
+            f"skipped at creation: its time (due at {_at(row['due_at'])}) had passed when it "
+            f"was created at {_at(created)}"
+        )
+    if event_status in _CLOSED_BY:
+        return f"skipped by the {_CLOSED_BY[event_status]} of the event at {at}"
+    return f"skipped at {at} (moved before writers were recorded, the event is {event_status})"
+
+
 def reason(row: Mapping[str, Any], now: datetime) -> str:
-    """Why the reminder is in its state, in words, judged at ``now`` (the database's clock)."""
+    """Why the reminder is in its state, in words, judged at ``now`` (the database's clock):
+    when, and by what. The first clause (before "; ") is a short reason."""
     status, attempts, error = row["status"], int(row["attempts"] or 0), row["last_error"]
     if status == "Sent":
-        words = f"sent at {_at(row['sent_at'])}"
-        if row["outbox_id"] is None:
-            return f"{words}; its outbox row is gone (purged after the retention)"
-        if row["published_at"] is None:
-            failed = int(row["failed_publish_attempts"] or 0)
-            return f"{words}; its message is not published yet ({failed} failed publish attempts)"
-        return f"{words}; published at {_at(row['published_at'])}"
+        return _sent(row)
     if status == "Skipped":
-        if row["event_status"] in ("Cancelled", "Completed"):
-            return f"skipped because the event was {row['event_status']}"
-        if attempts > 0:
-            return f"skipped by an operator after {attempts} failed attempts (last error: {error})"
-        return f"skipped (the event is {row['event_status']})"
+        return _skipped(row)
     reserved_until = row["reserved_until"]
     if row["reserved_by"] and reserved_until is not None and reserved_until > now:
         return f"reserved by run {row['reserved_by']} until {_at(reserved_until)}"
@@ -95,6 +173,26 @@ def reason(row: Mapping[str, Any], now: datetime) -> str:
     if row["due_at"] > now:
         return f"not due yet (due at {_at(row['due_at'])})"
     return f"due since {_at(row['due_at'])}; the next dispatch cycle takes it"
+
+
+def outbox_reason(row: Mapping[str, Any]) -> str:
+    """Why a reminder whose row is gone is still traced: its message in the outbox."""
+    gone = (
+        "its reminder row is gone (the event was moved or deleted)"
+        if row["event_status"] is not None
+        else "its reminder row is gone with its event (deleted)"
+    )
+    written = f"its message was written at {_at(row['outbox_created_at'])}"
+    if row.get("run_id"):
+        written += f" in run {row['run_id']}"
+    if row["published_at"] is None:
+        return f"{gone}; {written}; {_message(row)}"
+    landed = (
+        f", partition {row['partition']} offset {row['offset']}"
+        if row["partition"] is not None
+        else ""
+    )
+    return f"{gone}; {written} and published at {_at(row['published_at'])}{landed}"
 
 
 def trace(
@@ -112,19 +210,28 @@ def trace(
     wanted = uuid.UUID(str(reminder_or_event_id))
     with engine.connect() as conn:
         rows = operator_repository.trace_rows(conn, wanted)
+        if not rows:
+            rows = operator_repository.outbox_only_rows(conn, [wanted])
         traced = _items(conn, rows, ui_url=ui_url, delivered=delivered)
     if not rows:
-        raise UnknownId(f"no reminder or event has the id {wanted}")
+        raise UnknownId(
+            f"no reminder, event or outbox message has the id {wanted}; a reminder deleted "
+            "before it was sent leaves no row"
+        )
     return traced
 
 
 def trace_ids(engine: Engine, ids: Sequence[uuid.UUID], *, ui_url: str) -> list[dict[str, Any]]:
-    """The trace items of these reminders, in the given order; ids not found are left out."""
-    wanted = [uuid.UUID(str(i)) for i in ids]
+    """The trace items of these reminders, in the given order; ids not found are left out (a
+    reminder whose row is gone is traced from its outbox message, as :func:`trace` does)."""
+    wanted = list(dict.fromkeys(uuid.UUID(str(i)) for i in ids))
     with engine.connect() as conn:
-        rows = operator_repository.trace_rows_of(conn, wanted)
-        by_id = {row["reminder_id"]: row for row in rows}
-        ordered = [by_id[i] for i in dict.fromkeys(wanted) if i in by_id]
+        by_id = {r["reminder_id"]: r for r in operator_repository.trace_rows_of(conn, wanted)}
+        missing = [i for i in wanted if i not in by_id]
+        by_id.update(
+            (r["reminder_id"], r) for r in operator_repository.outbox_only_rows(conn, missing)
+        )
+        ordered = [by_id[i] for i in wanted if i in by_id]
         return _items(conn, ordered, ui_url=ui_url, delivered=None)
 
 
@@ -140,11 +247,15 @@ def _items(
     traced = []
     for row in rows:
         item: dict[str, Any] = {name: _iso(row.get(name)) for name in FIELDS}
+        from_outbox = "status" not in row  # the reminder row is gone: its message is what is left
         item.update(
             reminder_id=str(row["reminder_id"]),
             event_id=str(row["event_id"]),
-            reason=reason(row, row["checked_at"]),
-            run_url=run_url(ui_url, row["run_id"]),
+            status="Sent" if from_outbox else row["status"],
+            reason=outbox_reason(row) if from_outbox else reason(row, row["checked_at"]),
+            run_url=None
+            if from_outbox or not has_run_page(row)
+            else run_url(ui_url, row["run_id"]),
             republishes=[
                 {
                     "run_id": c["run_id"],

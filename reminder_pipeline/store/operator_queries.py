@@ -23,6 +23,7 @@ LIST_POISON = text(
 
 # An operator's retry / skip changes a row only while it is Pending and has failed at least once
 # (a poison row), unless forced: a mistyped id can never skip a healthy reminder before it is sent.
+# A skip records its writer (:moved_by, the operator's action) and the Dagster run that did it.
 RETRY_POISON_NOW = text(
     """
     UPDATE event_reminders SET next_attempt_at = NULL, updated_at = now()
@@ -33,7 +34,9 @@ RETRY_POISON_NOW = text(
 
 SKIP_POISON = text(
     """
-    UPDATE event_reminders SET status = 'Skipped', updated_at = now()
+    UPDATE event_reminders
+       SET status = 'Skipped', updated_at = now(), moved_by = :moved_by,
+           moved_in_run = CAST(:moved_in_run AS text)
      WHERE id = :id AND status = 'Pending' AND (attempts > 0 OR :force)
     RETURNING id
     """
@@ -79,17 +82,19 @@ RETRY_POISON_BY_FILTER = text(
 
 SKIP_POISON_BY_FILTER = text(
     f"""
-    UPDATE event_reminders t SET status = 'Skipped', updated_at = now()
+    UPDATE event_reminders t
+       SET status = 'Skipped', updated_at = now(), moved_by = :moved_by,
+           moved_in_run = CAST(:moved_in_run AS text)
      WHERE t.id IN (SELECT r.id {_POISON_FILTER})
        AND t.status = 'Pending' AND t.attempts > 0
     RETURNING t.id
     """
 )
 
-# The trace of one reminder, or of every reminder of an event (the id is either): the row, its
-# event's status, its outbox row and where that landed, the run that wrote it (the message's
-# correlation-id header), and the database's clock (reasons are judged on it). Ids, times,
-# statuses and counts only.
+# The trace of one reminder, or of every reminder of an event (the id is either): the row and who
+# moved it, its event's kind and status, its outbox row and where that landed, the run that wrote
+# it (the message's correlation-id header, else the run that moved the row), and the database's
+# clock (reasons are judged on it). Ids, times, statuses and counts only.
 _TRACE_SELECT = """
     SELECT r.id AS reminder_id, r.calendar_event_id AS event_id, e.kind, r.status, r.due_at,
            r.sent_at, r.created_at, r.updated_at, r.attempts, r.last_error, r.last_failed_at,
@@ -97,7 +102,8 @@ _TRACE_SELECT = """
            e.status AS event_status, e.updated_at AS event_updated_at,
            o.id AS outbox_id, o.created_at AS outbox_created_at, o.published_at,
            o.publish_attempts AS failed_publish_attempts, o.kafka_partition AS partition,
-           o.kafka_offset AS offset, o.topic, o.headers ->> 'correlation-id' AS run_id,
+           o.kafka_offset AS offset, o.topic,
+           COALESCE(o.headers ->> 'correlation-id', r.moved_in_run) AS run_id,
            clock_timestamp() AS checked_at
       FROM event_reminders r
       JOIN calendar_events e ON e.id = r.calendar_event_id
@@ -117,6 +123,24 @@ TRACE_REMINDERS_BY_IDS = text(
     f"""
     {_TRACE_SELECT}
      WHERE r.id = ANY(CAST(:ids AS uuid[]))
+    """
+)
+
+# The outbox rows of these ReminderIds whose reminder row is gone (a moved or deleted event's sent
+# reminder: its message outlives it), with the event's status if the event is still there. By
+# ``uq_outbox_reminder_id``; from the payload only its EventId and Kind (no PII in it anyway).
+TRACE_OUTBOX_ONLY = text(
+    """
+    SELECT o.reminder_id, o.payload ->> 'EventId' AS event_id, o.payload ->> 'Kind' AS kind,
+           o.due_at, e.status AS event_status, o.id AS outbox_id,
+           o.created_at AS outbox_created_at, o.published_at,
+           o.publish_attempts AS failed_publish_attempts, o.kafka_partition AS partition,
+           o.kafka_offset AS offset, o.topic, o.headers ->> 'correlation-id' AS run_id,
+           clock_timestamp() AS checked_at
+      FROM outbox o
+      LEFT JOIN calendar_events e ON e.id = CAST(o.message_key AS uuid)
+     WHERE o.reminder_id = ANY(CAST(:ids AS uuid[]))
+       AND NOT EXISTS (SELECT 1 FROM event_reminders r WHERE r.id = o.reminder_id)
     """
 )
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from ..domain.writers import WRITER_POISON_SKIP
 from . import operator_queries as queries
 
 
@@ -57,9 +58,19 @@ def retry_poison_now(conn: Connection, reminder_id: uuid.UUID, *, force: bool = 
     return conn.execute(queries.RETRY_POISON_NOW, params).first() is not None
 
 
-def skip_poison(conn: Connection, reminder_id: uuid.UUID, *, force: bool = False) -> bool:
-    """Move a poison row to Skipped (never published); False unless Pending and failed or forced."""
-    params = {"id": reminder_id, "force": force}
+def skip_poison(
+    conn: Connection, reminder_id: uuid.UUID, *, force: bool = False, run_id: str | None = None
+) -> bool:
+    """Move a poison row to Skipped (never published); False unless Pending and failed or forced.
+
+    The row records the operator's skip as its writer, and ``run_id`` (the Dagster run doing it).
+    """
+    params = {
+        "id": reminder_id,
+        "force": force,
+        "moved_by": WRITER_POISON_SKIP,
+        "moved_in_run": run_id,
+    }
     return conn.execute(queries.SKIP_POISON, params).first() is not None
 
 
@@ -75,12 +86,17 @@ def poison_by_filter(conn: Connection, selected: PoisonFilter) -> list[dict[str,
     return [dict(r._mapping) for r in rows]
 
 
-def change_poison_by_filter(conn: Connection, action: str, selected: PoisonFilter) -> list[str]:
+def change_poison_by_filter(
+    conn: Connection, action: str, selected: PoisonFilter, *, run_id: str | None = None
+) -> list[str]:
     """Retry or skip every poison row ``selected`` takes (re-checked under the row locks); the
-    ids changed."""
-    retry = action == "retry"
-    statement = queries.RETRY_POISON_BY_FILTER if retry else queries.SKIP_POISON_BY_FILTER
-    return sorted(str(r.id) for r in conn.execute(statement, selected.params()))
+    ids changed. A skip records the operator's skip and ``run_id`` (the Dagster run) on each."""
+    if action == "retry":
+        rows = conn.execute(queries.RETRY_POISON_BY_FILTER, selected.params())
+    else:
+        params = {**selected.params(), "moved_by": WRITER_POISON_SKIP, "moved_in_run": run_id}
+        rows = conn.execute(queries.SKIP_POISON_BY_FILTER, params)
+    return sorted(str(r.id) for r in rows)
 
 
 def trace_rows(conn: Connection, reminder_or_event_id: uuid.UUID) -> list[dict[str, Any]]:
@@ -95,6 +111,14 @@ def trace_rows_of(conn: Connection, reminder_ids: Sequence[uuid.UUID]) -> list[d
     if not reminder_ids:
         return []
     rows = conn.execute(queries.TRACE_REMINDERS_BY_IDS, {"ids": list(reminder_ids)})
+    return [dict(r._mapping) for r in rows]
+
+
+def outbox_only_rows(conn: Connection, reminder_ids: Sequence[uuid.UUID]) -> list[dict[str, Any]]:
+    """The outbox rows of these ReminderIds whose reminder row is gone (no particular order)."""
+    if not reminder_ids:
+        return []
+    rows = conn.execute(queries.TRACE_OUTBOX_ONLY, {"ids": list(reminder_ids)})
     return [dict(r._mapping) for r in rows]
 
 

@@ -218,7 +218,8 @@ _PAYLOAD = """
 # statement"): the rows the batch takes (``picked``: a drain's due selection, or the rows this
 # transaction holds), the decision on the event status read with the row under that lock (:live:
 # the statuses that send), and the write (Pending -> Sent/Skipped, one outbox row per Sent row,
-# its payload built here, its headers :headers with the row's reminder-id). Rows in :exclude
+# its payload built here, its headers :headers with the row's reminder-id; each moved row records
+# its writer, :moved_by and :moved_in_run, for the trace). Rows in :exclude
 # (poison: a payload that breaks the contract, data the database refused) stay Pending and
 # locked. SentAt is the database's clock (now(): this transaction's start; :now only pins it in
 # tests), never before AsOf, so lateness is never negative. The outbox insert is fed from the
@@ -243,7 +244,9 @@ def _write_batch(picked: str, counts: str) -> str:
                last_error = NULL,
                next_attempt_at = NULL,
                reserved_by = NULL,
-               reserved_until = NULL
+               reserved_until = NULL,
+               moved_by = :moved_by,
+               moved_in_run = :moved_in_run
           FROM picked p
          WHERE r.id = ANY(ARRAY(SELECT row_id FROM picked))
            AND p.row_id = r.id

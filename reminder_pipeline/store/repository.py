@@ -155,10 +155,18 @@ def dispatch_due_batch(
     topic: str,
     headers: dict[str, str],
     live: Iterable[str],
+    moved_by: str,
+    moved_in_run: str | None,
 ) -> DispatchedBatch:
     """Select, decide and write one batch in one statement (DISPATCH_DUE_BATCH); unchecked: the
-    caller checks each stored payload before it commits. Errors propagate (:func:`data_error`)."""
-    params = {"as_of": as_of, "batch_size": batch_size}
+    caller checks each stored payload before it commits. Errors propagate (:func:`data_error`).
+    Each moved row records ``moved_by`` (the writer) and ``moved_in_run`` (its run id)."""
+    params = {
+        "as_of": as_of,
+        "batch_size": batch_size,
+        "moved_by": moved_by,
+        "moved_in_run": moved_in_run,
+    }
     return _written(conn, queries.DISPATCH_DUE_BATCH, params, topic, headers, live)
 
 
@@ -170,6 +178,8 @@ def write_held_batch(
     topic: str,
     headers: dict[str, str],
     live: Iterable[str],
+    moved_by: str,
+    moved_in_run: str | None,
     exclude: Sequence[str] = (),
     utc_zone: Sequence[str] = (),
     now: datetime | None = None,
@@ -183,6 +193,8 @@ def write_held_batch(
         "exclude": list(exclude),
         "utc_zone": list(utc_zone),
         "now": now,
+        "moved_by": moved_by,
+        "moved_in_run": moved_in_run,
     }
     return _written(conn, queries.WRITE_HELD_BATCH, params, topic, headers, live)
 

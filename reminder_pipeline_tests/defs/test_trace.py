@@ -128,6 +128,7 @@ def test_a_sent_reminder_names_the_dagster_run_that_wrote_it_and_where_its_messa
         assert item["run_url"] == f"http://127.0.0.1:{UI_PORT}/runs/{run.run_id}"
         assert item["published_at"] and item["sent_at"] and item["due_at"]
         assert item["reason"].startswith("sent at ") and "published at" in item["reason"]
+        assert f" by Dagster run {run.run_id}; " in item["reason"] and item["moved_by"] == "dagster"
         assert item["failed_publish_attempts"] == 0 and item["republishes"] == []
         assert "delivered" not in item  # no store given
         msg = _message_at(kafka_settings, item["partition"], item["offset"])
@@ -146,13 +147,19 @@ def test_a_sent_reminder_names_the_dagster_run_that_wrote_it_and_where_its_messa
 
 def test_a_skipped_reminder_says_the_event_was_cancelled(engine, publisher, cli_env):
     event_id = make_due_event(engine, status="Cancelled")
-    assert cycle.run_cycle(engine, publisher).counts.skipped == 1
+    report = cycle.run_cycle(engine, publisher)
+    assert report.counts.skipped == 1
 
     [item] = _trace(str(event_id), env=cli_env)
 
-    assert item["status"] == "Skipped"
-    assert item["reason"] == "skipped because the event was Cancelled"
-    assert item["run_id"] is None and item["run_url"] is None and item["partition"] is None
+    assert item["status"] == "Skipped"  # issue 35: when and by what (a cycle, not a Dagster run)
+    assert item["reason"].startswith("skipped at ")
+    assert item["reason"].endswith(
+        f" by a cycle called in process (no Dagster run, cycle {report.run_id}): "
+        "the event was Cancelled"
+    )
+    assert item["run_id"] == report.run_id and item["run_url"] is None
+    assert item["partition"] is None
 
 
 def test_a_poison_row_is_backing_off_with_its_last_error_and_next_attempt(
@@ -182,7 +189,8 @@ def test_an_unknown_id_is_exit_1_in_one_line_and_a_bad_one_exit_2(engine, cli_en
     result = run_cli("trace", unknown, "--json", env=cli_env)
     assert result.returncode == 1 and result.stdout == ""
     assert error_lines(result) == [
-        f"reminder-pipeline: error: trace: no reminder or event has the id {unknown}"
+        f"reminder-pipeline: error: trace: no reminder, event or outbox message has the id "
+        f"{unknown}; a reminder deleted before it was sent leaves no row"
     ]
     bad = run_cli("trace", "42", env=cli_env)
     assert bad.returncode == 2 and "ID='42' is not a reminder or event id" in bad.stderr
@@ -264,7 +272,8 @@ def test_the_trace_job_shows_the_same_answer_as_cards(
         run_config={"id": str(cancelled)}, instance=instance, resources=resources
     )
     [s] = skipped.output_for_node("trace_reminders")["reminders"]
-    assert s["reason"] == "skipped because the event was Cancelled"
+    assert s["reason"].startswith("skipped at ")
+    assert s["reason"].endswith(f" by Dagster run {run.run_id}: the event was Cancelled")
 
     unknown = str(uuid.uuid4())
     failed = reminder_trace.execute_in_process(
@@ -272,6 +281,6 @@ def test_the_trace_job_shows_the_same_answer_as_cards(
     )
     assert not failed.success
     [failure] = [e for e in failed.all_events if e.is_step_failure]
-    assert f"no reminder or event has the id {unknown}" in str(
+    assert f"no reminder, event or outbox message has the id {unknown}" in str(
         failure.step_failure_data.error.message
     )

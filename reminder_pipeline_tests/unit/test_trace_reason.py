@@ -6,10 +6,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from reminder_pipeline.operator_jobs.trace import reason, run_url
+from reminder_pipeline.operator_jobs.trace import has_run_page, reason, run_url
 
 NOW = datetime(2026, 12, 2, 9, 0, tzinfo=UTC)
 MINUTE = timedelta(minutes=1)
+DAY = timedelta(days=1)
 
 
 def _row(**changes):
@@ -19,10 +20,15 @@ def _row(**changes):
         "last_error": None,
         "due_at": NOW - MINUTE,
         "sent_at": None,
+        "created_at": NOW - DAY,
+        "updated_at": NOW - DAY,
         "event_status": "Planned",
         "reserved_by": None,
         "reserved_until": None,
         "next_attempt_at": None,
+        "moved_by": None,
+        "moved_in_run": None,
+        "run_id": None,
         "outbox_id": None,
         "published_at": None,
         "failed_publish_attempts": None,
@@ -30,29 +36,75 @@ def _row(**changes):
     return {**row, **changes}
 
 
+SENT = {"status": "Sent", "sent_at": NOW, "outbox_id": 7, "updated_at": NOW}
+SKIPPED = {"status": "Skipped", "updated_at": NOW}
+
+
 @pytest.mark.parametrize(
     ("row", "words"),
     [
         (
-            _row(status="Sent", sent_at=NOW, outbox_id=7, published_at=NOW + MINUTE),
-            "sent at 2026-12-02T09:00:00+00:00; published at 2026-12-02T09:01:00+00:00",
+            _row(**SENT, moved_by="dagster", moved_in_run="r1", published_at=NOW + MINUTE),
+            "sent at 2026-12-02T09:00:00+00:00 by Dagster run r1; "
+            "published at 2026-12-02T09:01:00+00:00",
         ),
         (
-            _row(status="Sent", sent_at=NOW, outbox_id=7, failed_publish_attempts=2),
-            "sent at 2026-12-02T09:00:00+00:00; its message is not published yet "
-            "(2 failed publish attempts)",
+            _row(**SENT, moved_by="cli:dispatch", moved_in_run="c1", failed_publish_attempts=2),
+            "sent at 2026-12-02T09:00:00+00:00 by `reminder-pipeline dispatch` (no Dagster run, "
+            "cycle c1); its message is not published yet (2 failed publish attempts)",
         ),
         (
-            _row(status="Skipped", event_status="Cancelled"),
-            "skipped because the event was Cancelled",
+            _row(**SENT, moved_by="cli:up", moved_in_run="c2", published_at=NOW),
+            "sent at 2026-12-02T09:00:00+00:00 by `reminder-pipeline up` (no Dagster run, "
+            "cycle c2); published at 2026-12-02T09:00:00+00:00",
+        ),
+        (  # moved before migration 0007: the message's run, not claimed to be Dagster's
+            _row(**SENT, run_id="r0", published_at=NOW),
+            "sent at 2026-12-02T09:00:00+00:00 by run r0 (a Dagster run or a command's cycle: "
+            "before writers were recorded); published at 2026-12-02T09:00:00+00:00",
         ),
         (
-            _row(status="Skipped", event_status="Completed"),
-            "skipped because the event was Completed",
+            _row(**{**SENT, "outbox_id": None}, moved_by="dagster", moved_in_run="r1"),
+            "sent at 2026-12-02T09:00:00+00:00 by Dagster run r1; its outbox row is gone "
+            "(purged after the retention)",
         ),
         (
-            _row(status="Skipped", attempts=3, last_error="Kind too long"),
-            "skipped by an operator after 3 failed attempts (last error: Kind too long)",
+            _row(status="Skipped", due_at=NOW - DAY - MINUTE),  # inserted Skipped
+            "skipped at creation: its time (due at 2026-12-01T08:59:00+00:00) had passed when "
+            "it was created at 2026-12-01T09:00:00+00:00",
+        ),
+        (
+            _row(**SKIPPED, event_status="Cancelled"),
+            "skipped by the cancel of the event at 2026-12-02T09:00:00+00:00",
+        ),
+        (
+            _row(**SKIPPED, event_status="Completed"),
+            "skipped by the completion of the event at 2026-12-02T09:00:00+00:00",
+        ),
+        (
+            _row(**SKIPPED, event_status="Cancelled", moved_by="dagster", moved_in_run="r1"),
+            "skipped at 2026-12-02T09:00:00+00:00 by Dagster run r1: the event was Cancelled",
+        ),
+        (
+            _row(**SKIPPED, event_status="Completed", moved_by="cli:dispatch", moved_in_run="c"),
+            "skipped at 2026-12-02T09:00:00+00:00 by `reminder-pipeline dispatch` (no Dagster "
+            "run, cycle c): the event was Completed",
+        ),
+        (
+            _row(
+                **SKIPPED, attempts=3, last_error="Kind too long", moved_by="operator:poison skip"
+            ),
+            "skipped by an operator at 2026-12-02T09:00:00+00:00 after 3 failures "
+            "(last error: Kind too long)",
+        ),
+        (
+            _row(**SKIPPED, moved_by="operator:poison skip", moved_in_run="r9"),
+            "skipped by an operator at 2026-12-02T09:00:00+00:00 (Dagster run r9), forced: "
+            "it had not failed",
+        ),
+        (  # skipped by hand before migration 0007
+            _row(**SKIPPED, attempts=3, last_error="E"),
+            "skipped by an operator at 2026-12-02T09:00:00+00:00 after 3 failures (last error: E)",
         ),
         (
             _row(reserved_by="run-7", reserved_until=NOW + MINUTE),
@@ -76,6 +128,14 @@ def _row(**changes):
 )
 def test_each_state_has_its_reason(row, words):
     assert reason(row, NOW) == words
+
+
+def test_only_a_dagster_run_has_a_page():
+    assert has_run_page(_row(**SENT, moved_by="dagster", moved_in_run="r1"))
+    assert not has_run_page(_row(**SENT, moved_by="cli:dispatch", moved_in_run="c1"))
+    assert not has_run_page(_row(**SENT, moved_by="in-process", moved_in_run="c1"))
+    assert has_run_page(_row(**SKIPPED, moved_by="operator:poison skip", moved_in_run="r9"))
+    assert not has_run_page(_row(**SKIPPED, moved_by="operator:poison skip"))
 
 
 def test_a_run_url_is_the_ui_address_and_the_run_id():
