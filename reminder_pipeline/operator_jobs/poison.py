@@ -70,7 +70,6 @@ def change(
     if action not in ACTIONS:
         raise ValueError(f"poison action {action!r} is not one of {', '.join(ACTIONS)}")
     rid = uuid.UUID(str(reminder_id))
-    apply = repository.retry_poison_now if action == "retry" else repository.skip_poison
     with audited(
         f"poison row {action}",
         operator=actor,
@@ -81,7 +80,11 @@ def change(
         run_id=run_id,
     ) as outcome:
         with engine.begin() as conn:
-            changed = apply(conn, rid, force=force)
+            changed = (
+                repository.retry_poison_now(conn, rid, force=force)
+                if action == "retry"
+                else repository.skip_poison(conn, rid, force=force, run_id=run_id)
+            )
             state = None if changed else repository.reminder_operator_state(conn, rid)
         outcome.fields["changed"] = changed
     if changed:
@@ -189,7 +192,7 @@ def change_many(
         try:
             with engine.begin() as conn:
                 row_locks.bound_lock_waits(conn, int(lock_timeout_seconds * 1000))
-                changed = repository.change_poison_by_filter(conn, action, selected)
+                changed = repository.change_poison_by_filter(conn, action, selected, run_id=run_id)
         except sa.exc.OperationalError as error:
             if not row_locks.is_lock_timeout(error):
                 raise

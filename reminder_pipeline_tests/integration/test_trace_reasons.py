@@ -27,7 +27,6 @@ from reminder_pipeline.local.calendar import (
     reschedule_event,
 )
 from reminder_pipeline.operator_jobs import poison, trace
-from reminder_pipeline.store import operator_repository
 from reminder_pipeline_tests.support import (
     POISON_KIND,
     error_lines,
@@ -161,10 +160,10 @@ def test_a_reminder_an_operator_skipped_says_when_and_after_how_many_failures(en
 def test_a_bulk_skip_in_a_dagster_run_records_the_run(engine, publisher):
     event_id = make_due_event(engine, kind=POISON_KIND)
     cycle.run_cycle(engine, publisher)
-    with engine.begin() as conn:
-        [skipped] = operator_repository.change_poison_by_filter(
-            conn, "skip", operator_repository.PoisonFilter(), run_id="run-9"
-        )
+    done = poison.change_many(  # as the reminder_poison job calls it, with its run id
+        engine, "skip", poison.PoisonFilter(), actor="test", run_id="run-9"
+    )
+    [skipped] = [row["id"] for row in done.rows]
 
     item = _one(engine, skipped)
 
