@@ -22,6 +22,7 @@ from dagster import AssetKey, AssetSpec, FreshnessPolicy, MetadataValue
 from ..config import dagster_ui_url, docs_base_url
 from ..domain import contract
 from ..domain.model import FIGURES
+from ..local.dagster_processes import LOCATION_NAME
 
 DISPATCH_ASSET_KEY = AssetKey(["calendar", "reminder_dispatch"])
 
@@ -39,7 +40,7 @@ NUMERIC_METADATA = (
 
 #: The code location every workspace file names (workspace.yaml, docker/workspace.yaml,
 #: reminder_pipeline/dagster_workspace.yaml): the UI's pages of jobs and schedules live under it.
-CODE_LOCATION = "reminder_pipeline"
+CODE_LOCATION = LOCATION_NAME
 #: The schedule that feeds the asset and the jobs whose runs record its materializations (the
 #: two over ``relay_outbox``; a test holds these names to the definitions).
 DISPATCH_SCHEDULE = "reminder_dispatch_schedule"

@@ -29,6 +29,7 @@ _LABELS = (
     ("failed_publish_attempts", "Failed publish attempts"),
     ("publish_attempts", "Failed publish attempts"),
     ("attempts", "Dispatch attempts"),
+    ("moved_by", "Moved by"),
     ("event_status", "Event status"),
     ("outbox_id", "Outbox row"),
     ("delivered", "Delivered"),

@@ -71,8 +71,9 @@ def test_the_old_field_name_and_a_partial_item_are_shown() -> None:
     lines = reminder_cards([old]).splitlines()
     assert "- **Failed publish attempts:** 2" in lines
     assert "- **Delivered:** no" in lines
-    found = {"reminder_id": "x", "status": "Skipped", "reason": "skipped", "moved_by": "cli:up"}
-    assert "- **moved\\_by:** cli:up" in reminder_cards([found]).splitlines()
+    found = {"reminder_id": "x", "status": "Skipped", "moved_by": "cli:up", "new_field": "y"}
+    assert "- **Moved by:** cli:up" in reminder_cards([found]).splitlines()
+    assert "- **new\\_field:** y" in reminder_cards([found]).splitlines()
 
 
 def test_values_are_escaped_and_kept_on_one_line() -> None:
