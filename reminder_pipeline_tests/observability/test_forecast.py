@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from dagster import AssetCheckSeverity, build_sensor_context, instance_for_test
 from sqlalchemy.engine import Engine
 
+from reminder_pipeline.defs.checks import runbook_link
 from reminder_pipeline.defs.resources import PostgresResource
 from reminder_pipeline.defs.sensors import reminder_health_sensor
 from reminder_pipeline.domain.model import CycleCounts
@@ -111,7 +112,8 @@ def test_a_planted_peak_is_found_and_the_check_warns_naming_it(engine, database_
         3_000,
         1,
     )
-    assert meta["runbook"] == health.RUNBOOK_COMING_PEAK
+    # A link under the docs base URL (issue 35: clickable runbook links), not a repository path.
+    assert meta["runbook"] == runbook_link(health.RUNBOOK_COMING_PEAK).value
 
     settings, endpoints = exporter_settings(database_url)
     running = exp.start_exporter(settings, endpoints)
