@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Protocol
 
 import orjson
@@ -81,16 +83,84 @@ class JsonFormatter(logging.Formatter):
         return "\n".join(lines)
 
 
-def configure(level: int = logging.INFO, stream: Any = None) -> None:
-    """Send the package's logs to ``stream`` (stderr) as JSON lines; idempotent."""
+#: Marks the handlers :func:`configure` and :func:`to_file` add (found again, never doubled).
+_OURS = "_reminder_pipeline_handler"
+
+
+def _our_handlers(logger: logging.Logger) -> list[logging.Handler]:
+    return [h for h in logger.handlers if getattr(h, _OURS, False)]
+
+
+def configure(level: int | None = None, stream: Any = None) -> None:
+    """Send the package's logs to ``stream`` (stderr) as JSON lines; idempotent.
+
+    ``level`` None keeps a level chosen before in this process (the command line's
+    ``--log-level``: a command run inside it logs at the operator's level), else INFO.
+    """
     logger = logging.getLogger("reminder_pipeline")
-    logger.setLevel(level)
-    for handler in logger.handlers:
-        if isinstance(handler.formatter, JsonFormatter):
-            return
+    if level is not None:
+        logger.setLevel(level)
+    elif logger.level == logging.NOTSET:
+        logger.setLevel(logging.INFO)
+    if _our_handlers(logger):
+        return
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter())
+    setattr(handler, _OURS, True)
     logger.addHandler(handler)
+
+
+class LineFormatter(logging.Formatter):
+    """A record as one line for a person: ``<prefix>: <level>: <message> key=value ...``."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields = fields_of(record)
+        items = items_of(record)
+        if items:
+            fields["lines"] = len(items)
+        if record.exc_info and record.exc_info[0] is not None:
+            fields["exception"] = record.exc_info[0].__name__
+        text = line(record.getMessage(), fields)
+        return f"{self.prefix}: {record.levelname.lower()}: {' '.join(text.split())}"
+
+
+class _LogFile(logging.FileHandler):
+    """A log file opened (its folder made) at its first record: a run that logs nothing, like
+    a refused ``up``, leaves nothing behind."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, encoding="utf-8", delay=True)
+
+    def _open(self) -> Any:
+        Path(self.baseFilename).parent.mkdir(parents=True, exist_ok=True)
+        return super()._open()
+
+
+def to_file(path: Path, level: int, prefix: str) -> Path:
+    """Write the package's JSON log to ``path`` (appended) at ``level``; the terminal (the
+    handler :func:`configure` added) keeps one line per warning or error, for a person.
+
+    For a command with lines of its own to print (``up``): its log no longer mixes with them.
+    """
+    logger = logging.getLogger("reminder_pipeline")
+    configure()
+    for handler in _our_handlers(logger):
+        if isinstance(handler, logging.FileHandler):
+            if handler.baseFilename == os.path.abspath(path):
+                return path
+            continue
+        handler.setFormatter(LineFormatter(prefix))
+        handler.setLevel(max(level, logging.WARNING))
+    handler = _LogFile(path)
+    handler.setFormatter(JsonFormatter())
+    setattr(handler, _OURS, True)
+    logger.addHandler(handler)
+    logger.setLevel(level)
+    return path
 
 
 class Journal:

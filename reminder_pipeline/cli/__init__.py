@@ -45,7 +45,19 @@ __all__ = [
 ]
 
 
+class _Root(click.Group):
+    """The root group: ``--verbose`` is also taken after the command (``trace ID --verbose``)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """Move every ``--verbose`` before ``--`` to the front, where the root's options are."""
+        end = args.index("--") if "--" in args else len(args)
+        moved = [a for a in args[:end] if a == "--verbose"]
+        rest = [a for a in args[:end] if a != "--verbose"]
+        return super().parse_args(ctx, [*moved, *rest, *args[end:]])
+
+
 @click.group(
+    cls=_Root,
     context_settings={
         "show_default": True,
         "help_option_names": ["-h", "--help"],
@@ -56,9 +68,17 @@ __all__ = [
 @env_option(
     "--log-level",
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
-    default="INFO",
+    default=None,
+    show_default="WARNING: a command prints only its answer",
     envvar="REMINDER_LOG_LEVEL",
-    help="Level of the JSON log lines on stderr.",
+    help="Level of the JSON log lines on stderr (`up`: of its log file, default INFO).",
+)
+@click.option(
+    "-v",
+    "--verbose",
+    is_flag=True,
+    default=False,
+    help="Log what the command does (INFO lines) too: --log-level INFO. Also after the command.",
 )
 @env_option(
     "--progress-seconds",
@@ -68,15 +88,18 @@ __all__ = [
     help="Interval of the progress lines on stderr during long work (0: every step).",
 )
 @click.pass_context
-def cli(ctx: click.Context, log_level: str, progress_seconds: float) -> None:
+def cli(ctx: click.Context, log_level: str | None, verbose: bool, progress_seconds: float) -> None:
     """The calendar's reminder dispatcher: the same use cases as the Dagster jobs, from a shell.
 
     Exit codes: 0 done; 1 runtime failure (a server down, a row not in a state the command may
     change); 2 bad usage or configuration (nothing was started or written); 3 partial publish
     (rows written, some outbox rows left unpublished for the next relay); 130 interrupted.
     """
-    logs.configure(getattr(logging, log_level.upper(), logging.INFO))
-    ctx.obj = {"progress_seconds": progress_seconds}
+    chosen = getattr(logging, log_level.upper()) if log_level else None
+    if verbose:
+        chosen = min(chosen or logging.INFO, logging.INFO)
+    logs.configure(logging.WARNING if chosen is None else chosen)
+    ctx.obj = {"progress_seconds": progress_seconds, "log_level": chosen}
 
 
 for _command in (dispatch, relay, poison, outbox, db, services, consume, metrics, demo, up):

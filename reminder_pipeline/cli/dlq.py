@@ -20,6 +20,8 @@ LIST_COLUMNS = (
     "attempts",
     "size",
     "truncated",
+    "replayed_at",
+    "replay_of",
 )
 
 
@@ -32,7 +34,8 @@ def dlq() -> None:
 @json_option
 def dlq_list(as_json: bool) -> int:
     """Every dead letter: its position, the original's topic/partition/offset/key, the reason,
-    attempts, size and whether it was cut to fit (never the value)."""
+    attempts, size, whether it was cut to fit, when it was last replayed and, for the dead
+    letter of a replay, which dead letter it replayed (never the value)."""
     from ..operator_jobs.dead_letters import list_letters
 
     letters = list_letters(broker_settings())
@@ -76,7 +79,12 @@ def dlq_replay(
     position: str | None, replay_all: bool, dry_run: bool, yes: bool, as_json: bool
 ) -> int:
     """Put dead letters' original key, value and headers back on the contract's topic, marked
-    with a replay-of-dlq header (logged with your OS user); a copy cut to fit is refused."""
+    with a replay-of-dlq header (logged with your OS user); a copy cut to fit is refused.
+
+    --all sends each dead letter once: it leaves out those already replayed and the dead letters
+    of replays (named by their position, they are sent again). Exit 0 when everything that can
+    go went out (what --all left out is listed); 1 when the dead letter named cannot be replayed.
+    """
     from ..operator_jobs.dead_letters import NoSuchDeadLetter, replay
 
     if (position is None) == (not replay_all):
@@ -95,6 +103,11 @@ def dlq_replay(
         count = len(done.replay) if dry_run else done.replayed
         positions = " ".join(letter.position for letter in done.replay)
         print(f"dlq replay: {verb} {count} ({positions or 'none'})", flush=True)
+        if replay_all:  # the rest of --all's answer: what it left out, and why
+            for _letter, why in [*done.skipped, *done.refused]:
+                print(f"dlq replay: left out: {why}", flush=True)
+    if replay_all:
+        return EXIT_OK
     for _letter, why in done.refused:
         print_error(f"dlq replay: {why}")
     return EXIT_FAILURE if done.refused else EXIT_OK

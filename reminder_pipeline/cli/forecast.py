@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from .context import database
@@ -53,5 +55,49 @@ def forecast(hours: int, as_json: bool) -> int:
             f"{over[0]['minute']} ({over[0]['due']} due)",
             flush=True,
         )
-    print_table(data["busiest"], ("minute", "due"), empty="nothing due in the window")
+    print_timeline(data["minutes"], data["busiest"])
     return EXIT_OK
+
+
+#: The coming minutes ``forecast``'s text lists first (the busiest ones are always listed).
+COMING = 15
+COLUMNS = ("coming minute (UTC)", "due", "busiest")
+
+
+def print_timeline(minutes: list[dict[str, Any]], busiest: list[dict[str, Any]]) -> None:
+    """The coming minutes with reminders due, in time order: the next :data:`COMING` and every
+    busiest one (marked ``peak``, ``#2``, ...); a ``...`` row stands for the minutes between."""
+    if not minutes:
+        print("nothing due in the window", flush=True)
+        return
+    rank = {row["minute"]: ("peak" if i == 0 else f"#{i + 1}") for i, row in enumerate(busiest)}
+    shown = [i for i, row in enumerate(minutes) if i < COMING or row["minute"] in rank]
+    rows: list[dict[str, Any]] = []
+    for before, index in zip([-1, *shown], shown, strict=False):
+        between = minutes[before + 1 : index]
+        if between:
+            rows.append(_gap(between))
+        row = minutes[index]
+        rows.append(
+            {
+                COLUMNS[0]: row["minute"],
+                COLUMNS[1]: row["due"],
+                COLUMNS[2]: rank.get(row["minute"], ""),
+            }
+        )
+    after = minutes[shown[-1] + 1 :]
+    if after:
+        rows.append(_gap(after))
+    print_table(rows, COLUMNS, empty="nothing due in the window")
+    if len(shown) < len(minutes):
+        print("(--json lists every minute)", flush=True)
+
+
+def _gap(left_out: list[dict[str, Any]]) -> dict[str, Any]:
+    """The row standing for minutes not listed: how many, and what falls due in them."""
+    count = len(left_out)
+    return {
+        COLUMNS[0]: f"... {count} more minute{'s' if count > 1 else ''}",
+        COLUMNS[1]: sum(row["due"] for row in left_out),
+        COLUMNS[2]: "",
+    }

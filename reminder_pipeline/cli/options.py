@@ -126,9 +126,18 @@ KIND_TYPE = Checked(_check_kind, "KIND")
 # --- options: the shape every command's options share ------------------------------------------
 
 
+class EnvOption(click.Option):
+    """An option that may come from an environment variable: a bad value is reported under the
+    name it was given by (click names both, ``'--hours' (env var: ...)``, wherever it came from)."""
+
+    def get_error_hint(self, ctx: click.Context | None) -> str:
+        """The option as typed, or its variable when the value came from the environment."""
+        return f"'{_given_as(self, ctx)}'"
+
+
 def env_option(*decls: str, envvar: str, **attrs: Any) -> Callable[[F], F]:
     """An option that may also come from the environment variable ``envvar`` (shown in --help)."""
-    return click.option(*decls, envvar=envvar, show_envvar=True, **attrs)
+    return click.option(*decls, cls=EnvOption, envvar=envvar, show_envvar=True, **attrs)
 
 
 def flag(*decls: str, envvar: str, help: str) -> Callable[[F], F]:

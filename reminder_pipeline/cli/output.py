@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TextIO
 
-from ..config import mask_secrets
+from ..config import libpq_url, mask_secrets
 
 PROG = "reminder-pipeline"
 
@@ -40,6 +40,12 @@ def _from_here(path: str) -> str:
 def error_line(message: str) -> str:
     """``reminder-pipeline: error: <message>``, one line, any URL's password masked."""
     return f"{PROG}: error: {mask_secrets(' '.join(str(message).split()))}"
+
+
+def psql_url(database_url: str) -> str:
+    """A database URL as ``up`` and ``services status`` show it: the form psql and other libpq
+    clients take (no SQLAlchemy driver, libpq's host list), the password masked."""
+    return mask_secrets(libpq_url(database_url))
 
 
 def print_error(message: str, stream: TextIO | None = None) -> None:

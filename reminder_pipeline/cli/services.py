@@ -10,7 +10,7 @@ from ..config import mask_url
 from .context import load_settings
 from .exits import EXIT_OK
 from .options import json_option
-from .output import print_fields, print_json
+from .output import print_fields, print_json, psql_url
 
 
 @click.group()
@@ -58,7 +58,12 @@ def services_stop() -> int:
 @json_option
 def services_status(as_json: bool) -> int:
     """Whether the embedded servers and an `up` with its Dagster processes run, and where."""
-    from ..local.endpoints import embedded_broker, embedded_postgres, require_embedded
+    from ..local.endpoints import (
+        APP_DATABASE,
+        embedded_broker,
+        embedded_postgres,
+        require_embedded,
+    )
     from ..local.stack_record import StackRecord
 
     require_embedded()
@@ -68,7 +73,8 @@ def services_status(as_json: bool) -> int:
     data: dict[str, dict[str, Any]] = {
         "postgres": {
             "running": pg.is_running(),
-            "url": mask_url(pg.url()),
+            # The app's database as `up` prints it ("Database:"), a URL psql takes.
+            "url": psql_url(settings.database_url or pg.url(APP_DATABASE)),
             "data_dir": str(pg.data_dir),
         },
         "broker": {"running": broker.is_running(), "bootstrap_servers": broker.bootstrap_servers},

@@ -14,10 +14,12 @@ import subprocess
 import sys
 from collections.abc import Callable
 from contextlib import suppress
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
+from .. import logs
 from .context import (
     StopRequest,
     load_settings,
@@ -29,7 +31,7 @@ from .context import (
 from .exits import EXIT_OK
 from .metrics import daemon_heartbeats
 from .options import flag
-from .output import command_as_started
+from .output import PROG, command_as_started, psql_url
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -40,6 +42,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("reminder_pipeline.cli")
 
+#: ``up``'s JSON log, under its home (made at its first line).
+LOG_FILE = Path("logs") / "up.log"
 #: What names the Dagster instance ``up`` runs (its home and its storage).
 INSTANCE_ENV = ("DAGSTER_HOME", "DAGSTER_PG_URL")
 
@@ -63,6 +67,7 @@ def up(once: bool, no_demo: bool, keep_servers: bool) -> int:
 
     require_embedded()
     settings = load_settings()
+    _log_to_file(settings)
     # From here on a SIGINT, SIGTERM or SIGHUP is never lost: during the start it interrupts
     # (exit 130, what was started stopped), once everything runs it is the clean stop.
     with stop_requests(signal.SIGHUP) as request:
@@ -102,6 +107,13 @@ def _take_over(record: StackRecord) -> StackRecord:
     return record
 
 
+def _log_to_file(settings: Settings) -> None:
+    """``up``'s JSON log goes to its file (at ``--log-level``, by default INFO): the terminal
+    keeps ``up``'s own lines, and a line for each warning or error."""
+    chosen = (click.get_current_context().find_root().obj or {}).get("log_level")
+    logs.to_file(settings.home / LOG_FILE, chosen or logging.INFO, prefix=PROG)
+
+
 def _say(text: str) -> None:
     """Print a status line; a closed stdout (``up | tee`` after Ctrl-C) must not stop the stop."""
     try:
@@ -127,6 +139,7 @@ def _up(
     from ..store import migrate
 
     _say(f"reminder-pipeline: starting under {settings.home}")
+    _say(f"Log: {settings.home / LOG_FILE}  (JSON lines; a warning or an error also here)")
     # A signal is seen at the checkpoints (request.check()); it raises at once only in the
     # database work, where each step is a transaction. Not while a process is spawned: a
     # KeyboardInterrupt inside Popen, or before its pid is written down, loses that process.
@@ -168,12 +181,8 @@ def _up(
 
 def _print_ready(ui_url: str, metrics_url: str, database_url: str) -> None:
     """Where everything is, and hints that run as printed from where the user is."""
-    from ..config import libpq_url, mask_secrets
-
     command = command_as_started()
-    # The form psql and other libpq clients take (no SQLAlchemy driver, libpq's host list),
-    # password masked.
-    database = mask_secrets(libpq_url(database_url))
+    database = psql_url(database_url)
     # Line by line through _say: a reader that stops after the first line (unbuffered output)
     # and closes the pipe must not turn the later lines into an exit 1.
     _say(f"Dagster UI: {ui_url}  (schedule reminder_dispatch_schedule runs every minute)")

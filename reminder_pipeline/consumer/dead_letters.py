@@ -25,6 +25,7 @@ from ..messaging.dead_letters import (
     HEADER_DLQ_REASON,
     HEADER_DLQ_TOPIC,
 )
+from ..messaging.kafka import LIBRDKAFKA_LOG
 from . import kafka_messages
 from .dead_letter_copy import ALL_CUT, DeadLetterCopy, dead_letter_copy
 from .metrics import ConsumerMetrics
@@ -174,6 +175,7 @@ class DeadLetters:
                     "acks": "all",
                     "message.timeout.ms": int(self.options.dlq_timeout_seconds * 1000),
                     "message.max.bytes": self.options.dlq_max_bytes,
+                    "logger": LIBRDKAFKA_LOG,
                     **self.options.dlq_producer_config,
                 }
             )

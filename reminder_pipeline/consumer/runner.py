@@ -38,6 +38,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from ..config import KafkaSettings
 from ..logs import event
 from ..memory import young_generation
+from ..messaging.kafka import LIBRDKAFKA_LOG
 from . import kafka_messages
 from .dead_letters import DeadLetters
 from .dedup import DedupStore, DedupStoreUnavailable
@@ -121,6 +122,7 @@ class ReminderConsumer:
             **self.kafka.client_config(),
             "group.id": self.options.group_id,
             "client.id": "reminder-notifications",
+            "logger": LIBRDKAFKA_LOG,  # librdkafka's own lines at DEBUG, never raw on stderr
             # Commits are made by hand, one per handled message: never ahead of the work.
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +44,8 @@ HEADER_DLQ_DIGEST = "dlq-original-sha256"
 HEADER_DLQ_TRUNCATED = "dlq-truncated"
 #: Every header the dead-lettering adds starts with this; a replay drops them all.
 DLQ_HEADER_PREFIX = "dlq-"
-#: The header a replayed message carries: ``<dlq topic>:<partition>:<offset>`` it came from.
+#: The header a replayed message carries: ``<dlq topic>:<partition>:<offset>`` it came from, one
+#: only: the replay of a dead letter whose message was itself a replay names the first dead letter.
 HEADER_REPLAY_OF = "replay-of-dlq"
 
 Headers = list[tuple[str, str | bytes | None]]
@@ -67,6 +68,16 @@ class DeadLetter:
             if header == name:
                 found = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
         return found
+
+    @property
+    def replay_of(self) -> str | None:
+        """The dead letter (``<dlq topic>:<partition>:<offset>``) whose replay this dead letter's
+        message was (it failed again after a replay), or None for a first failure. The first
+        such header: copies replayed before issue 35 carry one per replay."""
+        for header, value in self.headers:
+            if header == HEADER_REPLAY_OF:
+                return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+        return None
 
     def _int(self, name: str) -> int | None:
         text = self.header(name)
@@ -104,6 +115,7 @@ class DeadLetter:
             "size": self._int(HEADER_DLQ_SIZE),
             "truncated": bool(self.cut),
             "cut": list(self.cut),
+            "replay_of": self.replay_of,
         }
 
 
@@ -171,9 +183,11 @@ def replay(
     topic: str = contract.TOPIC,
     dlq_topic: str = DLQ_TOPIC,
     timeout: float = 30.0,
+    sent: list[DeadLetter] | None = None,
 ) -> int:
-    """Produce each letter's original key, value and headers to ``topic``, marked with
-    :data:`HEADER_REPLAY_OF`; waits for every acknowledgement and returns how many. The key
+    """Produce each letter's original key, value and headers to ``topic``, marked with one
+    :data:`HEADER_REPLAY_OF` naming the first dead letter; waits for every acknowledgement and
+    returns how many (``sent`` gets the letters acknowledged, even when some were not). The key
     picks the partition as it did for the original, so per-event order holds."""
     producer = Producer(
         {
@@ -186,21 +200,27 @@ def replay(
     errors: list[str] = []
     acked = 0
 
-    def on_delivery(err: KafkaError | None, _msg: Any) -> None:
-        nonlocal acked
-        if err is None:
-            acked += 1
-        else:
-            errors.append(err.str())
+    def on_delivery(letter: DeadLetter) -> Callable[[KafkaError | None, Any], None]:
+        def delivered(err: KafkaError | None, _msg: Any) -> None:
+            nonlocal acked
+            if err is None:
+                acked += 1
+                if sent is not None:
+                    sent.append(letter)
+            else:
+                errors.append(err.str())
+
+        return delivered
 
     for letter in letters:
-        marker = (HEADER_REPLAY_OF, f"{dlq_topic}:{letter.position}".encode())
+        first = letter.replay_of or f"{dlq_topic}:{letter.position}"
+        kept = [(n, v) for n, v in letter.original_headers() if n != HEADER_REPLAY_OF]
         producer.produce(
             topic,
             key=letter.key,
             value=letter.value,
-            headers=[*letter.original_headers(), marker],
-            on_delivery=on_delivery,
+            headers=[*kept, (HEADER_REPLAY_OF, first.encode())],
+            on_delivery=on_delivery(letter),
         )
     left = producer.flush(timeout + 5.0)
     if errors or left:

@@ -29,6 +29,21 @@ class BrokerUnavailable(ConnectionError):
     """The broker could not be reached in time; the message is one line naming the setting."""
 
 
+class LibrdkafkaLog:
+    """librdkafka's own log lines, at DEBUG in this package's log (never raw ``%3|...|FAIL|``
+    lines on stderr). While a broker does not answer it writes one per connection attempt,
+    about every second; what uses the client reports the outage once instead (a command's one
+    line, the publisher's "kafka deliveries failing" / "kafka deliveries work again")."""
+
+    def log(self, _level: int, message: str, *args: object) -> None:
+        """confluent-kafka's ``logger`` interface: every level goes to DEBUG."""
+        log.debug(message, *args)
+
+
+#: Every Kafka client's ``logger`` (the ``logger=`` argument or config key of confluent-kafka).
+LIBRDKAFKA_LOG = LibrdkafkaLog()
+
+
 def ensure_topic(
     settings: KafkaSettings,
     topic: str = contract.TOPIC,
@@ -42,7 +57,7 @@ def ensure_topic(
     count, not the contract's 3, so the topic is created explicitly before the first publish.
     ``replication_factor=-1`` takes the cluster's default.
     """
-    admin = AdminClient(settings.client_config())
+    admin = AdminClient(settings.client_config(), logger=LIBRDKAFKA_LOG)
     try:
         metadata = admin.list_topics(timeout=timeout)
     except KafkaException as exc:
@@ -110,15 +125,6 @@ FENCED = frozenset(
 )
 
 
-class _LibrdkafkaLog:
-    """librdkafka's own log lines, at DEBUG in this package's log. While a broker does not answer
-    it writes one per connection attempt, about every second; the publisher logs the outage
-    once instead ("kafka deliveries failing" / "kafka deliveries work again")."""
-
-    def log(self, _level: int, message: str, *args: object) -> None:
-        log.debug(message, *args)
-
-
 def wire_headers(headers: dict[str, str]) -> list[tuple[str, str | bytes | None]]:
     """A message's headers as produced: as stored, plus the ``message-id`` a reminder's message
     carries on every copy (derived from its ``reminder-id``: the relay's, a drain's hand-over,
@@ -180,7 +186,7 @@ class KafkaPublisher:
                 # connection is dropped and made again sooner: client_config's socket.timeout.ms).
                 "message.timeout.ms": self.message_timeout_ms,
                 "error_cb": on_error,
-                "logger": _LibrdkafkaLog(),
+                "logger": LIBRDKAFKA_LOG,
             }
         )
 

@@ -11,6 +11,8 @@ would run them, on the contract's dead-letter topic.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -28,12 +30,13 @@ from reminder_pipeline.messaging.dead_letters import (
     HEADER_DLQ_REASON,
     HEADER_DLQ_TOPIC,
     HEADER_REPLAY_OF,
+    DeadLetter,
     read_dead_letters,
 )
 from reminder_pipeline.messaging.kafka import ensure_topic
 from reminder_pipeline.operator_jobs import dead_letters
 
-from ..support import run_cli
+from ..support import error_lines, run_cli
 from .lane import Lane, RecordingSink, a_payload
 
 
@@ -186,3 +189,140 @@ def test_the_command_line_lists_refuses_and_dry_runs(
         assert result.returncode == code, (args, result.stderr)
         assert text in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert len(read_dead_letters(kafka_settings, contract.TOPIC)) == before
+
+
+# --- a replay is idempotent per dead letter (issue 35) -------------------------------------------
+
+
+def _replay_all(lane: Lane, dry_run: bool = False) -> dead_letters.ReplayPlan:
+    return dead_letters.replay(
+        lane.kafka, None, actor="test", dry_run=dry_run, topic=lane.topic, dlq_topic=lane.dlq_topic
+    )
+
+
+def _replay_headers(message: DeadLetter) -> list[str]:
+    return [
+        (v or b"").decode() if isinstance(v, bytes) else str(v)
+        for n, v in message.headers
+        if n == HEADER_REPLAY_OF
+    ]
+
+
+def test_replay_all_sends_each_dead_letter_once_and_leaves_out_dead_letters_of_replays(
+    lane: Lane,
+) -> None:
+    """The attack's run: --all three times put 8 -> 14 -> 26 -> 50 records on the dead-letter
+    topic. Now the second --all sends nothing; the replays that fail again are dead letters of
+    replays, left out by --all, still replayable by position with one replay-of-dlq header."""
+    first, second = a_payload(), a_payload()
+    lane.produce(first)
+    lane.produce(second)
+    lane.run(RejectingSink(), max_messages=2)
+    originals = {d.position: d for d in read_dead_letters(lane.kafka, lane.dlq_topic)}
+    assert len(originals) == 2
+
+    done = _replay_all(lane)
+    assert done.replayed == 2 and done.skipped == [] and done.refused == []
+    on_topic = read_dead_letters(lane.kafka, lane.topic)
+    assert len(on_topic) == 4
+    replayed = [m for m in on_topic if _replay_headers(m)]
+    assert sorted(h for m in replayed for h in _replay_headers(m)) == sorted(
+        f"{lane.dlq_topic}:{p}" for p in originals
+    )
+
+    again = _replay_all(lane)
+    assert again.replayed == 0 and again.replay == []
+    assert sorted(d.position for d, _ in again.skipped) == sorted(originals)
+    assert all("was replayed at" in why and "\n" not in why for _, why in again.skipped)
+    assert len(read_dead_letters(lane.kafka, lane.topic)) == 4  # nothing more on the topic
+
+    lane.run(RejectingSink(), max_messages=2)  # the fix did not help: both fail again
+    listed = {
+        f"{d['dlq_partition']}:{d['dlq_offset']}": d
+        for d in dead_letters.list_letters(lane.kafka, lane.dlq_topic)
+    }
+    assert len(listed) == 4
+    for position in originals:
+        assert listed[position]["replays"] == 1 and listed[position]["replayed_by"] == "test"
+        assert listed[position]["replayed_at"] and listed[position]["replay_of"] is None
+    of_replays = {p: d for p, d in listed.items() if p not in originals}
+    assert sorted(d["replay_of"] for d in of_replays.values()) == sorted(
+        f"{lane.dlq_topic}:{p}" for p in originals
+    )
+    assert all(d["replayed_at"] is None and d["replays"] == 0 for d in of_replays.values())
+
+    third = _replay_all(lane)
+    assert third.replayed == 0 and len(third.skipped) == 4
+    assert sum("is a replay of" in why for _, why in third.skipped) == 2
+    assert len(read_dead_letters(lane.kafka, lane.topic)) == 4
+    assert len(read_dead_letters(lane.kafka, lane.dlq_topic)) == 4
+
+    position, letter = sorted(of_replays.items())[0]
+    by_position = dead_letters.replay(
+        lane.kafka,
+        position,
+        actor="test",
+        dry_run=False,
+        topic=lane.topic,
+        dlq_topic=lane.dlq_topic,
+    )
+    assert by_position.replayed == 1
+    everything = read_dead_letters(lane.kafka, lane.topic)
+    assert len(everything) == 5
+    # The first replay and this one, one header each naming the original dead letter (the
+    # attack saw four piled up on a message replayed again and again).
+    assert [len(_replay_headers(m)) for m in everything if _replay_headers(m)] == [1, 1, 1]
+    assert len([m for m in everything if _replay_headers(m) == [letter["replay_of"]]]) == 2
+    relisted = {
+        f"{d['dlq_partition']}:{d['dlq_offset']}": d
+        for d in dead_letters.list_letters(lane.kafka, lane.dlq_topic)
+    }
+    assert relisted[position]["replays"] == 1 and relisted[position]["replayed_at"]
+
+
+#: ``reminder-pipeline`` with ``dlq replay``'s topics moved to a lane's (its first two arguments).
+_ON_LANE = (
+    "import functools, sys\n"
+    "from reminder_pipeline.operator_jobs import dead_letters as d\n"
+    "d.replay = functools.partial(d.replay, topic=sys.argv.pop(1), dlq_topic=sys.argv.pop(1))\n"
+    "from reminder_pipeline.cli import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+
+
+def test_a_cut_copy_does_not_make_every_later_replay_all_fail(
+    lane: Lane, cli_env: dict[str, str]
+) -> None:
+    """--all exits 0 when everything that can go went out, listing what it left out and why;
+    the second --all sends nothing. (A cut copy made every --all exit 1 though the rest went.)"""
+    lane.produce(b"x" * 20_000, key="not-json")
+    lane.run(RecordingSink(), max_messages=1, max_attempts=1, dlq_max_bytes=8_192)
+    lane.produce(a_payload())
+    lane.run(RejectingSink(), max_messages=1)
+    [cut] = [d.position for d in read_dead_letters(lane.kafka, lane.dlq_topic) if d.cut]
+    [whole] = [d.position for d in read_dead_letters(lane.kafka, lane.dlq_topic) if not d.cut]
+    command = [sys.executable, "-c", _ON_LANE, lane.topic, lane.dlq_topic]
+
+    def replay_all(*more: str) -> subprocess.CompletedProcess[str]:
+        return run_cli("dlq", "replay", "--all", "--yes", *more, env=cli_env, command=command)
+
+    first = replay_all()
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.splitlines() == [
+        f"dlq replay: replayed 1 ({whole})",
+        f"dlq replay: left out: dead letter {cut} was cut to fit (value cut): its original is "
+        "not in it, so it cannot be replayed",
+    ]
+    assert error_lines(first) == []
+    assert len(read_dead_letters(lane.kafka, lane.topic)) == 3
+
+    second = replay_all("--json")
+    assert second.returncode == 0, second.stderr
+    plain = json.loads(second.stdout)
+    assert (plain["replay"], plain["replayed"]) == ([], 0)
+    assert [r["position"] for r in plain["skipped"]] == [whole]
+    assert [r["position"] for r in plain["refused"]] == [cut]
+    assert len(read_dead_letters(lane.kafka, lane.topic)) == 3  # nothing more on the topic
+
+    named = run_cli("dlq", "replay", cut, env=cli_env, command=command)
+    assert named.returncode == 1 and len(error_lines(named)) == 1

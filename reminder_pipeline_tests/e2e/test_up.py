@@ -6,6 +6,7 @@ developer's running system), exactly as a person would start it.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -81,6 +82,13 @@ def test_up_runs_everything_and_ctrl_c_stops_it(tmp_path):
     )
     assert again.returncode == 0, again.stderr[-2000:]
     assert "first dispatch cycle:" in again.stdout
+    # Its terminal has its own lines and no JSON; its JSON log is in the file it names once.
+    log_file = tmp_path / "home" / "logs" / "up.log"
+    assert again.stdout.count(f"Log: {log_file}") == 1
+    assert not [line for line in again.stdout.splitlines() if line.startswith("{")]
+    assert not [line for line in again.stderr.splitlines() if line.startswith("{")]
+    logged = [json.loads(line) for line in log_file.read_text().splitlines()]
+    assert any(line["msg"] == "embedded PostgreSQL ready" for line in logged)
     subprocess.run(
         [sys.executable, "-m", "reminder_pipeline.cli", "services", "stop"],
         env=env,
