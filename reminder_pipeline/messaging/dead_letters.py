@@ -25,7 +25,7 @@ from confluent_kafka import (
 
 from ..config import KafkaSettings
 from ..domain import contract
-from .kafka import BrokerUnavailable
+from .kafka import LIBRDKAFKA_LOG, BrokerUnavailable
 
 DLQ_TOPIC = f"{contract.TOPIC}.dlq"
 
@@ -126,6 +126,7 @@ def _reader(kafka: KafkaSettings) -> Consumer:
             "group.id": f"reminder-pipeline-dlq-reader-{uuid.uuid4().hex[:8]}",
             "enable.auto.commit": False,
             "enable.partition.eof": True,
+            "logger": LIBRDKAFKA_LOG,
         }
     )
 
@@ -195,6 +196,7 @@ def replay(
             "enable.idempotence": True,
             "acks": "all",
             "message.timeout.ms": int(timeout * 1000),
+            "logger": LIBRDKAFKA_LOG,
         }
     )
     errors: list[str] = []
