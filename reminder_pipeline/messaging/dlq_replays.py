@@ -20,7 +20,7 @@ from confluent_kafka import KafkaError, Producer
 
 from ..config import KafkaSettings
 from .dead_letters import DeadLetter, read_dead_letters
-from .kafka import BrokerUnavailable, ensure_topic
+from .kafka import LIBRDKAFKA_LOG, BrokerUnavailable, ensure_topic
 
 #: The replay record's topic is the dead-letter topic's name with this after it.
 REPLAYS_SUFFIX = ".replays"
@@ -92,6 +92,7 @@ def record_replays(
             "enable.idempotence": True,
             "acks": "all",
             "message.timeout.ms": int(timeout * 1000),
+            "logger": LIBRDKAFKA_LOG,
         }
     )
     now = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
