@@ -48,6 +48,12 @@ def demo(ctx: click.Context, overdue: int, upcoming: int, as_json: bool) -> int 
     return EXIT_OK
 
 
+def _as_json() -> bool:
+    """Whether ``demo --json`` (or REMINDER_JSON) asked a subcommand for JSON."""
+    parent = click.get_current_context().parent
+    return bool(parent is not None and parent.params.get("as_json"))
+
+
 def _require_development_database() -> None:
     """Refuse, in one line, any database but the embedded one ``up`` and ``services`` start."""
     from ..local.endpoints import require_embedded
@@ -68,7 +74,10 @@ def demo_cancel(event_id: uuid.UUID) -> int:
             skipped = cancel_event(engine, event_id)
         except CalendarError as error:  # an unknown id: one line, exit 1
             raise click.ClickException(str(error)) from None
-    print(f"event {event_id} cancelled: {skipped} pending reminder(s) skipped", flush=True)
+    if _as_json():
+        print_json({"event_id": str(event_id), "cancelled": True, "skipped": skipped})
+    else:
+        print(f"event {event_id} cancelled: {skipped} pending reminder(s) skipped", flush=True)
     return EXIT_OK
 
 
@@ -90,8 +99,17 @@ def demo_move(event_id: uuid.UUID, minutes: int) -> int:
             created = move_event_by(engine, event_id, timedelta(minutes=minutes))
         except CalendarError as error:
             raise click.ClickException(str(error)) from None
-    print(
-        f"event {event_id} moved by {minutes} min: {len(created)} reminder(s) re-materialised",
-        flush=True,
-    )
+    if _as_json():
+        print_json(
+            {
+                "event_id": str(event_id),
+                "minutes": minutes,
+                "reminders": [str(reminder_id) for reminder_id in created],
+            }
+        )
+    else:
+        print(
+            f"event {event_id} moved by {minutes} min: {len(created)} reminder(s) re-materialised",
+            flush=True,
+        )
     return EXIT_OK

@@ -7,6 +7,7 @@ Each test starts the embedded PostgreSQL under its own home on a free port (no b
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -69,10 +70,20 @@ def test_a_newcomer_seeds_moves_and_cancels_an_event(embedded):
     after = _pending(engine, event_id)
     assert [r.due_at for r in after] == [r.due_at + timedelta(minutes=7) for r in before]
 
+    back = run_cli("demo", "--json", "move", event_id, "--minutes", "-7", env=env)
+    assert back.returncode == 0, back.stderr[-2000:]
+    moved_back = json.loads(back.stdout)  # --json is honoured by the subcommands too
+    assert (moved_back["event_id"], moved_back["minutes"]) == (event_id, -7)
+    assert moved_back["reminders"] and all(uuid.UUID(r) for r in moved_back["reminders"])
+    after = _pending(engine, event_id)
+
     cancelled = run_cli("demo", "cancel", event_id, env=env)
     assert cancelled.returncode == 0, cancelled.stderr[-2000:]
     assert f"{len(after)} pending reminder(s) skipped" in cancelled.stdout
     assert _pending(engine, event_id) == []
+    again = run_cli("demo", "--json", "cancel", event_id, env=env)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert json.loads(again.stdout) == {"event_id": event_id, "cancelled": True, "skipped": 0}
 
     unknown = run_cli("demo", "cancel", str(uuid.uuid4()), env=env)
     assert unknown.returncode == 1 and len(error_lines(unknown)) == 1
