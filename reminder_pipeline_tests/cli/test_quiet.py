@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -22,7 +23,7 @@ from sqlalchemy.engine import make_url
 from reminder_pipeline.local.servers import free_port
 
 from ..observability.test_forecast import iso, plant
-from ..support import SERVER_VARIABLES, make_due_event, run_cli
+from ..support import SERVER_VARIABLES, make_due_event, run_cli, up_env
 
 
 @pytest.fixture
@@ -153,3 +154,29 @@ def test_a_broker_that_cannot_be_reached_is_one_line(database_url, tmp_path):
         assert "%3|" not in err and "rdkafka" not in err, (name, err[:500])
         [line] = err.splitlines()
         assert f"KAFKA_BOOTSTRAP_SERVERS: the broker at {closed} did not answer" in line, name
+
+
+def test_up_keeps_its_terminal_for_people_and_its_json_log_in_its_file(tmp_path):
+    """``up`` ends right after its take-over (the PostgreSQL port taken): no server starts, yet
+    the malformed stack record it sets aside is a warning, one line on the terminal for a person
+    and a JSON line in the log file whose path it printed once."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "up.json").write_bytes(b"{not json")
+    env = up_env(home)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", int(env["REMINDER_EMBEDDED_PG_PORT"])))
+        taken.listen(1)
+        result = run_cli("up", "--no-demo", env=env)
+
+    assert result.returncode == 1, result.stderr
+    log_file = home / "logs" / "up.log"
+    assert result.stdout.count(f"Log: {log_file}") == 1, result.stdout
+    terminal = result.stdout.splitlines() + result.stderr.splitlines()
+    assert not [line for line in terminal if line.startswith("{")], terminal
+    [warning] = [line for line in result.stderr.splitlines() if "set aside" in line]
+    assert warning.startswith("reminder-pipeline: warning: ") and "up.json.bad-" in warning
+    [error] = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert "already in use" in error
+    logged = [json.loads(line) for line in log_file.read_text().splitlines()]
+    assert [line["level"] for line in logged if "set aside" in line["msg"]] == ["WARNING"]
