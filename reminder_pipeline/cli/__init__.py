@@ -113,4 +113,10 @@ cli.add_command(reminders)
 def main(argv: list[str] | None = None) -> int:
     """Entry point: every expected failure is one line on stderr and a documented exit code."""
     honour_stop_signals()
-    return run(cli, argv, prog_name=PROG)
+    package = logging.getLogger("reminder_pipeline")
+    level = package.level
+    try:
+        return run(cli, argv, prog_name=PROG)
+    finally:
+        # The level is this command's: a caller in the same process (a test) keeps its own.
+        package.setLevel(level)
