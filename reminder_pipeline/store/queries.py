@@ -479,15 +479,24 @@ OUTBOX_LAG = text(
 # one that finds nothing old enough) reads a few pages instead of walking the whole outbox.
 PURGE_PUBLISHED_OUTBOX = text(
     """
-    DELETE FROM outbox
-     WHERE id IN (
-        SELECT id FROM outbox
-         WHERE published_at IS NOT NULL
-           AND published_at < now() - make_interval(secs => :retention_seconds)
-         ORDER BY published_at
-         LIMIT :limit
-           FOR UPDATE SKIP LOCKED
-     )
+    WITH purged AS (
+        DELETE FROM outbox
+         WHERE id IN (
+            SELECT id FROM outbox
+             WHERE published_at IS NOT NULL
+               AND published_at < now() - make_interval(secs => :retention_seconds)
+             ORDER BY published_at
+             LIMIT :limit
+               FOR UPDATE SKIP LOCKED
+         )
+        RETURNING id
+    ), copies AS (
+        -- The re-publish records of those rows go with them: they describe copies of a
+        -- message the outbox no longer holds (issue 35: they outlived their row).
+        DELETE FROM outbox_republishes c USING purged p WHERE c.outbox_id = p.id
+        RETURNING c.id
+    )
+    SELECT (SELECT count(*) FROM purged) AS purged, (SELECT count(*) FROM copies) AS copies
     """
 )
 

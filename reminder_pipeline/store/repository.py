@@ -389,10 +389,12 @@ def count_unpublished_in(conn: Connection, spans: Sequence[tuple[int, int]]) -> 
 
 
 def purge_published_outbox(conn: Connection, retention_seconds: float, limit: int) -> int:
-    """Delete up to ``limit`` outbox rows published more than ``retention_seconds`` ago."""
-    return conn.execute(
+    """Delete up to ``limit`` outbox rows published more than ``retention_seconds`` ago, and
+    their re-publish records with them; returns how many outbox rows went."""
+    row = conn.execute(
         queries.PURGE_PUBLISHED_OUTBOX, {"retention_seconds": retention_seconds, "limit": limit}
-    ).rowcount
+    ).one()
+    return int(row.purged)
 
 
 # --- calendar side -----------------------------------------------------------------------

@@ -135,7 +135,7 @@ outbox = sa.Table(
 
 # Every message the re-publish back-fill delivered again: which reminder and outbox row, the run
 # that re-published it, and where that copy landed (reminder-pipeline trace). No payload: the
-# outbox row has it. Kept when the outbox row is purged (no foreign key).
+# outbox row has it. Deleted with the outbox row by the purge (no foreign key: the same statement).
 outbox_republishes = sa.Table(
     "outbox_republishes",
     metadata,
