@@ -177,6 +177,13 @@ def _or_none(check: Callable[[str], Any]) -> Callable[[str], Any]:
     return lambda value: check(value) if value.strip() else None
 
 
+def _kind(value: str) -> str:
+    """An event Kind of the contract (the finder's check: another is refused listing them)."""
+    from ..operator_jobs.finder import check_kind
+
+    return check_kind(value, "kind")
+
+
 class PoisonConfig(Config):
     """List the poison rows, or retry / skip one by its reminder id, or those a filter takes."""
 
@@ -193,8 +200,10 @@ class PoisonConfig(Config):
     event_id: Annotated[Optional[str], checked_by(_or_none(_event_id))] = Field(
         default=None, description="Retry/skip the poison rows of this event (a filter)."
     )
-    kind: Annotated[Optional[str], checked_by(_or_none(str.strip))] = Field(
-        default=None, description="Retry/skip the poison rows of events of this Kind (a filter)."
+    kind: Annotated[Optional[str], checked_by(_or_none(_kind))] = Field(
+        default=None,
+        description="Retry/skip the poison rows of events of this Kind (a filter): Showing, "
+        "Consultation, Meeting, Task or BookingDeadline.",
     )
     failed_since: Annotated[Optional[str], checked_by(_failed_since)] = Field(
         default=None,

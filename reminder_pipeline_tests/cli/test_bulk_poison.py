@@ -218,6 +218,12 @@ def test_the_poison_job_takes_the_filter_with_a_dry_run_first(engine, rows, data
     assert any("poison rows skip requested" in x and "matching=2" in x for x in lines), lines
     assert any("poison rows skip" in x and "changed=2" in x for x in lines)
 
+    with pytest.raises(Exception, match="kind='Nonsense' is not an event kind \\(one of Showing"):
+        reminder_poison_rows.execute_in_process(
+            run_config={"action": "skip", "kind": "Nonsense", "dry_run": True},
+            instance=instance,
+            resources=resources,
+        )
     with pytest.raises(Exception, match="not both"):
         reminder_poison_rows.execute_in_process(
             run_config={"action": "retry", "reminder_id": str(rows.healthy), "all": True},
