@@ -27,6 +27,7 @@ from ..config import (
     check_retention_hours,
     parse_as_of,
 )
+from ..domain.model import parse_uuid
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -95,13 +96,8 @@ PROGRESS_SECONDS_TYPE = Checked(
 
 def _uuid_check(what: str) -> Callable[[object, str], uuid.UUID]:
     def check(value: object, name: str) -> uuid.UUID:
-        if isinstance(value, uuid.UUID):
-            return value
-        text = str(value).strip()
-        if text[:9].lower() == "urn:uuid:":  # RFC 9562's URN form, in any case
-            text = text[9:]
         try:
-            return uuid.UUID(text)
+            return parse_uuid(value)  # RFC 9562's URN form too, in any case
         except ValueError:
             raise ConfigError(f"{name}={value!r} is not {what} (a UUID)") from None
 

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from ..config import ConfigError
+from ..domain.model import parse_uuid
 from .context import database, load_settings
 from .exits import EXIT_FAILURE, EXIT_OK
 from .options import Checked, json_option
@@ -17,7 +18,7 @@ from .output import print_error, print_json
 
 def _check_id(value: object, name: str) -> uuid.UUID:
     try:
-        return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value).strip())
+        return parse_uuid(value)
     except ValueError:
         raise ConfigError(f"{name}={value!r} is not a reminder or event id (a UUID)") from None
 

@@ -9,7 +9,6 @@ dispatch limit.
 
 # No ``from __future__ import annotations``: Dagster reads the ops' and fields' annotations.
 
-import uuid
 from collections.abc import Iterator
 from typing import Annotated, Any, Optional
 
@@ -28,6 +27,7 @@ from pydantic import Field
 from ..config import ConfigError, Settings
 from ..consumer.dedup import DedupStoreError
 from ..consumer.delivered import delivered_check
+from ..domain.model import parse_uuid
 from ..operator_jobs import trace as trace_lookup
 from .cards import reminder_cards
 from .resources import PostgresResource
@@ -38,7 +38,7 @@ TRACE_JOB_NAME = "reminder_trace"
 
 def _id(value: str) -> str:
     try:
-        return str(uuid.UUID(value.strip()))
+        return str(parse_uuid(value))
     except ValueError:
         raise ValueError(f"id {value.strip()!r} is not a reminder or event id (a UUID)") from None
 

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field, fields
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
 from .lateness import Lateness
+
+
+def parse_uuid(value: object) -> uuid.UUID:
+    """An id typed by a person: a UUID in any form Python reads (hyphens or not, braces), with
+    RFC 9562's ``urn:uuid:`` prefix in any case. ValueError if it is none of them."""
+    if isinstance(value, uuid.UUID):
+        return value
+    text = str(value).strip()
+    if text[:9].lower() == "urn:uuid:":
+        text = text[9:]
+    return uuid.UUID(text)
 
 
 class ReminderStatus(StrEnum):

@@ -23,7 +23,7 @@ from typing import Any
 from sqlalchemy.engine import Engine
 
 from ..config import ConfigError, check_int, parse_as_of
-from ..domain.model import EventKind, ReminderStatus
+from ..domain.model import EventKind, ReminderStatus, parse_uuid
 from ..store import finder as finder_store
 from . import trace
 
@@ -63,7 +63,7 @@ def check_limit(value: object, name: str = "limit") -> int:
 def check_id(value: object, name: str) -> uuid.UUID:
     """A user, tenant or event id: a UUID."""
     try:
-        return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value).strip())
+        return parse_uuid(value)
     except ValueError:
         raise ConfigError(f"{name}={str(value)!r} is not an id (a UUID)") from None
 
