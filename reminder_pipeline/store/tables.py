@@ -147,6 +147,8 @@ outbox_republishes = sa.Table(
     sa.Column("kafka_partition", sa.Integer, nullable=True),
     sa.Column("kafka_offset", sa.BigInteger, nullable=True),
     sa.Index("ix_outbox_republishes_reminder_id", "reminder_id"),
+    # The outbox purge deletes a purged row's records with it (migration 0008).
+    sa.Index("ix_outbox_republishes_outbox_id", "outbox_id"),
 )
 
 # --- dispatch metrics ledger (observability) ----------------------------------------------
