@@ -406,9 +406,11 @@ class KafkaSettings:
 
 
 #: Where the runbook links in the Dagster UI point (docs/configuration.md): the base URL of the
-#: repository's ``docs/`` directory, by default the docs of this checkout as a ``file:`` URL.
+#: repository's ``docs/`` directory, by default the docs of this checkout as a ``file:`` URL
+#: (``up`` points it at the metrics exporter, which serves this directory under ``/docs/``).
 DOCS_BASE_URL_ENV = "REMINDER_DOCS_BASE_URL"
-DEFAULT_DOCS_BASE_URL = (Path(__file__).resolve().parents[1] / "docs").as_uri() + "/"
+DOCS_DIR = Path(__file__).resolve().parents[1] / "docs"
+DEFAULT_DOCS_BASE_URL = DOCS_DIR.as_uri() + "/"
 
 
 def docs_base_url(env: Mapping[str, str] | None = None) -> str:

@@ -12,7 +12,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -179,6 +179,20 @@ def _up(
     )
 
 
+def docs_served_here(metrics_port: int, environ: Mapping[str, str]) -> dict[str, str]:
+    """The runbook links of the Dagster UI ``up`` runs point at this checkout's docs as served
+    by the metrics exporter (``http://…:PORT/docs/``, links a browser opens), unless
+    REMINDER_DOCS_BASE_URL is set or there are no docs here (an installed wheel)."""
+    from ..config import DOCS_BASE_URL_ENV, DOCS_DIR
+
+    if environ.get(DOCS_BASE_URL_ENV, "").strip() or not DOCS_DIR.is_dir():
+        return {}
+    host = environ.get("REMINDER_METRICS_HOST") or "127.0.0.1"
+    if host in ("0.0.0.0", "::"):  # listening everywhere: this host's own address opens it
+        host = "127.0.0.1"
+    return {DOCS_BASE_URL_ENV: f"http://{host}:{metrics_port}/docs/"}
+
+
 def _print_ready(ui_url: str, metrics_url: str, database_url: str) -> None:
     """Where everything is, and hints that run as printed from where the user is."""
     command = command_as_started()
@@ -212,7 +226,12 @@ def _run_dagster(
     from ..local.endpoints import stop_servers
     from ..observability.exporter import start_exporter
 
-    env = {**os.environ, **endpoints.env(), "REMINDER_PIPELINE_HOME": str(settings.home)}
+    env = {
+        **os.environ,
+        **endpoints.env(),
+        "REMINDER_PIPELINE_HOME": str(settings.home),
+        **docs_served_here(settings.metrics_port, os.environ),
+    }
     stack = DagsterStack(
         home=settings.home / "dagster_home", env=env, port=settings.webserver_port, record=record
     )

@@ -44,7 +44,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from sqlalchemy.engine import Engine
 
-from ..config import Settings
+from ..config import DOCS_DIR, Settings
 from ..domain.lateness import LATENESS_BUCKETS
 from ..logs import event
 from ..metrics_http import MetricsPortUnavailable, MetricsServer, serve_registry
@@ -502,7 +502,10 @@ def start_exporter(
     collector = LedgerCollector(engine, heartbeats)
     registry.register(collector)
     try:
-        server = serve_registry(registry, host, port)
+        # The checkout's docs under /docs/ too: the runbook links `up` gives the Dagster UI.
+        server = serve_registry(
+            registry, host, port, docs_dir=DOCS_DIR if DOCS_DIR.is_dir() else None
+        )
     except OSError as exc:
         collector.close()
         if owns_engine:

@@ -263,3 +263,30 @@ def test_the_metrics_command_serves_until_sigterm_then_exits_cleanly(
             process.communicate()
     assert process.returncode == 0, err
     assert url in out
+
+
+def test_the_exporter_serves_the_runbooks_the_ui_links_to(metrics):
+    """The runbook links `up` gives the Dagster UI open in a browser: the exporter serves this
+    checkout's docs under /docs/ as plain text, and nothing outside them."""
+    import urllib.error
+    import urllib.request
+
+    from reminder_pipeline.cli.up import docs_served_here
+    from reminder_pipeline.config import DOCS_BASE_URL_ENV
+    from reminder_pipeline.defs.checks import runbook_link
+
+    base = metrics.removesuffix("/metrics")
+    port = int(base.rsplit(":", 1)[1])
+    env = docs_served_here(port, {})
+    assert env == {DOCS_BASE_URL_ENV: f"http://127.0.0.1:{port}/docs/"}
+    assert docs_served_here(port, {DOCS_BASE_URL_ENV: "https://docs.example/"}) == {}
+    link = runbook_link("docs/runbooks/reminder-dispatch.md", env[DOCS_BASE_URL_ENV]).value
+    assert link.startswith(env[DOCS_BASE_URL_ENV])
+    with urllib.request.urlopen(link, timeout=30) as answer:
+        assert answer.headers["Content-Type"] == "text/plain; charset=utf-8"
+        assert b"# " in answer.read()
+    for outside in ("/docs/../pyproject.toml", "/docs/%2e%2e/pyproject.toml", "/docs/nope.md"):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(base + outside, timeout=30)
+        assert refused.value.code == 404
+    assert b"calendar_reminder_dispatch" in urllib.request.urlopen(metrics, timeout=30).read()
