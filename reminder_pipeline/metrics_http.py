@@ -68,12 +68,13 @@ def with_docs(app: _App, docs_dir: Path) -> _App:
     """``app``, but ``GET /docs/<path>`` answered with that file of ``docs_dir`` (Markdown as
     plain text a browser shows, not downloads); 404 for anything else under ``/docs/``."""
 
-    def serve(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        path_info = environ.get("PATH_INFO") or "/"
+    def serve(request: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        # ``request``: the WSGI environ of one request (not the process's environment).
+        path_info = request.get("PATH_INFO") or "/"
         if not path_info.startswith(DOCS_PATH):
-            return app(environ, start_response)
+            return app(request, start_response)
         found = _doc_file(docs_dir, path_info)
-        if found is None or environ.get("REQUEST_METHOD", "GET") not in ("GET", "HEAD"):
+        if found is None or request.get("REQUEST_METHOD", "GET") not in ("GET", "HEAD"):
             start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
             return [b"not found\n"]
         kind = mimetypes.guess_type(found.name)[0] or "application/octet-stream"

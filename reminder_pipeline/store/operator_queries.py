@@ -99,7 +99,7 @@ _TRACE_SELECT = """
     SELECT r.id AS reminder_id, r.calendar_event_id AS event_id, e.kind, r.status, r.due_at,
            r.sent_at, r.created_at, r.updated_at, r.attempts, r.last_error, r.last_failed_at,
            r.next_attempt_at, r.reserved_by, r.reserved_until, r.moved_by, r.moved_in_run,
-           e.status AS event_status, e.updated_at AS event_updated_at,
+           e.status AS event_status,
            o.id AS outbox_id, o.created_at AS outbox_created_at, o.published_at,
            o.publish_attempts AS failed_publish_attempts, o.kafka_partition AS partition,
            o.kafka_offset AS offset, o.topic,

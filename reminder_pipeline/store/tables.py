@@ -96,8 +96,14 @@ event_reminders = sa.Table(
         postgresql_where=sa.text("status = 'Pending'"),
     ),
     sa.Index("ix_event_reminders_calendar_event_id", "calendar_event_id"),
-    # Support's finder: newest due first with keyset paging, a due range whatever the status.
-    sa.Index("ix_event_reminders_due_at_id", "due_at", "id"),
+    # Support's finder: the settled rows newest due first with keyset paging, a due range
+    # (Pending rows: the index above). Partial, so the due query can never take it.
+    sa.Index(
+        "ix_event_reminders_settled_due_at",
+        "due_at",
+        "id",
+        postgresql_where=sa.text("status <> 'Pending'"),
+    ),
 )
 
 outbox = sa.Table(

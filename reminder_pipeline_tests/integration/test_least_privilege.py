@@ -210,7 +210,9 @@ def test_the_cli_runs_a_whole_cycle_and_the_operator_commands_as_the_login(
     # The login cannot migrate: a downgrade is refused by the database, the schema stays.
     head = migrate.head_revision()
     refused = run_cli("db", "downgrade", "base", "--yes", env=env)
-    assert refused.returncode == 1 and "must be owner of table" in refused.stderr
+    assert (
+        refused.returncode == 1 and "must be owner of" in refused.stderr
+    )  # the last migration's table or index
     assert migrate.current_revision(engine) == head
 
 

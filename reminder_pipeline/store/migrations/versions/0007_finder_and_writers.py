@@ -8,8 +8,11 @@ which writer moved a reminder out of Pending.
   before this migration.
 * ``event_reminders.moved_in_run``: the run id (a Dagster run's) or the CLI cycle's correlation
   id that moved it; NULL when ``moved_by`` is.
-* ``ix_event_reminders_due_at_id`` on ``(due_at, id)``: ``reminders``' order (newest due first)
-  and keyset paging, and its ``--due-from``/``--due-to`` range, whatever the status.
+* ``ix_event_reminders_settled_due_at`` on ``(due_at, id) WHERE status <> 'Pending'``:
+  ``reminders``' order (newest due first), keyset paging and ``--due-from``/``--due-to`` over
+  the Sent and Skipped rows (the Pending ones have ``ix_event_reminders_status_due_at``).
+  Partial on purpose: a full index on ``(due_at, id)`` was a plan the dispatcher's due query
+  could take, counting its passed-over rows over every settled row due before AsOf.
 * ``ix_calendar_events_owner_user_id``, ``ix_calendar_events_client_user_id`` (partial: events
   with a client) and ``ix_calendar_events_tenant_id``: ``--owner``, ``--client``, ``--tenant``.
 
@@ -32,6 +35,7 @@ branch_labels = None
 depends_on = None
 
 CLIENT = sa.text("client_user_id IS NOT NULL")
+SETTLED = sa.text("status <> 'Pending'")
 
 
 def upgrade() -> None:
@@ -39,7 +43,11 @@ def upgrade() -> None:
     op.add_column("event_reminders", sa.Column("moved_by", sa.Text(), nullable=True))
     op.add_column("event_reminders", sa.Column("moved_in_run", sa.Text(), nullable=True))
     op.create_index(
-        "ix_event_reminders_due_at_id", "event_reminders", ["due_at", "id"], if_not_exists=True
+        "ix_event_reminders_settled_due_at",
+        "event_reminders",
+        ["due_at", "id"],
+        postgresql_where=SETTLED,
+        if_not_exists=True,
     )
     op.create_index(
         "ix_calendar_events_owner_user_id",
@@ -66,6 +74,8 @@ def downgrade() -> None:
         "ix_calendar_events_client_user_id", table_name="calendar_events", postgresql_where=CLIENT
     )
     op.drop_index("ix_calendar_events_owner_user_id", table_name="calendar_events")
-    op.drop_index("ix_event_reminders_due_at_id", table_name="event_reminders")
+    op.drop_index(
+        "ix_event_reminders_settled_due_at", table_name="event_reminders", postgresql_where=SETTLED
+    )
     op.drop_column("event_reminders", "moved_in_run")
     op.drop_column("event_reminders", "moved_by")
