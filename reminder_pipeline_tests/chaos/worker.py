@@ -50,7 +50,7 @@ def main() -> int:
             crash("after_select")
             oracle.decide_batch(selection.candidates)
             crash("after_decide")
-            cycle.write_batch(conn, selection.ids, as_of, run_id=run_id)
+            cycle.write_batch(conn, selection.ids, as_of, run_id=run_id, held=selection.rows)
             if selection.candidates:
                 crash("before_commit")
         if selection.candidates:
@@ -58,7 +58,7 @@ def main() -> int:
         publish_outbox(
             engine,
             publisher,
-            run_id=run_id,
+            correlation_id=run_id,
             on_acknowledged=lambda ids: crash("after_ack") if ids else None,
         )
         if not args.loop:
