@@ -218,11 +218,13 @@ COUNT_STILL_PENDING = text(
 )
 
 # A batch's one write (docs/design.md, "One route for a batch"): the verdicts the cycle gave the
-# rows this transaction locked and read (:ids, :sends: Sent or Skipped; :payloads: the message of
-# each Sent row as checked, NULL for a skip), written as given: Pending -> Sent/Skipped, one
-# outbox row per Sent row with that payload, its key the payload's EventId, its headers :headers
-# with the row's reminder-id; each moved row records its writer, :moved_by and :moved_in_run, for
-# the trace. Nothing is read from the event again: the decision was made on what the lock read.
+# rows this transaction locked and read (:verdicts, one JSON object: reminder id -> the message of
+# a Sent row as checked, or null for a Skipped one; one document the server parses, where an
+# array of 1,000 payload texts cost psycopg a regex escape per payload), written as given:
+# Pending -> Sent/Skipped, one outbox row per Sent row with that payload, its key the payload's
+# EventId, its headers :headers with the row's reminder-id; each moved row records its writer,
+# :moved_by and :moved_in_run, for the trace. Nothing is read from the event again: the decision
+# was made on what the lock read.
 # SentAt is the database's clock (now(): this transaction's start; :now only pins it in tests),
 # never before AsOf, so lateness is never negative. The outbox insert is fed from the UPDATE's
 # RETURNING, so a row that was no longer Pending produces no message, and the unique index on
@@ -234,9 +236,9 @@ COUNT_STILL_PENDING = text(
 WRITE_VERDICTS = text(
     """
     WITH verdict AS (
-        SELECT v.id, v.send, v.payload
-          FROM unnest(CAST(:ids AS uuid[]), CAST(:sends AS boolean[]),
-                      CAST(:payloads AS text[])) AS v(id, send, payload)
+        SELECT CAST(v.key AS uuid) AS id, jsonb_typeof(v.value) = 'object' AS send,
+               v.value AS payload
+          FROM jsonb_each(CAST(:verdicts AS jsonb)) AS v
     ),
     moved AS (
         UPDATE event_reminders r
@@ -252,19 +254,19 @@ WRITE_VERDICTS = text(
                moved_by = :moved_by,
                moved_in_run = :moved_in_run
           FROM verdict v
-         WHERE r.id = ANY(CAST(:ids AS uuid[]))
+         WHERE r.id = ANY(ARRAY(SELECT id FROM verdict))
            AND v.id = r.id
            AND r.status = 'Pending'
         RETURNING r.id, r.status, r.sent_at, r.due_at, v.payload
     ),
     published AS (
         INSERT INTO outbox (topic, message_key, payload, headers, reminder_id, due_at)
-        SELECT :topic, m.doc ->> 'EventId', m.doc,
+        SELECT :topic, m.payload ->> 'EventId', m.payload,
                jsonb_set(CAST(:headers AS jsonb), '{reminder-id}',
                          to_jsonb(CAST(m.id AS text))),
                m.id, m.due_at
-          FROM (SELECT id, due_at, CAST(payload AS jsonb) AS doc
-                  FROM moved WHERE status = 'Sent') AS m
+          FROM moved m
+         WHERE m.status = 'Sent'
          ORDER BY m.due_at, m.id
         RETURNING id, reminder_id, CAST(payload AS text) AS payload
     )
