@@ -36,6 +36,11 @@ BEGIN
                   AND table_name = 'event_reminders' AND column_name = 'last_failed_at') THEN
         GRANT UPDATE (last_failed_at) ON event_reminders TO reminder_dispatcher;
     END IF;
+    -- Who moved a reminder, in which run (migration 0007 and later), when present.
+    IF EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = 'public'
+                  AND table_name = 'event_reminders' AND column_name = 'moved_by') THEN
+        GRANT UPDATE (moved_by, moved_in_run) ON event_reminders TO reminder_dispatcher;
+    END IF;
 END
 $$;
 -- Which writer moved a reminder out of Pending, in which run (migration 0007 and later).
