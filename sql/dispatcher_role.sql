@@ -43,15 +43,6 @@ BEGIN
     END IF;
 END
 $$;
--- Which writer moved a reminder out of Pending, in which run (migration 0007 and later).
-DO $$
-BEGIN
-    IF EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = 'public'
-                  AND table_name = 'event_reminders' AND column_name = 'moved_by') THEN
-        GRANT UPDATE (moved_by, moved_in_run) ON event_reminders TO reminder_dispatcher;
-    END IF;
-END
-$$;
 
 -- Outbox: write rows, mark them published, purge them after the retention.
 REVOKE ALL ON outbox FROM reminder_dispatcher;
