@@ -38,7 +38,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from ..config import ConfigError, check_database_hosts, libpq_url
-from ..pg_client import BoundedConnection, bounded_params, connect_bounded, read_bound
+from ..store.pg_client import BoundedConnection, bounded_params, connect_bounded, read_bound
 
 #: How long a delivered reminder can come again: the topic keeps a message 7 days, and the
 #: re-publish back-fill re-sends outbox rows up to 168 h old, which then stay 7 days on the topic.
@@ -443,7 +443,7 @@ class PostgresDedupStore(_Closing):
             self.prune(retention)
 
     def _connect(self) -> BoundedConnection[tuple[Any, ...]]:
-        """A bounded session (:mod:`reminder_pipeline.pg_client`): a store that goes silent is
+        """A bounded session (:mod:`reminder_pipeline.store.pg_client`): a store that goes silent is
         an outage within :data:`STORE_STATEMENT_TIMEOUT_MS` + the read margin (10 s), not a hang."""
         params = bounded_params(conninfo_to_dict(self._dsn), STORE_STATEMENT_TIMEOUT_MS)
         # autocommit: each write is durable when the call returns, like the SQLite store.

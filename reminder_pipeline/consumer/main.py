@@ -22,7 +22,7 @@ from .. import logs
 from ..config import ConfigError, Settings
 from ..logs import event
 from ..messaging.kafka import ensure_topic
-from ..metrics_http import MetricsServer
+from ..observability.metrics_http import MetricsServer
 from .dedup import PostgresDedupStore, SqliteDedupStore
 from .metrics import DEFAULT_HOST, ConsumerMetrics, serve_metrics
 from .options import DEFAULT_GROUP_ID, ConsumerOptions, ConsumeStats

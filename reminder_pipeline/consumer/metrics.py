@@ -18,7 +18,7 @@ import logging
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from ..logs import event
-from ..metrics_http import MetricsPortUnavailable, MetricsServer, serve_registry
+from ..observability.metrics_http import MetricsPortUnavailable, MetricsServer, serve_registry
 from .notifications import MessageProblem, NotificationKind, RecipientRole
 
 log = logging.getLogger(__name__)

@@ -9,8 +9,8 @@ from typing import Any
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Connection, Engine, make_url
 
-from .. import pg_client
 from ..config import mask_secrets, mask_url, validate_database_url
+from . import pg_client
 
 #: Pinned, not left to the server's ``default_transaction_isolation``: the cycle's correctness
 #: argument (lock, re-read under the lock, decide on that state) is made for READ COMMITTED, where
@@ -39,7 +39,7 @@ def make_engine(
 ) -> Engine:
     """An engine for ``url``; psycopg2 URLs are moved to psycopg 3, the app's driver.
 
-    Every connection is bounded (:mod:`reminder_pipeline.pg_client`): keepalives and
+    Every connection is bounded (:mod:`reminder_pipeline.store.pg_client`): keepalives and
     ``tcp_user_timeout`` both ends, ``statement_timeout_ms`` on the server, and no wait for an
     answer past it plus a margin; settings the URL's query gives itself win.
     """
