@@ -37,7 +37,7 @@ def metrics(host: str, port: int) -> int:
     endpoints, engine = open_servers(settings)
     engine.dispose()  # the reachability check only: the exporter keeps its own small pool
     exporter = start_exporter(
-        settings, endpoints, host=host, port=port, heartbeats=daemon_heartbeats(settings.env)
+        settings, endpoints, host=host, port=port, heartbeats=heartbeat_reader(settings.env)
     )
     print(f"Prometheus metrics: {exporter.url}", flush=True)
     with stop_requests() as stop:
@@ -53,7 +53,7 @@ def metrics(host: str, port: int) -> int:
 HEARTBEATS_READER = "reminder_pipeline.defs.heartbeats"
 
 
-def daemon_heartbeats(env: Mapping[str, str]) -> DaemonHeartbeats | None:
+def heartbeat_reader(env: Mapping[str, str]) -> DaemonHeartbeats | None:
     """Dagster's daemon heartbeats when ``DAGSTER_HOME`` names an instance, else None."""
     import importlib
 

@@ -45,7 +45,7 @@ from ..store.pg_client import BoundedConnection, bounded_params, connect_bounded
 REPLAY_WINDOW = timedelta(days=14)
 #: Entries are kept well past the replay window (a DLQ replay by hand may come later still);
 #: older entries no longer protect anything.
-DEFAULT_RETENTION = timedelta(days=30)
+DEDUP_RETENTION = timedelta(days=30)
 
 #: The file's schema, one entry per version (PRAGMA user_version): a new version appends an
 #: entry, so a file written by an older consumer is upgraded in place on open.
@@ -190,7 +190,7 @@ class SqliteDedupStore(_Closing):
         self,
         path: Path | str,
         *,
-        retention: timedelta = DEFAULT_RETENTION,
+        retention: timedelta = DEDUP_RETENTION,
         read_only: bool = False,
     ) -> None:
         self.path = Path(path).expanduser()
@@ -353,7 +353,7 @@ class SqliteDedupStore(_Closing):
             except sqlite3.OperationalError as exc:
                 raise _unavailable(exc) from exc
 
-    def prune(self, retention: timedelta = DEFAULT_RETENTION) -> int:
+    def prune(self, retention: timedelta = DEDUP_RETENTION) -> int:
         """Forget entries older than ``retention``; returns how many rows went."""
         cutoff = (datetime.now(UTC) - retention).isoformat(timespec="milliseconds")
         with self._lock:
@@ -418,7 +418,7 @@ class PostgresDedupStore(_Closing):
     _conn: BoundedConnection[tuple[Any, ...]]
 
     def __init__(
-        self, url: str, *, retention: timedelta = DEFAULT_RETENTION, read_only: bool = False
+        self, url: str, *, retention: timedelta = DEDUP_RETENTION, read_only: bool = False
     ) -> None:
         self._dsn = psycopg_dsn(url)
         self._read_only = read_only
@@ -520,7 +520,7 @@ class PostgresDedupStore(_Closing):
             tuple([row[i] for row in rows] for i in range(3)),
         )
 
-    def prune(self, retention: timedelta = DEFAULT_RETENTION) -> int:
+    def prune(self, retention: timedelta = DEDUP_RETENTION) -> int:
         """Forget entries older than ``retention`` (the database's clock); returns how many."""
         cursor = self._run(
             f"DELETE FROM {PG_TABLE} WHERE recorded_at < now() - %s",

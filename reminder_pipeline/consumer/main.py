@@ -22,9 +22,9 @@ from .. import logs
 from ..config import ConfigError, Settings
 from ..logs import event
 from ..messaging.kafka import ensure_topic
-from ..observability.metrics_http import MetricsServer
+from ..observability.metrics_http import DEFAULT_HOST, MetricsServer
 from .dedup import PostgresDedupStore, SqliteDedupStore
-from .metrics import DEFAULT_HOST, ConsumerMetrics, serve_metrics
+from .metrics import ConsumerMetrics, serve_metrics
 from .options import DEFAULT_GROUP_ID, ConsumerOptions, ConsumeStats
 from .runner import ReminderConsumer
 from .sinks import NotificationSink, StdoutSink

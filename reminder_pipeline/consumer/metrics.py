@@ -71,8 +71,6 @@ DEPENDENCIES = ("broker", "dedup_store")
 #: Around the two promises (60 s, 120 s), fine enough below them to see the usual few seconds.
 LATENCY_BUCKETS = (0.25, 0.5, 1, 2.5, 5, 10, 15, 30, 45, 60, 90, 120, 180, 300, 600, 1800, 3600)
 
-DEFAULT_HOST = "127.0.0.1"
-
 
 class ConsumerMetrics:
     """The consumer's counters, histograms and gauges in a registry of their own."""

@@ -42,7 +42,7 @@ from ..messaging.kafka import LIBRDKAFKA_LOG
 from . import kafka_messages
 from .dead_letters import DeadLetters
 from .dedup import DedupStore, DedupStoreUnavailable
-from .handling import BatchOutcome, MessageHandling, Retry
+from .handling import MessageHandling, PartitionProgress, Retry
 from .metrics import ConsumerMetrics
 from .options import ConsumerOptions, ConsumeStats
 from .outages import Outage
@@ -342,7 +342,7 @@ class ReminderConsumer:
             # (a probe releases it), its partition held so nothing of its key overtakes it.
             self.store_outage.begin(kafka_messages.one_line(exc), time.monotonic())
             self.metrics.retries.labels("deliver").inc()
-            outcome = BatchOutcome(0, Retry(math.inf, read_failed=False))
+            outcome = PartitionProgress(0, Retry(math.inf, read_failed=False))
         except Exception as exc:  # noqa: BLE001 - an outage or a bug must not skip a reminder
             retry_in = self.options.backoff(attempt)
             self.metrics.retries.labels("deliver").inc()
@@ -355,7 +355,7 @@ class ReminderConsumer:
                 retry_in_seconds=retry_in,
                 error=kafka_messages.one_line(exc),
             )
-            outcome = BatchOutcome(0, Retry(retry_in, read_failed=False))
+            outcome = PartitionProgress(0, Retry(retry_in, read_failed=False))
         if outcome.done:
             last = messages[outcome.done - 1]
             self._commit(last)

@@ -49,7 +49,7 @@ from ..domain.lateness import LATENESS_BUCKETS
 from ..logs import event
 from ..store import metrics_repository, repository
 from . import forecast, ledger
-from .metrics_http import MetricsPortUnavailable, MetricsServer, serve_registry
+from .metrics_http import DEFAULT_HOST, MetricsPortUnavailable, MetricsServer, serve_registry
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,6 @@ SCRAPE_STATEMENT_TIMEOUT_MS = 5_000
 #: not read by then is left out (``up 0`` without the database, no heartbeat ages without
 #: Dagster's). A read still waiting ends by its own bounds (store/engine.py, store/pg_client.py).
 SCRAPE_DEADLINE_SECONDS = 7.0
-DEFAULT_HOST = "127.0.0.1"
 
 
 @dataclass(frozen=True)

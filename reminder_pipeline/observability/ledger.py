@@ -188,7 +188,7 @@ def roll_up(engine: Engine, *, retention: timedelta = DETAIL_RETENTION) -> int:
             metrics_repository.set_local_timeouts(
                 conn, WRITE_STATEMENT_TIMEOUT_MS, WRITE_LOCK_TIMEOUT_MS
             )
-            moved = metrics_repository.roll_up(
+            moved = metrics_repository.roll_up_detail(
                 conn, seconds, len(DURATION_BUCKETS) + 1, len(LATENESS_BUCKETS) + 1
             )
     except Exception as exc:  # noqa: BLE001 - retried by the next cycle's write

@@ -46,7 +46,7 @@ from ..logs import Journal, event
 from ..messaging.relay import Publisher
 from ..messaging.relay_lock import relay_lock
 from ..store import operator_repository, repository
-from .outbox_retention import DEFAULT_RETENTION
+from .outbox_retention import OUTBOX_RETENTION
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ def oldest_day(retention: timedelta, now: datetime) -> date:
 
 
 def check_day(
-    day: date, retention: timedelta = DEFAULT_RETENTION, now: datetime | None = None
+    day: date, retention: timedelta = OUTBOX_RETENTION, now: datetime | None = None
 ) -> None:
     """Refuse a day in the future or past the outbox retention, with one line naming both."""
     now = now or datetime.now(UTC)
@@ -136,7 +136,7 @@ def check_day(
 
 
 def republishable_days(
-    engine: Engine, retention: timedelta = DEFAULT_RETENTION, now: datetime | None = None
+    engine: Engine, retention: timedelta = OUTBOX_RETENTION, now: datetime | None = None
 ) -> list[date]:
     """The days a re-publish would accept and send, oldest first: inside the retention, with
     published messages, and every Sent reminder's outbox row still there (none purged)."""
@@ -157,7 +157,7 @@ def republishable_days(
 def admit_day(
     day: date,
     requester: Requester,
-    retention: timedelta = DEFAULT_RETENTION,
+    retention: timedelta = OUTBOX_RETENTION,
     now: datetime | None = None,
     journal: Journal | None = None,
 ) -> None:
@@ -188,7 +188,7 @@ def resend_day(
     day: date,
     requester: Requester,
     *,
-    retention: timedelta = DEFAULT_RETENTION,
+    retention: timedelta = OUTBOX_RETENTION,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     lock_wait_seconds: float = DEFAULT_LOCK_WAIT_SECONDS,
     now: datetime | None = None,
