@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from ..config import DEFAULT_METRICS_HOST, DEFAULT_METRICS_PORT
 from .context import load_settings, open_servers, stop_requests
 from .exits import EXIT_OK
 from .options import env_option, port_option
@@ -19,13 +20,13 @@ if TYPE_CHECKING:
 @click.command()
 @env_option(
     "--host",
-    default="127.0.0.1",
+    default=DEFAULT_METRICS_HOST,
     envvar="REMINDER_METRICS_HOST",
     help="Address to listen on (a container sets 0.0.0.0).",
 )
 @port_option(
     "--port",
-    default=9464,
+    default=DEFAULT_METRICS_PORT,
     envvar="REMINDER_METRICS_PORT",
     help="Port of the /metrics endpoint.",
 )

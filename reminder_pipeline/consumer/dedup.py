@@ -378,7 +378,7 @@ HANDLED = uuid.UUID(int=0)
 #: The shared store's statements are look-ups by primary key and one insert per batch
 #: (milliseconds). A store that does not answer within the read bound past this (10 s in all)
 #: is an outage: ``dependency_up{dependency="dedup_store"}`` 0 and one log line (.outages).
-STORE_STATEMENT_TIMEOUT_MS = 5_000
+STORE_STATEMENT_TIMEOUT_MS = 5 * 1000
 #: The start-up prune deletes a day's entries or more at once.
 PRUNE_STATEMENT_TIMEOUT_MS = 120_000
 

@@ -40,6 +40,7 @@ from pathlib import Path
 from dagster import DagsterInstance, DagsterRun, DagsterRunStatus, RunsFilter
 
 from ..logs import event
+from ..store.engine import DAGSTER_STATEMENT_TIMEOUT_MS
 from .limits import IN_FLIGHT_STATUSES
 
 log = logging.getLogger(__name__)
@@ -251,7 +252,9 @@ def _final_report(
     )
 
 
-def pool_connections(instance: DagsterInstance, statement_timeout_ms: int = 60_000) -> None:
+def pool_connections(
+    instance: DagsterInstance, statement_timeout_ms: int = DAGSTER_STATEMENT_TIMEOUT_MS
+) -> None:
     """Pooled connections to Dagster's storage for the rest of this process, as in its webserver.
 
     dagster-postgres opens a new connection for every statement by default, and a run's deletion

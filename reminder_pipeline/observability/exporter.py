@@ -44,12 +44,12 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from sqlalchemy.engine import Engine
 
-from ..config import Settings
+from ..config import DEFAULT_METRICS_HOST, Settings
 from ..domain.lateness import LATENESS_BUCKETS
 from ..logs import event
 from ..store import metrics_repository, repository
 from . import forecast, ledger
-from .metrics_http import DEFAULT_HOST, MetricsPortUnavailable, MetricsServer, serve_registry
+from .metrics_http import MetricsPortUnavailable, MetricsServer, serve_registry
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ HEARTBEAT_METRIC_NAMES: tuple[str, ...] = (DAEMON_HEARTBEAT_AGE,)
 #: (``SCHEDULER``, ``SENSOR``, ...). The Dagster layer provides it (only defs/ imports Dagster).
 DaemonHeartbeats = Callable[[], Mapping[str, float]]
 
-SCRAPE_STATEMENT_TIMEOUT_MS = 5_000
+SCRAPE_STATEMENT_TIMEOUT_MS = 5 * 1000
 #: A scrape answers within this, whatever the databases do (Prometheus gives up at 10 s): what is
 #: not read by then is left out (``up 0`` without the database, no heartbeat ages without
 #: Dagster's). A read still waiting ends by its own bounds (store/engine.py, store/pg_client.py).
@@ -490,7 +490,7 @@ def start_exporter(
     """
     from ..store.engine import make_engine
 
-    host = host or settings.env.get("REMINDER_METRICS_HOST") or DEFAULT_HOST
+    host = host or settings.env.get("REMINDER_METRICS_HOST") or DEFAULT_METRICS_HOST
     port = settings.metrics_port if port is None else port
     owns_engine = engine is None
     engine = engine or make_engine(

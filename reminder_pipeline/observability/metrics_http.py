@@ -13,9 +13,6 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, start_http_server
 
-#: Where a ``/metrics`` endpoint listens unless ``REMINDER_METRICS_HOST`` says otherwise: loopback.
-DEFAULT_HOST = "127.0.0.1"
-
 
 class MetricsPortUnavailable(OSError):
     """A ``/metrics`` port cannot be listened on; str() is one line naming it."""

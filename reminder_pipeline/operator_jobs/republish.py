@@ -41,6 +41,7 @@ from typing import NoReturn
 
 from sqlalchemy.engine import Engine
 
+from ..config import MAX_BATCH_SIZE
 from ..domain.model import ClaimedMessage
 from ..logs import Journal, event
 from ..messaging.relay import Publisher
@@ -57,8 +58,13 @@ HEADER_REPUBLISHED_BY_RUN = "republished-by-run"
 STALE_REASONS = ("cancelled", "moved", "completed", "reminder_not_sent")
 
 DEFAULT_CHUNK_SIZE = 500
+#: A chunk is one statement's batch of outbox rows: at most the widest batch anything takes.
+MAX_CHUNK_SIZE = MAX_BATCH_SIZE
 #: A catch-up drain holds the relay lock for its whole run (up to 240 s): wait that out.
 DEFAULT_LOCK_WAIT_SECONDS = 300.0
+#: The longest a chunk may be told to wait for the relay lock: 20 minutes, inside the job's
+#: 30-minute run limit (defs/republish.py, REPUBLISH_MAX_RUNTIME_SECONDS).
+MAX_LOCK_WAIT_SECONDS = 20 * 60.0
 
 
 class RepublishRefused(ValueError):

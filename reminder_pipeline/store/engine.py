@@ -22,7 +22,7 @@ ISOLATION_LEVEL = "READ COMMITTED"
 #: The dispatcher's statements (a batch of up to 10,000 rows takes about a second, a relay
 #: mark well under one) and the operator commands' (index-backed, or in short batches). With
 #: the read bound (pg_client.READ_MARGIN_SECONDS) a silent database is noticed within 15 s.
-STATEMENT_TIMEOUT_MS = 10_000
+STATEMENT_TIMEOUT_MS = 10 * 1000
 #: A migration may rebuild an index on a large table: one hour (:func:`migration_bounds`).
 MIGRATION_STATEMENT_TIMEOUT_MS = 3_600_000
 #: Dagster's own statements (runs, event log, ticks; the run retention pass's deletes).
