@@ -50,7 +50,7 @@ def where(message: Message, found: dict[str, str] | None = None) -> dict[str, An
     result: dict[str, Any] = {"topic": topic, "partition": partition, "offset": offset}
     for name, header in (
         ("reminder_id", contract.HEADER_REMINDER_ID),
-        ("correlation_id", contract.HEADER_CORRELATION_ID),
+        ("run_id", contract.HEADER_CORRELATION_ID),  # the wire's correlation-id
         ("message_id", contract.HEADER_MESSAGE_ID),
     ):
         if found.get(header):

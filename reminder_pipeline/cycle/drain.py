@@ -64,7 +64,7 @@ def drain(
     counts = CycleCounts()
     relay = None
     if publisher is not None and max_batches > 1:
-        relay = OutboxRelay(engine, publisher, correlation_id=correlation_id)
+        relay = OutboxRelay(engine, publisher, run_id=correlation_id)
         relay.start(
             deadline=time.monotonic() + max(started + budget_seconds - time.time(), 1.0),
             max_queued=max(2, RELAY_QUEUE_ROWS // batch_size),
