@@ -87,8 +87,8 @@ SKIPPED = {"status": "Skipped", "updated_at": NOW}
         ),
         (
             _row(**SKIPPED, event_status="Completed", moved_by="cli:dispatch", moved_in_run="c"),
-            "skipped at 2026-12-02T09:00:00+00:00 by `reminder-pipeline dispatch` (no Dagster "
-            "run, cycle c): the event was Completed",
+            "skipped at 2026-12-02T09:00:00+00:00 by `reminder-pipeline dispatch` (run id c, no "
+            "Dagster run): the event was Completed",
         ),
         (
             _row(
