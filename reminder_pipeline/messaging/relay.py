@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 from sqlalchemy.engine import Connection, Engine
 
+from ..config import DEFAULT_CYCLE_BUDGET_SECONDS
 from ..domain.model import ClaimedMessage
 from ..logs import event
 from ..store import repository
@@ -423,7 +424,7 @@ def publish_outbox(
     publisher: Publisher,
     *,
     batch_size: int = RELAY_BATCH_SIZE,
-    budget_seconds: float = 30.0,
+    budget_seconds: float = DEFAULT_CYCLE_BUDGET_SECONDS,
     lock_wait_seconds: float = LOCK_WAIT_SECONDS,
     run_id: str | None = None,
     on_acknowledged: Callable[[list[int]], None] | None = None,
