@@ -39,10 +39,9 @@ from reminder_pipeline.consumer.dedup import SqliteDedupStore
 from reminder_pipeline.consumer.handling import MessageHandling
 from reminder_pipeline.consumer.metrics import ConsumerMetrics
 from reminder_pipeline.consumer.options import ConsumerOptions, ConsumeStats
-from reminder_pipeline.consumer.runner import RUN_GEN0_THRESHOLD
 from reminder_pipeline.consumer.texts import Locale
 from reminder_pipeline.domain import contract
-from reminder_pipeline.memory import young_generation
+from reminder_pipeline.memory import BATCH_LOOP_GEN0_THRESHOLD, young_generation
 
 
 def messages(count: int, partition: int = 0) -> list[Message]:
@@ -88,7 +87,7 @@ def one_round(batches: list[list[Message]], workdir: Path) -> tuple[float, int]:
         dead_letters = DeadLetters(None, options, stats, metrics)  # type: ignore[arg-type]
         handling = MessageHandling(sink, store, options, Locale.EN, stats, metrics, dead_letters)
         # The young GC generation a running member has (ReminderConsumer.run).
-        with young_generation(RUN_GEN0_THRESHOLD):
+        with young_generation(BATCH_LOOP_GEN0_THRESHOLD):
             started = time.process_time()
             for batch in batches:
                 outcome = handling.handle_batch(batch)

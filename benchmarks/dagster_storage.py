@@ -563,7 +563,7 @@ def report(result: Result) -> str:
 def projection(result: Result) -> str:
     """A year at the measured per-run sizes and deletion rate."""
     from reminder_pipeline.defs.run_retention import RUN_RETENTION_MAX_RUNTIME_SECONDS
-    from reminder_pipeline.defs.run_retention_pass import DEFAULT_BUDGET_SECONDS
+    from reminder_pipeline.defs.run_retention_pass import RUN_RETENTION_BUDGET_SECONDS
 
     deleted = sum(p.metadata.get("runs_deleted", 0) for p in result.passes)
     seconds = sum(p.metadata.get("duration_seconds", 0) for p in result.passes)
@@ -575,7 +575,7 @@ def projection(result: Result) -> str:
     per_run_home = month.home_disk_bytes / month.runs
     year = 365 * MINUTES_PER_DAY
     backlog = year - result.keep_days * MINUTES_PER_DAY
-    per_pass = rate * DEFAULT_BUDGET_SECONDS
+    per_pass = rate * RUN_RETENTION_BUDGET_SECONDS
     # Each day's pass also has the day's new runs to delete once the backlog is past keep_days.
     clearing_days = backlog / max(per_pass - MINUTES_PER_DAY, 1.0)
     return (
@@ -583,7 +583,7 @@ def projection(result: Result) -> str:
         f"{per_run_home / 1024:,.1f} kB of DAGSTER_HOME on disk. A year without retention: "
         f"~{per_run_db * year / 2**30:,.1f} GB of database, ~{per_run_home * year / 2**30:,.1f} GB "
         f"of DAGSTER_HOME. The first pass over a year ({backlog:,} runs to delete) stops at its "
-        f"{DEFAULT_BUDGET_SECONDS:.0f} s budget "
+        f"{RUN_RETENTION_BUDGET_SECONDS:.0f} s budget "
         f"(max_runtime {RUN_RETENTION_MAX_RUNTIME_SECONDS} s) after ~{per_pass:,.0f} runs; "
         f"daily passes clear it in ~{clearing_days:,.1f} days (each day adds {MINUTES_PER_DAY:,})."
     )

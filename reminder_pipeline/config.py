@@ -20,7 +20,7 @@ from sqlalchemy.exc import ArgumentError
 
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 #: Every Kafka client's bounds on a silent broker (docs/configuration.md, "Connection bounds").
-KAFKA_CONNECT_TIMEOUT_MS = 5_000
+KAFKA_CONNECT_TIMEOUT_MS = 5 * 1000
 KAFKA_SOCKET_TIMEOUT_MS = 15_000
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
@@ -52,6 +52,13 @@ DEFAULT_POISON_LIMIT = 100
 #: nothing and naming them (``--lock-timeout``): a cycle holds its rows for a moment only.
 DEFAULT_POISON_LOCK_TIMEOUT_SECONDS = 5.0
 MAX_POISON_LIMIT = 1000
+#: The ports the local stack listens on unless the environment names others (the embedded servers,
+#: the Dagster webserver) and the /metrics endpoint's port and address (docs/configuration.md).
+DEFAULT_EMBEDDED_PG_PORT = 54329
+DEFAULT_EMBEDDED_BROKER_PORT = 19092
+DEFAULT_WEBSERVER_PORT = 3000
+DEFAULT_METRICS_PORT = 9464
+DEFAULT_METRICS_HOST = "127.0.0.1"
 
 
 class ConfigError(ValueError):
@@ -437,10 +444,10 @@ class Settings:
     home: Path
     batch_size: int = DEFAULT_BATCH_SIZE
     cycle_budget_seconds: float = DEFAULT_CYCLE_BUDGET_SECONDS
-    embedded_pg_port: int = 54329
-    embedded_broker_port: int = 19092
-    webserver_port: int = 3000
-    metrics_port: int = 9464
+    embedded_pg_port: int = DEFAULT_EMBEDDED_PG_PORT
+    embedded_broker_port: int = DEFAULT_EMBEDDED_BROKER_PORT
+    webserver_port: int = DEFAULT_WEBSERVER_PORT
+    metrics_port: int = DEFAULT_METRICS_PORT
     env: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -486,12 +493,16 @@ class Settings:
                 MIN_BUDGET_SECONDS,
                 MAX_BUDGET_SECONDS,
             ),
-            embedded_pg_port=_int_setting(env, "REMINDER_EMBEDDED_PG_PORT", 54329, 1, 65535),
-            embedded_broker_port=_int_setting(
-                env, "REMINDER_EMBEDDED_BROKER_PORT", 19092, 1, 65535
+            embedded_pg_port=_int_setting(
+                env, "REMINDER_EMBEDDED_PG_PORT", DEFAULT_EMBEDDED_PG_PORT, 1, 65535
             ),
-            webserver_port=_int_setting(env, "DAGSTER_WEBSERVER_PORT", 3000, 1, 65535),
-            metrics_port=_int_setting(env, "REMINDER_METRICS_PORT", 9464, 1, 65535),
+            embedded_broker_port=_int_setting(
+                env, "REMINDER_EMBEDDED_BROKER_PORT", DEFAULT_EMBEDDED_BROKER_PORT, 1, 65535
+            ),
+            webserver_port=_int_setting(
+                env, "DAGSTER_WEBSERVER_PORT", DEFAULT_WEBSERVER_PORT, 1, 65535
+            ),
+            metrics_port=_int_setting(env, "REMINDER_METRICS_PORT", DEFAULT_METRICS_PORT, 1, 65535),
             env=env,
         )
 
@@ -505,5 +516,5 @@ def dagster_ui_url(env: Mapping[str, str] | None = None) -> str:
     before a run has the rest of the settings)."""
     env = os.environ if env is None else env
     return _ui_address(
-        _int_setting(env, "DAGSTER_WEBSERVER_PORT", Settings.webserver_port, 1, 65535)
+        _int_setting(env, "DAGSTER_WEBSERVER_PORT", DEFAULT_WEBSERVER_PORT, 1, 65535)
     )

@@ -1,11 +1,15 @@
 """How a long batch loop uses the garbage collector: a drain's (``cycle/drain.py``) and a
-consumer member's (``consumer/runner.py``); each names its own threshold and why."""
+consumer member's (``consumer/runner.py``), with one threshold (BATCH_LOOP_GEN0_THRESHOLD)."""
 
 from __future__ import annotations
 
 import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+#: A batch loop's young-generation threshold (a drain's, a consumer member's): a batch's objects
+#: stay alive until it is recorded; the default 700 would walk and promote them over and over.
+BATCH_LOOP_GEN0_THRESHOLD = 50_000
 
 
 @contextmanager

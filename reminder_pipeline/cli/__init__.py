@@ -22,15 +22,15 @@ from .demo import demo
 from .dispatch import dispatch, relay
 from .dlq import dlq
 from .exits import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, run
-from .forecast import forecast
+from .forecast import forecast_command
 from .metrics import metrics
 from .options import PROGRESS_SECONDS_TYPE, env_option
-from .outbox import outbox
+from .outbox import outbox_group
 from .output import PROG, ProgressLine
 from .poison import poison
 from .reminders import reminders
 from .services import services
-from .trace import trace
+from .trace import trace_command
 from .up import up
 
 __all__ = [
@@ -102,11 +102,11 @@ def cli(ctx: click.Context, log_level: str | None, verbose: bool, progress_secon
     ctx.obj = {"progress_seconds": progress_seconds, "log_level": chosen}
 
 
-for _command in (dispatch, relay, poison, outbox, db, services, consume, metrics, demo, up):
+for _command in (dispatch, relay, poison, outbox_group, db, services, consume, metrics, demo, up):
     cli.add_command(_command)
-for _command in (dlq, forecast):
+for _command in (dlq, forecast_command):
     cli.add_command(_command)
-cli.add_command(trace)
+cli.add_command(trace_command)
 cli.add_command(reminders)
 
 

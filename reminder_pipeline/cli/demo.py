@@ -13,11 +13,16 @@ from .exits import EXIT_OK
 from .options import EVENT_ID_TYPE, env_option, json_option
 from .output import print_fields, print_json
 
+#: The most demo events one ``demo`` seeds of each kind, and the farthest ``demo move`` moves an
+#: event (minutes, either way): a demo's bounds, not the dispatcher's batch bounds (config.py).
+MAX_DEMO_EVENTS = 10_000
+MAX_MOVE_MINUTES = 10_000
+
 
 @click.group(invoke_without_command=True)
 @env_option(
     "--overdue",
-    type=click.IntRange(0, 10_000),
+    type=click.IntRange(0, MAX_DEMO_EVENTS),
     default=0,
     envvar="REMINDER_DEMO_OVERDUE",
     help="Also events whose reminders fell due up to 5 minutes ago: a catch-up to watch (the "
@@ -25,7 +30,7 @@ from .output import print_fields, print_json
 )
 @env_option(
     "--upcoming",
-    type=click.IntRange(0, 10_000),
+    type=click.IntRange(0, MAX_DEMO_EVENTS),
     default=30,
     envvar="REMINDER_DEMO_UPCOMING",
     help="Demo events whose reminders fall due from a minute on, six a minute.",
@@ -85,7 +90,7 @@ def demo_cancel(event_id: uuid.UUID) -> int:
 @click.argument("event_id", type=EVENT_ID_TYPE)
 @env_option(
     "--minutes",
-    type=click.IntRange(-10_000, 10_000),
+    type=click.IntRange(-MAX_MOVE_MINUTES, MAX_MOVE_MINUTES),
     required=True,
     envvar="REMINDER_DEMO_MOVE_MINUTES",
     help="How far to move the event's start (negative: earlier).",

@@ -74,7 +74,7 @@ def consume_exit(error: BaseException) -> tuple[int, str] | None:
 
     from ..consumer.dedup import DedupStoreError
     from ..messaging.kafka import BrokerUnavailable
-    from ..metrics_http import MetricsPortUnavailable
+    from ..observability.metrics_http import MetricsPortUnavailable
 
     if isinstance(error, ConfigError | MetricsPortUnavailable):
         return EXIT_USAGE, str(error)

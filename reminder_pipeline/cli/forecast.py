@@ -21,7 +21,7 @@ from .output import print_json, print_table
     help="How far ahead, 1..168 hours.",
 )
 @json_option
-def forecast(hours: int, as_json: bool) -> int:
+def forecast_command(hours: int, as_json: bool) -> int:
     """Due reminders per minute over the coming hours (the partial Pending index, the database's
     clock), the busiest minutes, and what one run moves within its budget at the measured rate."""
     from ..observability.forecast import forecast as read_forecast

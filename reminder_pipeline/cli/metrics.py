@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from ..config import DEFAULT_METRICS_HOST, DEFAULT_METRICS_PORT
 from .context import load_settings, open_servers, stop_requests
 from .exits import EXIT_OK
 from .options import env_option, port_option
@@ -19,13 +20,13 @@ if TYPE_CHECKING:
 @click.command()
 @env_option(
     "--host",
-    default="127.0.0.1",
+    default=DEFAULT_METRICS_HOST,
     envvar="REMINDER_METRICS_HOST",
     help="Address to listen on (a container sets 0.0.0.0).",
 )
 @port_option(
     "--port",
-    default=9464,
+    default=DEFAULT_METRICS_PORT,
     envvar="REMINDER_METRICS_PORT",
     help="Port of the /metrics endpoint.",
 )
@@ -37,7 +38,7 @@ def metrics(host: str, port: int) -> int:
     endpoints, engine = open_servers(settings)
     engine.dispose()  # the reachability check only: the exporter keeps its own small pool
     exporter = start_exporter(
-        settings, endpoints, host=host, port=port, heartbeats=daemon_heartbeats(settings.env)
+        settings, endpoints, host=host, port=port, heartbeats=heartbeat_reader(settings.env)
     )
     print(f"Prometheus metrics: {exporter.url}", flush=True)
     with stop_requests() as stop:
@@ -53,7 +54,7 @@ def metrics(host: str, port: int) -> int:
 HEARTBEATS_READER = "reminder_pipeline.defs.heartbeats"
 
 
-def daemon_heartbeats(env: Mapping[str, str]) -> DaemonHeartbeats | None:
+def heartbeat_reader(env: Mapping[str, str]) -> DaemonHeartbeats | None:
     """Dagster's daemon heartbeats when ``DAGSTER_HOME`` names an instance, else None."""
     import importlib
 

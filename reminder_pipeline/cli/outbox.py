@@ -19,12 +19,12 @@ from .options import (
 from .output import print_json
 
 
-@click.group()
-def outbox() -> None:
+@click.group("outbox")
+def outbox_group() -> None:
     """Outbox maintenance."""
 
 
-@outbox.command("purge")
+@outbox_group.command("purge")
 @env_option(
     "--retention-hours",
     type=RETENTION_HOURS_TYPE,

@@ -5,9 +5,8 @@ retry and skip take one REMINDER_ID or a filter (``--all``, ``--event``, ``--kin
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -26,6 +25,7 @@ from .options import (
     POISON_LIMIT_TYPE,
     REMINDER_ID_TYPE,
     Checked,
+    F,
     env_option,
     force_option,
     json_option,
@@ -34,9 +34,6 @@ from .output import print_error, print_json, print_table
 
 if TYPE_CHECKING:
     from ..operator_jobs.poison import PoisonFilter
-
-F = TypeVar("F", bound=Callable[..., Any])
-
 
 FAILED_SINCE_TYPE = Checked(parse_as_of, "ISO-8601")
 LOCK_TIMEOUT_TYPE = Checked(lambda value, name: check_number(value, name, 0.1, 600.0), "SECONDS")

@@ -51,7 +51,7 @@ def _print_text(reminders: list[dict[str, Any]]) -> None:
     print(end="", flush=True)
 
 
-@click.command()
+@click.command("trace")
 @click.argument("reminder_or_event_id", metavar="ID", type=Checked(_check_id, "ID"))
 @click.option(
     "--dedup-url",
@@ -66,7 +66,7 @@ def _print_text(reminders: list[dict[str, Any]]) -> None:
     help="The consumer's SQLite de-duplication file: say whether each reminder is delivered.",
 )
 @json_option
-def trace(
+def trace_command(
     reminder_or_event_id: uuid.UUID, dedup_url: str | None, dedup_path: str | None, as_json: bool
 ) -> int:
     """Everything about a reminder (ID a ReminderId), or every reminder of an event (an EventId).

@@ -29,7 +29,7 @@ from .context import (
     stop_requests,
 )
 from .exits import EXIT_OK
-from .metrics import daemon_heartbeats
+from .metrics import heartbeat_reader
 from .options import flag
 from .output import PROG, command_as_started, psql_url
 
@@ -250,7 +250,7 @@ def _run_dagster(
         request.check()
         # The exporter reads the daemons' heartbeats from the instance the stack runs on.
         os.environ.update({k: v for k, v in stack.child_env().items() if k in INSTANCE_ENV})
-        exporter = start_exporter(settings, endpoints, heartbeats=daemon_heartbeats(os.environ))
+        exporter = start_exporter(settings, endpoints, heartbeats=heartbeat_reader(os.environ))
         if feeder:
             feeder.start()
         request.check()

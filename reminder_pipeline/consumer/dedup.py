@@ -38,14 +38,14 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from ..config import ConfigError, check_database_hosts, libpq_url
-from ..pg_client import BoundedConnection, bounded_params, connect_bounded, read_bound
+from ..store.pg_client import BoundedConnection, bounded_params, connect_bounded, read_bound
 
 #: How long a delivered reminder can come again: the topic keeps a message 7 days, and the
 #: re-publish back-fill re-sends outbox rows up to 168 h old, which then stay 7 days on the topic.
 REPLAY_WINDOW = timedelta(days=14)
 #: Entries are kept well past the replay window (a DLQ replay by hand may come later still);
 #: older entries no longer protect anything.
-DEFAULT_RETENTION = timedelta(days=30)
+DEDUP_RETENTION = timedelta(days=30)
 
 #: The file's schema, one entry per version (PRAGMA user_version): a new version appends an
 #: entry, so a file written by an older consumer is upgraded in place on open.
@@ -190,7 +190,7 @@ class SqliteDedupStore(_Closing):
         self,
         path: Path | str,
         *,
-        retention: timedelta = DEFAULT_RETENTION,
+        retention: timedelta = DEDUP_RETENTION,
         read_only: bool = False,
     ) -> None:
         self.path = Path(path).expanduser()
@@ -353,7 +353,7 @@ class SqliteDedupStore(_Closing):
             except sqlite3.OperationalError as exc:
                 raise _unavailable(exc) from exc
 
-    def prune(self, retention: timedelta = DEFAULT_RETENTION) -> int:
+    def prune(self, retention: timedelta = DEDUP_RETENTION) -> int:
         """Forget entries older than ``retention``; returns how many rows went."""
         cutoff = (datetime.now(UTC) - retention).isoformat(timespec="milliseconds")
         with self._lock:
@@ -378,7 +378,7 @@ HANDLED = uuid.UUID(int=0)
 #: The shared store's statements are look-ups by primary key and one insert per batch
 #: (milliseconds). A store that does not answer within the read bound past this (10 s in all)
 #: is an outage: ``dependency_up{dependency="dedup_store"}`` 0 and one log line (.outages).
-STORE_STATEMENT_TIMEOUT_MS = 5_000
+STORE_STATEMENT_TIMEOUT_MS = 5 * 1000
 #: The start-up prune deletes a day's entries or more at once.
 PRUNE_STATEMENT_TIMEOUT_MS = 120_000
 
@@ -418,7 +418,7 @@ class PostgresDedupStore(_Closing):
     _conn: BoundedConnection[tuple[Any, ...]]
 
     def __init__(
-        self, url: str, *, retention: timedelta = DEFAULT_RETENTION, read_only: bool = False
+        self, url: str, *, retention: timedelta = DEDUP_RETENTION, read_only: bool = False
     ) -> None:
         self._dsn = psycopg_dsn(url)
         self._read_only = read_only
@@ -443,7 +443,7 @@ class PostgresDedupStore(_Closing):
             self.prune(retention)
 
     def _connect(self) -> BoundedConnection[tuple[Any, ...]]:
-        """A bounded session (:mod:`reminder_pipeline.pg_client`): a store that goes silent is
+        """A bounded session (:mod:`reminder_pipeline.store.pg_client`): a store that goes silent is
         an outage within :data:`STORE_STATEMENT_TIMEOUT_MS` + the read margin (10 s), not a hang."""
         params = bounded_params(conninfo_to_dict(self._dsn), STORE_STATEMENT_TIMEOUT_MS)
         # autocommit: each write is durable when the call returns, like the SQLite store.
@@ -520,7 +520,7 @@ class PostgresDedupStore(_Closing):
             tuple([row[i] for row in rows] for i in range(3)),
         )
 
-    def prune(self, retention: timedelta = DEFAULT_RETENTION) -> int:
+    def prune(self, retention: timedelta = DEDUP_RETENTION) -> int:
         """Forget entries older than ``retention`` (the database's clock); returns how many."""
         cursor = self._run(
             f"DELETE FROM {PG_TABLE} WHERE recorded_at < now() - %s",

@@ -61,7 +61,7 @@ class Retry:
 
 
 @dataclass(frozen=True)
-class BatchOutcome:
+class PartitionProgress:
     """How many leading messages of a batch are handled (to commit) and the next one's retry."""
 
     done: int
@@ -112,7 +112,7 @@ class MessageHandling:
 
     def handle_batch(
         self, messages: list[Message], attempt: int = 1, read_failures: int = 0
-    ) -> BatchOutcome:
+    ) -> PartitionProgress:
         """One attempt at ``messages`` (one partition, in order; ``attempt`` is the first one's)."""
         self._record_pending()
         read: list[tuple[Message, MappedReminder | None, tuple[MessageProblem, str] | None]] = []
@@ -132,11 +132,11 @@ class MessageHandling:
         ids = [m.reminder.reminder_id for _, m, _ in read if m is not None]
         known = self.dedup.known(ids) if ids else Known()
         batch = _Batch(set(known.handled), set(known.delivered))
-        outcome = BatchOutcome(len(read))
+        outcome = PartitionProgress(len(read))
         try:
             for index, (message, reminder, failure) in enumerate(read):
                 first = index == 0
-                found = kafka_messages.headers(message)
+                found = kafka_messages.header_texts(message)
                 if attempt == 1 or not first:
                     self._check_version(message, found)
                 tries, failures = (attempt, read_failures) if first else (1, 0)
@@ -146,7 +146,7 @@ class MessageHandling:
                     assert reminder is not None
                     retry = self._deliver(message, reminder, tries, found, batch)
                 if retry is not None:
-                    outcome = BatchOutcome(index, retry)
+                    outcome = PartitionProgress(index, retry)
                     break
         finally:
             self._count(batch)

@@ -26,7 +26,7 @@ def raw_headers(message: Message) -> list[tuple[str, str | bytes | None]]:
     return [(str(name), value) for name, value in _header_pairs(message)]
 
 
-def headers(message: Message) -> dict[str, str]:
+def header_texts(message: Message) -> dict[str, str]:
     """The message's headers as text (the last value of a repeated name wins)."""
     return {
         str(name): value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
@@ -43,14 +43,14 @@ def position(message: Message) -> tuple[str, int, int]:
 
 def where(message: Message, found: dict[str, str] | None = None) -> dict[str, Any]:
     """Identifiers of a message for logs: position and the ids the producer put in headers
-    (``found``: the message's :func:`headers`, when the caller has them already)."""
+    (``found``: the message's :func:`header_texts`, when the caller has them already)."""
     if found is None:
-        found = headers(message)
+        found = header_texts(message)
     topic, partition, offset = position(message)
     result: dict[str, Any] = {"topic": topic, "partition": partition, "offset": offset}
     for name, header in (
         ("reminder_id", contract.HEADER_REMINDER_ID),
-        ("correlation_id", contract.HEADER_CORRELATION_ID),
+        ("run_id", contract.HEADER_CORRELATION_ID),  # the wire's correlation-id
         ("message_id", contract.HEADER_MESSAGE_ID),
     ):
         if found.get(header):

@@ -19,12 +19,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .. import logs
-from ..config import ConfigError, Settings
+from ..config import DEFAULT_METRICS_HOST, ConfigError, Settings
 from ..logs import event
 from ..messaging.kafka import ensure_topic
-from ..metrics_http import MetricsServer
+from ..observability.metrics_http import MetricsServer
 from .dedup import PostgresDedupStore, SqliteDedupStore
-from .metrics import DEFAULT_HOST, ConsumerMetrics, serve_metrics
+from .metrics import ConsumerMetrics, serve_metrics
 from .options import DEFAULT_GROUP_ID, ConsumerOptions, ConsumeStats
 from .runner import ReminderConsumer
 from .sinks import NotificationSink, StdoutSink
@@ -102,7 +102,7 @@ def run_consumer(
         kafka = settings.kafka(bootstrap_servers)
         metrics = ConsumerMetrics()
         if metrics_port is not None:
-            host = settings.env.get("REMINDER_METRICS_HOST") or DEFAULT_HOST
+            host = settings.env.get("REMINDER_METRICS_HOST") or DEFAULT_METRICS_HOST
             server = serve_metrics(metrics, host, metrics_port)
         # The DLQ is ours to create with the contract's partition count (auto-creation would
         # pick the broker's default); the source topic too, so starting before the

@@ -18,7 +18,7 @@ import logging
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from ..logs import event
-from ..metrics_http import MetricsPortUnavailable, MetricsServer, serve_registry
+from ..observability.metrics_http import MetricsPortUnavailable, MetricsServer, serve_registry
 from .notifications import MessageProblem, NotificationKind, RecipientRole
 
 log = logging.getLogger(__name__)
@@ -70,8 +70,6 @@ RETRY_STAGES = ("read", "deliver", "dead_letter")
 DEPENDENCIES = ("broker", "dedup_store")
 #: Around the two promises (60 s, 120 s), fine enough below them to see the usual few seconds.
 LATENCY_BUCKETS = (0.25, 0.5, 1, 2.5, 5, 10, 15, 30, 45, 60, 90, 120, 180, 300, 600, 1800, 3600)
-
-DEFAULT_HOST = "127.0.0.1"
 
 
 class ConsumerMetrics:

@@ -37,12 +37,12 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from ..config import KafkaSettings
 from ..logs import event
-from ..memory import young_generation
+from ..memory import BATCH_LOOP_GEN0_THRESHOLD, young_generation
 from ..messaging.kafka import LIBRDKAFKA_LOG
 from . import kafka_messages
 from .dead_letters import DeadLetters
 from .dedup import DedupStore, DedupStoreUnavailable
-from .handling import BatchOutcome, MessageHandling, Retry
+from .handling import MessageHandling, PartitionProgress, Retry
 from .metrics import ConsumerMetrics
 from .options import ConsumerOptions, ConsumeStats
 from .outages import Outage
@@ -52,20 +52,13 @@ from .texts import parse_locale
 log = logging.getLogger(__name__)
 
 
-#: The collector's young-generation threshold while the consumer runs. A batch of up to
-#: ``batch_size`` messages allocates ~15 objects per message that live until the batch is
-#: recorded (reminders, notifications, records); with the default 700 young collections walk them
-#: over and over and promote them, a quarter of a member's CPU per message (benchmarks/README.md).
-#: Reference counting frees nearly all of it anyway; cycles still get collected.
-RUN_GEN0_THRESHOLD = 50_000
-
 #: librdkafka's prefetch, in KiB, across the member's partitions (``queued.max.messages.kbytes``):
 #: ~8 batches of 2,000 contract messages, so a poll never waits on a backlog, while the member's
 #: memory stays flat however long the backlog is. The default, 64 MiB, put ~40 MB more on a
 #: member's peak RSS with a 150,000 backlog at the same throughput (benchmarks.consumer).
 QUEUED_MAX_KBYTES = 16_384
 #: librdkafka's ``max.poll.interval.ms`` (its default 300,000): why, in ``consumer_config``.
-MAX_POLL_INTERVAL_MS = 60_000
+MAX_POLL_INTERVAL_MS = 60 * 1000
 
 
 @dataclass
@@ -131,8 +124,8 @@ class ReminderConsumer:
             "auto.offset.reset": "earliest",
             # Shorter than librdkafka's 45 s: a dead consumer's partitions move on well within
             # the contract's one-minute SLA (and the embedded broker joins in ~session/2).
-            "session.timeout.ms": 10_000,
-            "heartbeat.interval.ms": 3_000,
+            "session.timeout.ms": 10 * 1000,
+            "heartbeat.interval.ms": 3 * 1000,
             # Between two polls the loop waits on one batch at most: the de-dup store's read
             # bound and one reconnect (15 s), or the dead-letter flush (15 s). A loop stuck past
             # twice both has lost its bounds: its member leaves the group and its partitions move
@@ -198,7 +191,10 @@ class ReminderConsumer:
             locale=self.locale.value,
         )
         try:
-            with young_generation(RUN_GEN0_THRESHOLD):
+            # A batch of up to ``batch_size`` messages allocates ~15 objects per message that live
+            # until the batch is recorded; with the default threshold young collections took a
+            # quarter of a member's CPU per message (benchmarks/README.md).
+            with young_generation(BATCH_LOOP_GEN0_THRESHOLD):
                 self._loop(stop, max_messages, idle_timeout, join_timeout, started)
         finally:
             self._close()
@@ -342,7 +338,7 @@ class ReminderConsumer:
             # (a probe releases it), its partition held so nothing of its key overtakes it.
             self.store_outage.begin(kafka_messages.one_line(exc), time.monotonic())
             self.metrics.retries.labels("deliver").inc()
-            outcome = BatchOutcome(0, Retry(math.inf, read_failed=False))
+            outcome = PartitionProgress(0, Retry(math.inf, read_failed=False))
         except Exception as exc:  # noqa: BLE001 - an outage or a bug must not skip a reminder
             retry_in = self.options.backoff(attempt)
             self.metrics.retries.labels("deliver").inc()
@@ -355,7 +351,7 @@ class ReminderConsumer:
                 retry_in_seconds=retry_in,
                 error=kafka_messages.one_line(exc),
             )
-            outcome = BatchOutcome(0, Retry(retry_in, read_failed=False))
+            outcome = PartitionProgress(0, Retry(retry_in, read_failed=False))
         if outcome.done:
             last = messages[outcome.done - 1]
             self._commit(last)

@@ -14,7 +14,7 @@ from ..domain.model import (
 )
 from ..domain.writers import WRITER_IN_PROCESS
 from ..logs import Journal
-from ..memory import young_generation
+from ..memory import BATCH_LOOP_GEN0_THRESHOLD, young_generation
 from ..messaging.relay import OutboxRelay, OutboxSpans, Publisher, RelayResult
 from .batch import dispatch_batch
 from .records import Progress
@@ -26,11 +26,6 @@ from .records import Progress
 #: by the one the metadata names and asks for the producer id on its next 500 ms timer tick),
 #: i.e. up to ~15,000 rows of a drain; a run creates its producer when it starts.
 RELAY_QUEUE_ROWS = 20_000
-#: The collector's young-generation threshold during a drain. A batch allocates ~10 objects per
-#: row that live for the batch (rows, decisions, payloads); with the default 700 many survive two
-#: collections and are promoted, and the full collections that follow walk the whole heap of a
-#: process with Dagster loaded (benchmarks/README.md).
-DRAIN_GEN0_THRESHOLD = 50_000
 
 
 def drain(
@@ -65,13 +60,13 @@ def drain(
     counts = CycleCounts()
     relay = None
     if publisher is not None and max_batches > 1:
-        relay = OutboxRelay(engine, publisher, correlation_id=run_id)
+        relay = OutboxRelay(engine, publisher, run_id=run_id)
         relay.start(
             deadline=time.monotonic() + max(started + budget_seconds - time.time(), 1.0),
             max_queued=max(2, RELAY_QUEUE_ROWS // batch_size),
         )
     try:
-        with young_generation(DRAIN_GEN0_THRESHOLD):
+        with young_generation(BATCH_LOOP_GEN0_THRESHOLD):
             for number in range(max_batches):
                 outcome = dispatch_batch(
                     engine,

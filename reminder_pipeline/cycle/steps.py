@@ -227,9 +227,7 @@ def finish(
     if publisher is not None:
         remaining = max(started + cycle.budget_seconds - time.time(), MIN_RELAY_SECONDS)
         relay.merge(
-            publish_rows(
-                engine, publisher, written.outbox, budget_seconds=remaining, correlation_id=run_id
-            )
+            publish_rows(engine, publisher, written.outbox, budget_seconds=remaining, run_id=run_id)
         )
     elif publisher_error is not None:
         with engine.connect() as conn:

@@ -34,8 +34,6 @@ from .resources import PostgresResource
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
-CHECKS = health.ASSERTIONS
-
 
 def runbook_link(path: str, base_url: str | None = None) -> MetadataValue:
     """A runbook's repository path (``docs/runbooks/x.md#section``) as a URL under the docs base."""
@@ -92,7 +90,7 @@ def evaluate_all(
             description=text,
             metadata={"runbook": runbook_link(runbook)},
         )
-        for name, (text, runbook) in CHECKS.items()
+        for name, (text, runbook) in health.ASSERTIONS.items()
     ],
     can_subset=True,
     description="The design's alert conditions, read from the database (health.evaluate).",

@@ -1,22 +1,23 @@
 """The four ops of a dispatch cycle, adapters over :mod:`reminder_pipeline.cycle`.
 
 ``select_due_batch → resolve_event_status → transition_and_outbox → relay_outbox``. Steps hand
-each other plain values only (ids, AsOf, counts: what the fs_io_manager stores), so a step
-re-executed from the UI after an upgrade still reads them. Only ``transition_and_outbox`` writes
-reminder rows, after locking and re-reading them; a re-execution over an old selection writes
-nothing for rows that were sent, skipped or cancelled since (docs/design.md).
+each other typed records (:mod:`.step_records`) that the fs_io_manager stores as plain values
+(ids, AsOf, counts), so a step re-executed from the UI after an upgrade still reads them. Only
+``transition_and_outbox`` writes reminder rows, after locking and re-reading them; a
+re-execution over an old selection writes nothing for rows that were sent, skipped or cancelled
+since (docs/design.md).
 """
 
 # No ``from __future__ import annotations``: Dagster reads the ops' annotations when defining them.
 
 from collections.abc import Iterator
-from typing import Any
 
 from dagster import (
     AssetCheckEvaluation,
     AssetMaterialization,
     DagsterType,
     Failure,
+    In,
     MetadataValue,
     OpExecutionContext,
     Out,
@@ -32,38 +33,21 @@ from .checks import evaluate_all
 from .limits import refuse_overridden_limits
 from .resources import KafkaResource, PostgresResource
 from .run_config import CycleConfig
-
-
-def _step_record(name: str, keys: set[str], description: str) -> DagsterType:
-    """What a step hands the next: a dict of builtins with these keys (what the UI shows)."""
-    return DagsterType(
-        name=name,
-        description=description,
-        typing_type=dict,
-        type_check_fn=lambda _context, value: isinstance(value, dict) and keys <= value.keys(),
-    )
-
-
-DUE_SELECTION = _step_record(
-    "DueSelection",
-    {"cycle", "ids", "skipped_locked"},
-    "The cycle (run id, AsOf, batch size, budget), the reserved reminder ids oldest first, and "
-    "how many due rows another transaction held.",
+from .step_records import (
+    DECIDED_SELECTION,
+    DUE_SELECTION,
+    WRITTEN_CYCLE,
+    DecidedSelection,
+    DueSelection,
+    WrittenCycle,
 )
-DECIDED_SELECTION = _step_record(
-    "DecidedSelection",
-    {"cycle", "ids", "skipped_locked", "send", "skip"},
-    "The selection plus the preview: which ids would be sent and which skipped.",
-)
-WRITTEN_CYCLE = _step_record(
-    "WrittenCycle",
-    {"cycle", "run_id", "counts", "relay"},
-    "What the write step did: the cycle's counts and what its drain already published.",
-)
-CYCLE_REPORT = _step_record(
-    "CycleReport",
-    {"run_id", "as_of", "sent", "skipped", "published", "backlog_remaining"},
-    "The whole cycle: counts, what was published, the backlog left (also the asset's metadata).",
+
+CYCLE_REPORT = DagsterType(
+    name="CycleReport",
+    description="The whole cycle: counts, what was published, the backlog left (also the asset's "
+    "metadata).",
+    typing_type=cycle.CycleReport,
+    type_check_fn=lambda _context, value: isinstance(value, cycle.CycleReport),
 )
 
 
@@ -74,7 +58,7 @@ CYCLE_REPORT = _step_record(
 )
 def select_due_batch(
     context: OpExecutionContext, config: CycleConfig, postgres: PostgresResource
-) -> dict[str, Any]:
+) -> DueSelection:
     """Step 1: the due rows this run takes; concurrent runs take disjoint batches."""
     refuse_overridden_limits(context)
     with FoldingJournal(context.log) as journal:
@@ -92,76 +76,78 @@ def select_due_batch(
             # AsOf after the database's clock: the run config's one line, before any row is taken.
             raise Failure(description=f"{context.job_name} run config refused: {error}") from None
         reserved = cycle.reserve(postgres.engine, started, journal=journal)
-    return {
-        "cycle": started.plain(),
-        "ids": reserved.ids,
-        "skipped_locked": reserved.skipped_locked,
-    }
+    return DueSelection(started, reserved.ids, reserved.skipped_locked)
 
 
 @op(
+    ins={"selection": In(DUE_SELECTION)},
     out=Out(DECIDED_SELECTION),
     description="Send for a Planned/InProgress event, skip for Cancelled/"
     "Completed, from the events' status now (a preview).",
 )
 def resolve_event_status(
-    context: OpExecutionContext, selection: dict[str, Any], postgres: PostgresResource
-) -> dict[str, Any]:
+    context: OpExecutionContext, selection: DueSelection, postgres: PostgresResource
+) -> DecidedSelection:
     """Step 2: the decision per row; the writing step decides again on what it reads under lock."""
-    decided = cycle.preview(postgres.engine, selection["ids"])
+    selection = DueSelection.read(selection)
+    decided = cycle.preview(postgres.engine, selection.ids)
     context.log.info(
         f"preview: {len(decided.send)} to send, {len(decided.skip)} to skip "
         "(decided again under lock by transition_and_outbox)"
     )
-    return {**selection, "send": decided.send, "skip": decided.skip}
+    return DecidedSelection(selection, decided)
 
 
 @op(
+    ins={"decisions": In(DECIDED_SELECTION)},
     out=Out(WRITTEN_CYCLE),
     description="Lock and re-read the rows, move them Sent/Skipped with one "
     "outbox row per Sent, in one transaction; drain on if configured.",
 )
 def transition_and_outbox(
     context: OpExecutionContext,
-    decisions: dict[str, Any],
+    decisions: DecidedSelection,
     postgres: PostgresResource,
     kafka: KafkaResource,
-) -> dict[str, Any]:
+) -> WrittenCycle:
     """Step 3: write the batch; with ``max_batches`` > 1 keep draining, publishing as it goes."""
     refuse_overridden_limits(context)
+    selection = DecidedSelection.read(decisions).selection
     with FoldingJournal(context.log) as journal:
         written = cycle.write(
             postgres.engine,
-            cycle.Cycle.from_plain(decisions["cycle"]),
-            decisions["ids"],
+            selection.cycle,
+            selection.ids,
             run_id=context.run_id,
-            skipped_locked=decisions["skipped_locked"],
+            skipped_locked=selection.skipped_locked,
             publisher=kafka.ready_publisher(),
             journal=journal,
             writer=cycle.WRITER_DAGSTER,
         )
-    return {"cycle": decisions["cycle"], **written.plain()}
+    return WrittenCycle(selection.cycle, written)
 
 
 @op(
+    ins={"written": In(WRITTEN_CYCLE)},
     out=Out(CYCLE_REPORT),
     description="Publish unpublished outbox rows to Kafka, measure the backlog, "
     "record the run's figures on the asset and evaluate its checks.",
 )
 def relay_outbox(
     context: OpExecutionContext,
-    written: dict[str, Any],
+    written: WrittenCycle,
     postgres: PostgresResource,
     kafka: KafkaResource,
-) -> Iterator[AssetCheckEvaluation | AssetMaterialization | Output[dict[str, Any]]]:
+) -> Iterator[AssetCheckEvaluation | AssetMaterialization | Output[cycle.CycleReport]]:
     """Step 4: relay, then one materialization of the dispatcher and its checks; Failure if
     Kafka failed."""
     refuse_overridden_limits(context)
+    step = WrittenCycle.read(written)
     with FoldingJournal(context.log) as journal:
         report = cycle.finish(
             postgres.engine,
-            cycle.Cycle.from_plain(written["cycle"]),
-            cycle.Written.from_plain(written),
+            step.cycle,
+            step.written,
             run_id=context.run_id,
             publisher=kafka.ready_publisher(),
             publisher_error=kafka.topic_error(),
@@ -195,4 +181,4 @@ def relay_outbox(
                 "outbox_unpublished": report.outbox_unpublished,
             },
         )
-    yield Output(report.plain())
+    yield Output(report)

@@ -62,7 +62,7 @@ REPUBLISH_ASSET_KEY = AssetKey(["calendar", "reminder_due_republished"])
 REPUBLISH_CONCURRENCY_VALUE = "republish"
 #: A large day (100k messages) takes well under a minute; the rest is room for waiting on the
 #: relay lock behind a catch-up drain (up to 240 s) and for a slow broker.
-REPUBLISH_MAX_RUNTIME_SECONDS = 1800
+REPUBLISH_MAX_RUNTIME_SECONDS = 30 * 60
 
 #: One partition per UTC DueAt day that can be re-published, as ``reminder_republish_days``
 #: finds them: days with sends whose outbox rows are all still there, inside the retention. Days
@@ -109,13 +109,21 @@ class RepublishConfig(Config):
         "(default 168): older days are refused.",
     )
     chunk_size: Annotated[
-        int, checked_by(partial(check_int, name="chunk_size", low=1, high=10_000))
+        int, checked_by(partial(check_int, name="chunk_size", low=1, high=republish.MAX_CHUNK_SIZE))
     ] = Field(
         default=republish.DEFAULT_CHUNK_SIZE,
         description="Messages per chunk (the relay lock is held per chunk).",
     )
     lock_wait_seconds: Annotated[
-        float, checked_by(partial(check_number, name="lock_wait_seconds", low=1.0, high=1200.0))
+        float,
+        checked_by(
+            partial(
+                check_number,
+                name="lock_wait_seconds",
+                low=1.0,
+                high=republish.MAX_LOCK_WAIT_SECONDS,
+            )
+        ),
     ] = Field(
         default=republish.DEFAULT_LOCK_WAIT_SECONDS,
         description="How long a chunk waits for the relay lock.",

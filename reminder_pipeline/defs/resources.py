@@ -71,7 +71,7 @@ class KafkaResource(ConfigurableResource):  # type: ignore[type-arg]  # as above
     message_timeout_ms: int = Field(
         default=DELIVERY_TIMEOUT_MS,
         ge=1_000,
-        le=300_000,
+        le=DELIVERY_TIMEOUT_MS,  # the default is the longest
         description="How long the producer retries a message (a broker that pauses this long "
         "is ridden out; a publish waits at most 15 s for acks, the rest stay in flight).",
     )

@@ -43,10 +43,10 @@ RUN_RETENTION_JOB_NAME = "dagster_run_retention"
 #: Run monitoring fails the run past this; the budget's upper bound leaves two minutes for the
 #: run worker's start, the last batch and the final count.
 RUN_RETENTION_MAX_RUNTIME_SECONDS = 1500
-MAX_BUDGET_SECONDS = RUN_RETENTION_MAX_RUNTIME_SECONDS - 120
+RUN_RETENTION_MAX_BUDGET_SECONDS = RUN_RETENTION_MAX_RUNTIME_SECONDS - 120
 #: Keeping more than a year (525,600 minute runs) is the unbounded growth this job exists to stop.
 MAX_KEEP_DAYS = 365
-MAX_BATCH_SIZE = 1000
+RUN_RETENTION_MAX_BATCH_SIZE = 1000
 
 
 class RunRetentionConfig(Config):
@@ -60,18 +60,23 @@ class RunRetentionConfig(Config):
         "(default 14, at most 365).",
     )
     batch_size: Annotated[
-        int, checked_by(partial(check_int, name="batch_size", low=1, high=MAX_BATCH_SIZE))
+        int,
+        checked_by(partial(check_int, name="batch_size", low=1, high=RUN_RETENTION_MAX_BATCH_SIZE)),
     ] = Field(
-        default=run_retention_pass.DEFAULT_BATCH_SIZE,
+        default=run_retention_pass.RUN_RETENTION_BATCH_SIZE,
         description="Runs looked up per batch (oldest first), 1..1,000.",
     )
     budget_seconds: Annotated[
         float,
-        checked_by(partial(check_number, name="budget_seconds", low=1.0, high=MAX_BUDGET_SECONDS)),
+        checked_by(
+            partial(
+                check_number, name="budget_seconds", low=1.0, high=RUN_RETENTION_MAX_BUDGET_SECONDS
+            )
+        ),
     ] = Field(
-        default=run_retention_pass.DEFAULT_BUDGET_SECONDS,
+        default=run_retention_pass.RUN_RETENTION_BUDGET_SECONDS,
         description=f"No deletion starts after this many seconds (at "
-        f"most {MAX_BUDGET_SECONDS}); the next run resumes.",
+        f"most {RUN_RETENTION_MAX_BUDGET_SECONDS}); the next run resumes.",
     )
 
 

@@ -40,13 +40,14 @@ from pathlib import Path
 from dagster import DagsterInstance, DagsterRun, DagsterRunStatus, RunsFilter
 
 from ..logs import event
+from ..store.engine import DAGSTER_STATEMENT_TIMEOUT_MS
 from .limits import IN_FLIGHT_STATUSES
 
 log = logging.getLogger(__name__)
 
 DEFAULT_KEEP = timedelta(days=14)
-DEFAULT_BATCH_SIZE = 100
-DEFAULT_BUDGET_SECONDS = 1200.0
+RUN_RETENTION_BATCH_SIZE = 100
+RUN_RETENTION_BUDGET_SECONDS = 1200.0
 #: Only these are ever deleted: a run in any other status may still be running or be picked up.
 FINISHED_STATUSES = (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
 _PROGRESS_EVERY_SECONDS = 60.0
@@ -123,8 +124,8 @@ def purge_runs(
     instance: DagsterInstance,
     keep: timedelta = DEFAULT_KEEP,
     *,
-    batch_size: int = DEFAULT_BATCH_SIZE,
-    budget_seconds: float = DEFAULT_BUDGET_SECONDS,
+    batch_size: int = RUN_RETENTION_BATCH_SIZE,
+    budget_seconds: float = RUN_RETENTION_BUDGET_SECONDS,
     own_run_id: str | None = None,
     now: datetime | None = None,
     clock: Callable[[], float] = time.monotonic,
@@ -251,7 +252,9 @@ def _final_report(
     )
 
 
-def pool_connections(instance: DagsterInstance, statement_timeout_ms: int = 60_000) -> None:
+def pool_connections(
+    instance: DagsterInstance, statement_timeout_ms: int = DAGSTER_STATEMENT_TIMEOUT_MS
+) -> None:
     """Pooled connections to Dagster's storage for the rest of this process, as in its webserver.
 
     dagster-postgres opens a new connection for every statement by default, and a run's deletion

@@ -3,7 +3,7 @@
 
 * ``dagster``: a Dagster run (``moved_in_run`` its run id, a page in the UI);
 * ``cli:<command>``: a cycle run by ``reminder-pipeline <command>`` (``cli:dispatch``, ``cli:up``),
-  no Dagster run behind it (``moved_in_run`` the cycle's correlation id);
+  no Dagster run behind it (``moved_in_run`` the run id the command gave the cycle);
 * ``operator:<action>``: an operator's action (``operator:poison skip``; ``moved_in_run`` the
   Dagster run that did it, NULL from the command line);
 * ``in-process``: a cycle called in process (``cycle.run_cycle`` from tests or benchmarks).

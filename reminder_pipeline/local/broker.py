@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     pass
 
 
+from ..config import DEFAULT_EMBEDDED_BROKER_PORT
 from .processes import (
     _POLL_INTERVAL_SECONDS,
     ServiceError,
@@ -46,7 +47,7 @@ class EmbeddedBroker:
     """A memory-only Tansu (Kafka-compatible) broker on host:port; pid file and log in state_dir."""
 
     state_dir: Path
-    port: int = 19092
+    port: int = DEFAULT_EMBEDDED_BROKER_PORT
     host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:

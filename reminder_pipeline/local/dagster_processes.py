@@ -43,7 +43,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from ..config import mask_secrets
+from ..config import DEFAULT_WEBSERVER_PORT, mask_secrets
 from ..store.engine import create_database, dagster_storage_url
 from .stack_record import StackRecord
 
@@ -147,7 +147,7 @@ class DagsterStack:
         home: Path,
         env: Mapping[str, str],
         host: str = "127.0.0.1",
-        port: int = 3000,
+        port: int = DEFAULT_WEBSERVER_PORT,
         *,
         instance_yaml: Path | None = None,
         log_level: str = "info",

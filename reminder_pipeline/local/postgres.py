@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     import psutil
 
 
+from ..config import DEFAULT_EMBEDDED_PG_PORT
 from .processes import (
     ServiceError,
     _cmdline,
@@ -93,7 +94,7 @@ class EmbeddedPostgres:
     """A PostgreSQL 18 server in ``data_dir`` listening on TCP ``host:port``, detached from us."""
 
     data_dir: Path
-    port: int = 54329
+    port: int = DEFAULT_EMBEDDED_PG_PORT
     host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:

@@ -3,7 +3,7 @@
 The reference consumer (:mod:`reminder_pipeline.consumer.dead_letters`) copies a message it cannot
 handle to ``<topic>.dlq``: the original key, value and headers, then ``dlq-*`` headers saying why
 and whence. :func:`read_dead_letters` reads them back (assigned partitions, no group join) and
-:func:`replay` produces the original key, value and headers again, marked as a replay.
+:func:`replay_letters` produces the original key, value and headers again, marked as a replay.
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ def read_dead_letters(
     return sorted(letters, key=lambda letter: (letter.dlq_partition, letter.dlq_offset))
 
 
-def replay(
+def replay_letters(
     kafka: KafkaSettings,
     letters: Sequence[DeadLetter],
     topic: str = contract.TOPIC,

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 from sqlalchemy.engine import Connection, Engine
 
+from ..config import DEFAULT_CYCLE_BUDGET_SECONDS
 from ..domain.model import ClaimedMessage
 from ..logs import event
 from ..store import repository
@@ -156,7 +157,7 @@ class OutboxRelay:
         *,
         batch_size: int = RELAY_BATCH_SIZE,
         lock_wait_seconds: float = LOCK_WAIT_SECONDS,
-        correlation_id: str | None = None,
+        run_id: str | None = None,
         on_acknowledged: Callable[[list[int]], None] | None = None,
         quiet_busy: bool = False,
     ) -> None:
@@ -164,7 +165,7 @@ class OutboxRelay:
         self._publisher = publisher
         self._batch_size = batch_size
         self._lock_wait_seconds = lock_wait_seconds
-        self._correlation_id = correlation_id
+        self._run_id = run_id
         #: Called with the acknowledged ids just before they are marked (crash-point tests).
         self._on_acknowledged = on_acknowledged
         self.result = RelayResult()
@@ -193,7 +194,7 @@ class OutboxRelay:
                     repository.try_relay_lock(conn)
                     or repository.wait_relay_lock(conn, self._lock_wait_seconds)
                 ),
-                self._correlation_id,
+                self._run_id,
             ) as keeper,
         ):
             if keeper is None:
@@ -205,7 +206,7 @@ class OutboxRelay:
 
     def _busy(self, conn: Connection) -> None:
         self.result.busy = True
-        self.result.holder = lock_holder(conn, self._correlation_id, quiet=self._quiet_busy)
+        self.result.holder = lock_holder(conn, self._run_id, quiet=self._quiet_busy)
 
     # -- background (a multi-batch drain) ----------------------------------------------------------
 
@@ -273,7 +274,7 @@ class OutboxRelay:
             with (
                 self._engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn,
                 lock_session(
-                    conn, lambda: self._lock_taking_hand_overs(conn), self._correlation_id
+                    conn, lambda: self._lock_taking_hand_overs(conn), self._run_id
                 ) as keeper,
             ):
                 if keeper is None:
@@ -365,7 +366,7 @@ class OutboxRelay:
 
     def _check_session(self) -> None:
         if self._keeper is not None:
-            self._keeper.check(self._correlation_id)
+            self._keeper.check(self._run_id)
 
     # -- shared --------------------------------------------------------------------------------
 
@@ -410,7 +411,7 @@ class OutboxRelay:
             log,
             logging.ERROR,
             "outbox publish failed; rows stay unpublished",
-            run_id=self._correlation_id,
+            run_id=self._run_id,
             failed=failed,
             published=len(ok),
             error=self.result.last_error,
@@ -423,9 +424,9 @@ def publish_outbox(
     publisher: Publisher,
     *,
     batch_size: int = RELAY_BATCH_SIZE,
-    budget_seconds: float = 30.0,
+    budget_seconds: float = DEFAULT_CYCLE_BUDGET_SECONDS,
     lock_wait_seconds: float = LOCK_WAIT_SECONDS,
-    correlation_id: str | None = None,
+    run_id: str | None = None,
     on_acknowledged: Callable[[list[int]], None] | None = None,
     stop: threading.Event | None = None,
     quiet_busy: bool = False,
@@ -436,7 +437,7 @@ def publish_outbox(
         publisher,
         batch_size=batch_size,
         lock_wait_seconds=lock_wait_seconds,
-        correlation_id=correlation_id,
+        run_id=run_id,
         on_acknowledged=on_acknowledged,
         quiet_busy=quiet_busy,
     )
@@ -450,7 +451,7 @@ def publish_rows(
     *,
     budget_seconds: float,
     lock_wait_seconds: float = LOCK_WAIT_SECONDS,
-    correlation_id: str | None = None,
+    run_id: str | None = None,
     stop: threading.Event | None = None,
 ) -> RelayResult:
     """Publish until ``rows`` are out of the outbox or the budget is spent; ``left`` says how
@@ -471,7 +472,7 @@ def publish_rows(
             publisher,
             budget_seconds=max(remaining, 0.0),
             lock_wait_seconds=max(min(lock_wait_seconds, remaining), 0.001),
-            correlation_id=correlation_id,
+            run_id=run_id,
             stop=stop,
             quiet_busy=result.busy,
         )
@@ -490,7 +491,7 @@ def publish_rows(
             log,
             logging.WARNING,
             "outbox rows left unpublished: the relay lock stayed busy",
-            run_id=correlation_id,
+            run_id=run_id,
             left=result.left,
             holder=result.holder,
             waited_seconds=round(budget_seconds, 1),

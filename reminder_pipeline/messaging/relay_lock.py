@@ -62,10 +62,10 @@ class LockKeeper:
                     self.error = exc
                     return
 
-    def check(self, correlation_id: str | None = None) -> None:
+    def check(self, run_id: str | None = None) -> None:
         """Raise :class:`RelayLockLost` once a keep-alive statement failed."""
         if self.error is not None:
-            raise RelayLockLost(_lost(self.error, correlation_id)) from None
+            raise RelayLockLost(_lost(self.error, run_id)) from None
 
     def stop(self) -> None:
         """No keep-alive statement runs on the session once this returns."""
@@ -74,9 +74,9 @@ class LockKeeper:
             pass
 
 
-def _lost(error: BaseException, correlation_id: str | None) -> str:
+def _lost(error: BaseException, run_id: str | None) -> str:
     reason = " ".join(str(error).split())[:200] or type(error).__name__
-    event(log, logging.ERROR, "relay lock session lost", run_id=correlation_id, error=reason)
+    event(log, logging.ERROR, "relay lock session lost", run_id=run_id, error=reason)
     return (
         f"the relay's database session ended while it held the relay lock ({reason}); "
         "what it published and did not mark goes out again with the next relay"
@@ -85,21 +85,21 @@ def _lost(error: BaseException, correlation_id: str | None) -> str:
 
 @contextmanager
 def lock_session(
-    conn: Connection, take: Callable[[], bool], correlation_id: str | None
+    conn: Connection, take: Callable[[], bool], run_id: str | None
 ) -> Iterator[LockKeeper | None]:
     """Bound the session (the server's idle bound, the relay's name) and take the lock with
     ``take``; yield its keep-alive, or None when busy; let go of both at the end."""
-    repository.bound_relay_session(conn, RELAY_IDLE_SESSION_SECONDS, correlation_id or "-")
+    repository.bound_relay_session(conn, RELAY_IDLE_SESSION_SECONDS, run_id or "-")
     keeper: LockKeeper | None = None
     try:
         if take():
             keeper = LockKeeper(conn, RELAY_KEEPALIVE_SECONDS)
         yield keeper
     finally:
-        _let_go(conn, keeper, correlation_id)
+        _let_go(conn, keeper, run_id)
 
 
-def _let_go(conn: Connection, keeper: LockKeeper | None, correlation_id: str | None) -> None:
+def _let_go(conn: Connection, keeper: LockKeeper | None, run_id: str | None) -> None:
     """Release the lock and put the session back. A session that failed is closed instead, never
     waited on: the server drops its lock with it (a lost session took its lock already)."""
     if keeper is not None:
@@ -116,15 +116,13 @@ def _let_go(conn: Connection, keeper: LockKeeper | None, correlation_id: str | N
             log,
             logging.WARNING,
             "relay lock session closed instead of released",
-            run_id=correlation_id,
+            run_id=run_id,
             error_kind=type(error.orig or error).__name__,
         )
         conn.invalidate()
 
 
-def lock_holder(
-    conn: Connection, correlation_id: str | None = None, *, quiet: bool = False
-) -> str | None:
+def lock_holder(conn: Connection, run_id: str | None = None, *, quiet: bool = False) -> str | None:
     """Who holds the relay lock (``pid N (...)``); logged as why this relay is busy."""
     holder = metrics_repository.relay_lock_holder(conn)
     if not quiet:
@@ -132,7 +130,7 @@ def lock_holder(
             log,
             logging.INFO,
             "relay busy in another process",
-            run_id=correlation_id,
+            run_id=run_id,
             holder_pid=None if holder is None else holder.pid,
             holder_application_name=None if holder is None else holder.application_name,
             holder_state=None if holder is None else holder.state,
@@ -143,7 +141,7 @@ def lock_holder(
 
 @contextmanager
 def relay_lock(
-    engine: Engine, wait_seconds: float, correlation_id: str | None = None
+    engine: Engine, wait_seconds: float, run_id: str | None = None
 ) -> Iterator[Connection | None]:
     """Hold the relay's advisory lock for the block; yields None when another relay keeps it.
 
@@ -157,9 +155,9 @@ def relay_lock(
             lambda: (
                 repository.try_relay_lock(conn) or repository.wait_relay_lock(conn, wait_seconds)
             ),
-            correlation_id,
+            run_id,
         ) as keeper,
     ):
         if keeper is None:
-            lock_holder(conn, correlation_id)
+            lock_holder(conn, run_id)
         yield None if keeper is None else conn

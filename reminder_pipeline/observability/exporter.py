@@ -13,7 +13,7 @@ half-done, which would make a counter step back), bounded by a statement time-ou
 database cannot be read, the scrape still answers, with ``calendar_reminder_dispatch_up 0``; and
 it answers within :data:`SCRAPE_DEADLINE_SECONDS` (Prometheus gives up at 10 s) even when a
 database goes silent: the reads run on threads of their own, each ended by its connection's
-bounds (:mod:`reminder_pipeline.pg_client`).
+bounds (:mod:`reminder_pipeline.store.pg_client`).
 
 The exporter heals by itself when its database restarts (a failover, a crash, a minor upgrade):
 a failed scrape drops every pooled connection, so the next scrape connects afresh (the pool's
@@ -44,44 +44,44 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from sqlalchemy.engine import Engine
 
-from ..config import DOCS_DIR, Settings
+from ..config import DEFAULT_METRICS_HOST, DOCS_DIR, Settings
 from ..domain.lateness import LATENESS_BUCKETS
 from ..logs import event
-from ..metrics_http import MetricsPortUnavailable, MetricsServer, serve_registry
 from ..store import metrics_repository, repository
 from . import forecast, ledger
+from .metrics_http import MetricsPortUnavailable, MetricsServer, serve_registry
 
 log = logging.getLogger(__name__)
 
-PREFIX = "calendar_reminder_dispatch_"
-CYCLE_DURATION = PREFIX + "cycle_duration_seconds"
-CYCLES = PREFIX + "cycles_total"
-ITEMS = PREFIX + "items_total"
-SKIP_LOCKED = PREFIX + "skip_locked_total"
-ERRORS = PREFIX + "errors_total"
-PUBLISHED = PREFIX + "published_total"
-LATENESS = PREFIX + "lateness_seconds"
-BACKLOG = PREFIX + "backlog"
-BACKLOG_OLDEST_AGE = PREFIX + "backlog_oldest_age_seconds"
-OUTBOX_UNPUBLISHED = PREFIX + "outbox_unpublished"
-OUTBOX_LAG = PREFIX + "outbox_lag_seconds"
-RELAY_LOCK_SILENT = PREFIX + "relay_lock_holder_silent_seconds"
-LAST_SUCCESS = PREFIX + "last_success_timestamp_seconds"
-POISON_ROWS = PREFIX + "poison_rows"
-POISON_OLDEST_AGE = PREFIX + "poison_oldest_age_seconds"
-TIME_ZONE_FALLBACKS = PREFIX + "time_zone_fallbacks_total"
-CLOCK_SKEW = PREFIX + "clock_skew_seconds"
-CLOCK_SKEWED_CYCLES = PREFIX + "clock_skewed_cycles"
-FORECAST_PEAK_DUE = PREFIX + "forecast_peak_due"
-FORECAST_PEAK_TIME = PREFIX + "forecast_peak_timestamp_seconds"
-FORECAST_CAPACITY = PREFIX + "forecast_capacity_per_run"
-DAEMON_HEARTBEAT_AGE = PREFIX + "daemon_heartbeat_age_seconds"
-UP = PREFIX + "up"
-RECONNECTS = PREFIX + "database_reconnects_total"
-SCRAPE_DURATION = PREFIX + "scrape_duration_seconds"
+DISPATCH_PREFIX = "calendar_reminder_dispatch_"
+CYCLE_DURATION = DISPATCH_PREFIX + "cycle_duration_seconds"
+CYCLES = DISPATCH_PREFIX + "cycles_total"
+ITEMS = DISPATCH_PREFIX + "items_total"
+SKIP_LOCKED = DISPATCH_PREFIX + "skip_locked_total"
+ERRORS = DISPATCH_PREFIX + "errors_total"
+PUBLISHED = DISPATCH_PREFIX + "published_total"
+LATENESS = DISPATCH_PREFIX + "lateness_seconds"
+BACKLOG_GAUGE = DISPATCH_PREFIX + "backlog"
+BACKLOG_OLDEST_AGE = DISPATCH_PREFIX + "backlog_oldest_age_seconds"
+OUTBOX_UNPUBLISHED = DISPATCH_PREFIX + "outbox_unpublished"
+OUTBOX_LAG_GAUGE = DISPATCH_PREFIX + "outbox_lag_seconds"
+RELAY_LOCK_SILENT = DISPATCH_PREFIX + "relay_lock_holder_silent_seconds"
+LAST_SUCCESS = DISPATCH_PREFIX + "last_success_timestamp_seconds"
+POISON_ROWS_GAUGE = DISPATCH_PREFIX + "poison_rows"
+POISON_OLDEST_AGE = DISPATCH_PREFIX + "poison_oldest_age_seconds"
+TIME_ZONE_FALLBACKS_COUNTER = DISPATCH_PREFIX + "time_zone_fallbacks_total"
+CLOCK_SKEW = DISPATCH_PREFIX + "clock_skew_seconds"
+CLOCK_SKEWED_CYCLES = DISPATCH_PREFIX + "clock_skewed_cycles"
+FORECAST_PEAK_DUE = DISPATCH_PREFIX + "forecast_peak_due"
+FORECAST_PEAK_TIME = DISPATCH_PREFIX + "forecast_peak_timestamp_seconds"
+FORECAST_CAPACITY = DISPATCH_PREFIX + "forecast_capacity_per_run"
+DAEMON_HEARTBEAT_AGE = DISPATCH_PREFIX + "daemon_heartbeat_age_seconds"
+UP = DISPATCH_PREFIX + "up"
+RECONNECTS = DISPATCH_PREFIX + "database_reconnects_total"
+SCRAPE_DURATION = DISPATCH_PREFIX + "scrape_duration_seconds"
 
 #: Every metric family the endpoint serves (the dashboard and the alert rules use only these).
-METRIC_NAMES: tuple[str, ...] = (
+DISPATCH_METRIC_NAMES: tuple[str, ...] = (
     CYCLE_DURATION,
     CYCLES,
     ITEMS,
@@ -89,18 +89,18 @@ METRIC_NAMES: tuple[str, ...] = (
     ERRORS,
     PUBLISHED,
     LATENESS,
-    BACKLOG,
+    BACKLOG_GAUGE,
     BACKLOG_OLDEST_AGE,
     OUTBOX_UNPUBLISHED,
-    OUTBOX_LAG,
+    OUTBOX_LAG_GAUGE,
     RELAY_LOCK_SILENT,
     LAST_SUCCESS,
     UP,
     RECONNECTS,
     SCRAPE_DURATION,
-    POISON_ROWS,
+    POISON_ROWS_GAUGE,
     POISON_OLDEST_AGE,
-    TIME_ZONE_FALLBACKS,
+    TIME_ZONE_FALLBACKS_COUNTER,
     CLOCK_SKEW,
     CLOCK_SKEWED_CYCLES,
     FORECAST_PEAK_DUE,
@@ -114,12 +114,11 @@ HEARTBEAT_METRIC_NAMES: tuple[str, ...] = (DAEMON_HEARTBEAT_AGE,)
 #: (``SCHEDULER``, ``SENSOR``, ...). The Dagster layer provides it (only defs/ imports Dagster).
 DaemonHeartbeats = Callable[[], Mapping[str, float]]
 
-SCRAPE_STATEMENT_TIMEOUT_MS = 5_000
+SCRAPE_STATEMENT_TIMEOUT_MS = 5 * 1000
 #: A scrape answers within this, whatever the databases do (Prometheus gives up at 10 s): what is
 #: not read by then is left out (``up 0`` without the database, no heartbeat ages without
-#: Dagster's). A read still waiting ends by its own bounds (store/engine.py, pg_client.py).
+#: Dagster's). A read still waiting ends by its own bounds (store/engine.py, store/pg_client.py).
 SCRAPE_DEADLINE_SECONDS = 7.0
-DEFAULT_HOST = "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -225,7 +224,7 @@ def families(snapshot: Snapshot) -> list[Metric]:
             t.lateness_sum,
         ),
         GaugeMetricFamily(
-            BACKLOG,
+            BACKLOG_GAUGE,
             "Pending reminders with DueAt < now, not yet processed.",
             value=snapshot.backlog.count,
         ),
@@ -240,7 +239,7 @@ def families(snapshot: Snapshot) -> list[Metric]:
             value=snapshot.outbox.unpublished,
         ),
         GaugeMetricFamily(
-            OUTBOX_LAG,
+            OUTBOX_LAG_GAUGE,
             "Age of the oldest unpublished outbox message (0 if none).",
             value=snapshot.outbox.oldest_unpublished_age_seconds or 0.0,
         ),
@@ -254,7 +253,7 @@ def families(snapshot: Snapshot) -> list[Metric]:
         # Live, not a counter: a poison row retried with a growing back-off adds to errors_total
         # only at each retry, while it stays held back the whole time (the errors alert's gauge).
         GaugeMetricFamily(
-            POISON_ROWS,
+            POISON_ROWS_GAUGE,
             f"Due Pending reminders held back by repeated failures "
             f"(>= {metrics_repository.POISON_MIN_ATTEMPTS} failed attempts).",
             value=snapshot.poison.count,
@@ -265,7 +264,7 @@ def families(snapshot: Snapshot) -> list[Metric]:
             value=snapshot.poison.oldest_due_age_seconds or 0.0,
         ),
         CounterMetricFamily(
-            TIME_ZONE_FALLBACKS,
+            TIME_ZONE_FALLBACKS_COUNTER,
             "Reminders sent with TimeZone UTC: their event's zone is not a canonical IANA name.",
             value=t.time_zone_fallbacks,
         ),
@@ -341,7 +340,9 @@ class LedgerCollector(Collector):
 
     def describe(self) -> Iterator[Metric]:
         """The families' names, without touching the database (used at registration)."""
-        yield from (Metric(name.removesuffix("_total"), "", "untyped") for name in METRIC_NAMES)
+        yield from (
+            Metric(name.removesuffix("_total"), "", "untyped") for name in DISPATCH_METRIC_NAMES
+        )
 
     def collect(self) -> Iterator[Metric]:
         """One scrape: read a snapshot; on failure serve only ``up 0`` (and log the change once).
@@ -489,7 +490,7 @@ def start_exporter(
     """
     from ..store.engine import make_engine
 
-    host = host or settings.env.get("REMINDER_METRICS_HOST") or DEFAULT_HOST
+    host = host or settings.env.get("REMINDER_METRICS_HOST") or DEFAULT_METRICS_HOST
     port = settings.metrics_port if port is None else port
     owns_engine = engine is None
     engine = engine or make_engine(

@@ -94,7 +94,7 @@ def read(
     budget_seconds: float = DEFAULT_CYCLE_BUDGET_SECONDS,
 ) -> Forecast:
     """The forecast over the next ``hours`` from the current minute, in the caller's transaction."""
-    now = store.database_now(conn)
+    now = store.transaction_start(conn)
     start = now.replace(second=0, microsecond=0)
     minutes = store.due_per_minute(conn, start, hours)
     rate = store.drain_rate(conn, now - DRAIN_HISTORY, MIN_DRAIN_ROWS)

@@ -16,6 +16,7 @@ from sqlalchemy.engine import Engine
 from ..domain.lateness import LATENESS_BUCKETS
 from ..messaging.relay_lock import RELAY_KEEPALIVE_SECONDS
 from ..store import metrics_repository, repository
+from ..store.metrics_repository import POISON_MIN_ATTEMPTS
 from . import forecast, ledger
 
 RUNBOOK_DISPATCH = "docs/runbooks/reminder-dispatch.md"
@@ -37,8 +38,6 @@ OVERDUE_SECONDS = 300.0
 #: what the alert's ``rate(calendar_reminder_dispatch_errors_total[5m]) > 0`` for ``10m`` sees.
 ERRORS_WINDOW = timedelta(minutes=10)
 ERRORS_GAP = timedelta(minutes=5)
-#: A row held back by repeated failures fails the check at once, however rarely it is retried.
-POISON_MIN_ATTEMPTS = metrics_repository.POISON_MIN_ATTEMPTS
 #: The oldest unpublished outbox row may be this old before the backlog check fails.
 OUTBOX_LAG_SECONDS = 120.0
 #: A relay lock holder that has sent nothing for this long is silent, and named in the liveness
@@ -120,7 +119,7 @@ def liveness(engine: Engine, now: datetime) -> HealthCheck:
 def overdue(engine: Engine, now: datetime) -> HealthCheck:
     """No Pending row is due longer ago than 5 minutes."""
     with engine.connect() as conn:
-        late = metrics_repository.overdue(conn, now - timedelta(seconds=OVERDUE_SECONDS), now)
+        late = metrics_repository.count_overdue(conn, now - timedelta(seconds=OVERDUE_SECONDS), now)
         backlog = repository.backlog(conn, now)
     passed = late.count == 0
     description = (

@@ -56,8 +56,8 @@ CLOCK_SKEW_WINDOW = timedelta(minutes=15)
 #: How long per-cycle rows stay in ``dispatch_cycles`` before being rolled up into the totals.
 DETAIL_RETENTION = timedelta(days=1)
 #: Time-outs of the ledger write: it is a side channel and must never hold up a cycle.
-WRITE_STATEMENT_TIMEOUT_MS = 5_000
-WRITE_LOCK_TIMEOUT_MS = 2_000
+WRITE_STATEMENT_TIMEOUT_MS = 5 * 1000
+WRITE_LOCK_TIMEOUT_MS = 2 * 1000
 
 
 def cumulative(counts: Sequence[int]) -> list[int]:
@@ -188,7 +188,7 @@ def roll_up(engine: Engine, *, retention: timedelta = DETAIL_RETENTION) -> int:
             metrics_repository.set_local_timeouts(
                 conn, WRITE_STATEMENT_TIMEOUT_MS, WRITE_LOCK_TIMEOUT_MS
             )
-            moved = metrics_repository.roll_up(
+            moved = metrics_repository.roll_up_detail(
                 conn, seconds, len(DURATION_BUCKETS) + 1, len(LATENESS_BUCKETS) + 1
             )
     except Exception as exc:  # noqa: BLE001 - retried by the next cycle's write

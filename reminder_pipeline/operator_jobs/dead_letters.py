@@ -161,7 +161,7 @@ def replay(
     ) as outcome:
         acked: list[DeadLetter] = []
         try:
-            sent = dead_letters.replay(kafka, planned.replay, topic, dlq_topic, sent=acked)
+            sent = dead_letters.replay_letters(kafka, planned.replay, topic, dlq_topic, sent=acked)
         finally:
             dlq_replays.record_replays(kafka, dlq_topic, acked, actor=actor, topic=topic)
         outcome.fields["replayed"] = sent

@@ -12,12 +12,12 @@ from ..config import DEFAULT_RETENTION_HOURS
 from ..logs import RunLog
 from ..store import repository
 
-DEFAULT_RETENTION = timedelta(hours=DEFAULT_RETENTION_HOURS)
+OUTBOX_RETENTION = timedelta(hours=DEFAULT_RETENTION_HOURS)
 
 
 def purge_published(
     engine: Engine,
-    retention: timedelta = DEFAULT_RETENTION,
+    retention: timedelta = OUTBOX_RETENTION,
     *,
     batch_size: int = 1000,
     budget_seconds: float = 60.0,

@@ -41,12 +41,13 @@ from typing import NoReturn
 
 from sqlalchemy.engine import Engine
 
+from ..config import MAX_BATCH_SIZE
 from ..domain.model import ClaimedMessage
 from ..logs import Journal, event
 from ..messaging.relay import Publisher
 from ..messaging.relay_lock import relay_lock
 from ..store import operator_repository, repository
-from .outbox_retention import DEFAULT_RETENTION
+from .outbox_retention import OUTBOX_RETENTION
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +58,13 @@ HEADER_REPUBLISHED_BY_RUN = "republished-by-run"
 STALE_REASONS = ("cancelled", "moved", "completed", "reminder_not_sent")
 
 DEFAULT_CHUNK_SIZE = 500
+#: A chunk is one statement's batch of outbox rows: at most the widest batch anything takes.
+MAX_CHUNK_SIZE = MAX_BATCH_SIZE
 #: A catch-up drain holds the relay lock for its whole run (up to 240 s): wait that out.
 DEFAULT_LOCK_WAIT_SECONDS = 300.0
+#: The longest a chunk may be told to wait for the relay lock: 20 minutes, inside the job's
+#: 30-minute run limit (defs/republish.py, REPUBLISH_MAX_RUNTIME_SECONDS).
+MAX_LOCK_WAIT_SECONDS = 20 * 60.0
 
 
 class RepublishRefused(ValueError):
@@ -116,7 +122,7 @@ def oldest_day(retention: timedelta, now: datetime) -> date:
 
 
 def check_day(
-    day: date, retention: timedelta = DEFAULT_RETENTION, now: datetime | None = None
+    day: date, retention: timedelta = OUTBOX_RETENTION, now: datetime | None = None
 ) -> None:
     """Refuse a day in the future or past the outbox retention, with one line naming both."""
     now = now or datetime.now(UTC)
@@ -136,7 +142,7 @@ def check_day(
 
 
 def republishable_days(
-    engine: Engine, retention: timedelta = DEFAULT_RETENTION, now: datetime | None = None
+    engine: Engine, retention: timedelta = OUTBOX_RETENTION, now: datetime | None = None
 ) -> list[date]:
     """The days a re-publish would accept and send, oldest first: inside the retention, with
     published messages, and every Sent reminder's outbox row still there (none purged)."""
@@ -157,7 +163,7 @@ def republishable_days(
 def admit_day(
     day: date,
     requester: Requester,
-    retention: timedelta = DEFAULT_RETENTION,
+    retention: timedelta = OUTBOX_RETENTION,
     now: datetime | None = None,
     journal: Journal | None = None,
 ) -> None:
@@ -188,7 +194,7 @@ def resend_day(
     day: date,
     requester: Requester,
     *,
-    retention: timedelta = DEFAULT_RETENTION,
+    retention: timedelta = OUTBOX_RETENTION,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     lock_wait_seconds: float = DEFAULT_LOCK_WAIT_SECONDS,
     now: datetime | None = None,

@@ -91,11 +91,11 @@ def _by(row: Mapping[str, Any]) -> str:
         return f"by Dagster run {run}"
     if moved_by is not None and moved_by.startswith(CLI_PREFIX):
         command = moved_by.removeprefix(CLI_PREFIX)
-        return f"by `reminder-pipeline {command}` (no Dagster run, cycle {run})"
+        return f"by `reminder-pipeline {command}` (run id {run}, no Dagster run)"
     if moved_by == WRITER_IN_PROCESS:
-        return f"by a cycle called in process (no Dagster run, cycle {run})"
+        return f"by a cycle called in process (run id {run}, no Dagster run)"
     if moved_by is not None:
-        return f"by {moved_by} (cycle {run})"
+        return f"by {moved_by} (run id {run})"
     # Moved before the writer was recorded (migration 0007): the run is all that is known.
     if run:
         return f"by run {run} (a Dagster run or a command's cycle: before writers were recorded)"

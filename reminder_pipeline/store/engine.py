@@ -9,8 +9,8 @@ from typing import Any
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Connection, Engine, make_url
 
-from .. import pg_client
 from ..config import mask_secrets, mask_url, validate_database_url
+from . import pg_client
 
 #: Pinned, not left to the server's ``default_transaction_isolation``: the cycle's correctness
 #: argument (lock, re-read under the lock, decide on that state) is made for READ COMMITTED, where
@@ -22,7 +22,7 @@ ISOLATION_LEVEL = "READ COMMITTED"
 #: The dispatcher's statements (a batch of up to 10,000 rows takes about a second, a relay
 #: mark well under one) and the operator commands' (index-backed, or in short batches). With
 #: the read bound (pg_client.READ_MARGIN_SECONDS) a silent database is noticed within 15 s.
-STATEMENT_TIMEOUT_MS = 10_000
+STATEMENT_TIMEOUT_MS = 10 * 1000
 #: A migration may rebuild an index on a large table: one hour (:func:`migration_bounds`).
 MIGRATION_STATEMENT_TIMEOUT_MS = 3_600_000
 #: Dagster's own statements (runs, event log, ticks; the run retention pass's deletes).
@@ -39,7 +39,7 @@ def make_engine(
 ) -> Engine:
     """An engine for ``url``; psycopg2 URLs are moved to psycopg 3, the app's driver.
 
-    Every connection is bounded (:mod:`reminder_pipeline.pg_client`): keepalives and
+    Every connection is bounded (:mod:`reminder_pipeline.store.pg_client`): keepalives and
     ``tcp_user_timeout`` both ends, ``statement_timeout_ms`` on the server, and no wait for an
     answer past it plus a margin; settings the URL's query gives itself win.
     """

@@ -67,7 +67,7 @@ class DrainRate:
         return self.rows / self.seconds if self.cycles and self.seconds > 0 else None
 
 
-def database_now(conn: Connection) -> datetime:
+def transaction_start(conn: Connection) -> datetime:
     """The database's clock (``now()``: the transaction's start)."""
     now: datetime = conn.execute(DATABASE_NOW).scalar_one()
     return now

@@ -134,7 +134,7 @@ def ledger_totals(conn: Connection, duration_size: int, lateness_size: int) -> L
     return totals
 
 
-def roll_up(
+def roll_up_detail(
     conn: Connection,
     retention_seconds: float,
     duration_size: int,
@@ -241,7 +241,7 @@ class Overdue:
     oldest_due_age_seconds: float | None
 
 
-def overdue(conn: Connection, cutoff: datetime, now: datetime) -> Overdue:
+def count_overdue(conn: Connection, cutoff: datetime, now: datetime) -> Overdue:
     """Pending rows with ``due_at`` before ``cutoff``."""
     row = conn.execute(q.OVERDUE, {"cutoff": cutoff, "now": now}).one()
     age = row.oldest_due_age_seconds

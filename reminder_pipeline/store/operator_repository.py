@@ -13,6 +13,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from ..config import DEFAULT_POISON_LIMIT
 from ..domain.writers import WRITER_POISON_SKIP
 from . import operator_queries as queries
 
@@ -43,7 +44,7 @@ class PoisonFilter:
         }
 
 
-def list_poison(conn: Connection, limit: int = 100) -> list[dict[str, Any]]:
+def list_poison(conn: Connection, limit: int = DEFAULT_POISON_LIMIT) -> list[dict[str, Any]]:
     """Pending rows with failed attempts, oldest first, with their last error."""
     return [dict(r._mapping) for r in conn.execute(queries.LIST_POISON, {"limit": limit})]
 

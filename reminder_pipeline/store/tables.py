@@ -168,7 +168,7 @@ dispatch_cycles = sa.Table(
     "dispatch_cycles",
     metadata,
     sa.Column("id", sa.BigInteger, sa.Identity(always=False), primary_key=True),
-    # The Dagster run id (or the CLI's cycle id): the cycle's correlation id. Not unique: the
+    # The cycle's run id (a Dagster run's, or the one the CLI gives its cycle). Not unique: the
     # caller records a cycle once; the id is for joining with logs and traces.
     sa.Column("run_id", sa.Text, nullable=False),
     sa.Column("started_at", sa.DateTime(timezone=True), nullable=False),

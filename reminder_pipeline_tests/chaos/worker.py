@@ -58,7 +58,7 @@ def main() -> int:
         publish_outbox(
             engine,
             publisher,
-            correlation_id=run_id,
+            run_id=run_id,
             on_acknowledged=lambda ids: crash("after_ack") if ids else None,
         )
         if not args.loop:

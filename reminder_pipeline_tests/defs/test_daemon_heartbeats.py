@@ -65,7 +65,7 @@ def test_heartbeats_that_cannot_be_read_leave_the_other_metrics_served(database_
         running.stop()
     assert exp.DAEMON_HEARTBEAT_AGE not in scraped.families
     # Everything else is served (the last success is absent until a cycle has succeeded).
-    assert scraped.sample_families() == set(exp.METRIC_NAMES) - {exp.LAST_SUCCESS}
+    assert scraped.sample_families() == set(exp.DISPATCH_METRIC_NAMES) - {exp.LAST_SUCCESS}
 
 
 def test_the_metrics_command_reads_the_instance_dagster_home_names(

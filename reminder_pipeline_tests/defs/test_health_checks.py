@@ -26,12 +26,12 @@ from dagster import (
 
 from reminder_pipeline.definitions import defs
 from reminder_pipeline.defs.assets import DISPATCH_ASSET_KEY
-from reminder_pipeline.defs.checks import CHECKS
 from reminder_pipeline.defs.jobs import CONCURRENCY_TAG, HEALTH_JOB_NAME, KIND_TAG
 from reminder_pipeline.defs.resources import PostgresResource
 from reminder_pipeline.defs.sensors import reminder_health_sensor
 from reminder_pipeline.local.servers import free_port
 from reminder_pipeline.observability import health
+from reminder_pipeline.observability.health import ASSERTIONS
 from reminder_pipeline_tests.support import make_due_event
 
 from .helpers import resources_for
@@ -77,7 +77,7 @@ def _values(evaluation) -> dict:
 
 
 def test_the_checks_are_the_health_conditions_one_for_one(engine):
-    assert list(CHECKS) == NAMES
+    assert list(ASSERTIONS) == NAMES
     assert [c.name for c in health.evaluate(engine)] == NAMES
     keys = defs.resolve_asset_graph().asset_check_keys
     assert keys == {AssetCheckKey(DISPATCH_ASSET_KEY, n) for n in NAMES}

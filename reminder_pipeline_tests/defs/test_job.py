@@ -107,8 +107,8 @@ def test_dispatch_run_sends_skips_publishes_and_records_the_figures(
     assert 150 <= meta["max_lateness_seconds"] <= 240  # the oldest was due ~3 minutes ago
     assert abs(meta["as_of"] - utcnow().timestamp()) < 60
 
-    report = result.output_for_node("relay_outbox")  # plain values, not a pickled class
-    assert report["run_id"] == run_id and report["sent"] == 3
+    report = result.output_for_node("relay_outbox")  # the cycle's typed report
+    assert report.run_id == run_id and report.counts.sent == 3
 
     # The package's stdlib logs are in the run's event log, with their ids (no PII).
     lines = log_messages(instance, run_id)
@@ -179,8 +179,8 @@ def test_a_large_drains_step_output_is_a_summary_not_a_float_per_row(
 
     assert result.success
     written = result.output_for_node("transition_and_outbox")
-    assert written["counts"]["sent"] == rows
-    assert len(pickle.dumps(written)) < 2_000
+    assert written.written.counts.sent == rows
+    assert len(pickle.dumps(written)) < 2_000  # stored as its plain values
     # What the relay step makes of it: the ledger's histogram and the largest lateness, exact.
     with engine.connect() as conn:
         lateness = (
@@ -234,9 +234,9 @@ def test_as_of_is_parsed_once_where_it_enters_and_the_steps_hand_on_a_datetime(
     # The run config's text became a timezone-aware datetime in select_due_batch; the steps
     # after it get that datetime (the IO manager stores it), never the text again.
     for step in ("select_due_batch", "resolve_event_status", "transition_and_outbox"):
-        handed = result.output_for_node(step)["cycle"]["as_of"]
+        handed = result.output_for_node(step).plain()["cycle"]["as_of"]
         assert isinstance(handed, datetime) and handed == as_of, step
-    assert result.output_for_node("relay_outbox")["as_of"] == as_of
+    assert result.output_for_node("relay_outbox").as_of == as_of
 
 
 @pytest.mark.parametrize(

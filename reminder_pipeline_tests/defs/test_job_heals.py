@@ -70,7 +70,7 @@ def test_the_next_run_works_after_postgres_restarts_in_the_same_process(
 
         result = reminder_dispatch.execute_in_process(instance=instance, resources=resources)
         assert result.success
-        assert result.output_for_node("relay_outbox")["published"] == 1
+        assert result.output_for_node("relay_outbox").counts.published == 1
         ids = [reminders(engine, e)[0]["id"] for e in (first, second)]
         assert all(o["published_at"] is not None for o in outbox_rows(engine))
         messages = kafka_reader.wait_for(ids)

@@ -18,7 +18,7 @@ from dagster import (
 from reminder_pipeline.config import docs_base_url
 from reminder_pipeline.definitions import defs
 from reminder_pipeline.defs.assets import DISPATCH_ASSET_KEY
-from reminder_pipeline.defs.checks import CHECKS
+from reminder_pipeline.observability.health import ASSERTIONS
 
 JOBS = {
     "reminder_dispatch",
@@ -57,14 +57,14 @@ def test_the_dispatcher_asset_has_its_five_checks_and_a_five_minute_freshness_po
     assert graph.get(DISPATCH_ASSET_KEY).freshness_policy.fail_window.to_timedelta() == timedelta(
         minutes=5
     )
-    for name in CHECKS:
+    for name in ASSERTIONS:
         spec = graph.get_check_spec(AssetCheckKey(DISPATCH_ASSET_KEY, name))
         assert spec.description
         runbook = spec.metadata["runbook"]  # a link into the docs (issue 35), not a path
         assert isinstance(runbook, UrlMetadataValue), runbook
         assert runbook.value.startswith(docs_base_url() + "runbooks/")
     assert graph.get_check_keys_for_assets({DISPATCH_ASSET_KEY}) == {
-        AssetCheckKey(DISPATCH_ASSET_KEY, n) for n in CHECKS
+        AssetCheckKey(DISPATCH_ASSET_KEY, n) for n in ASSERTIONS
     }
 
 

@@ -57,8 +57,8 @@ from reminder_pipeline.definitions import defs
 from reminder_pipeline.defs import run_retention_pass
 from reminder_pipeline.defs.resources import PostgresResource
 from reminder_pipeline.defs.run_retention import (
-    MAX_BUDGET_SECONDS,
     RUN_RETENTION_JOB_NAME,
+    RUN_RETENTION_MAX_BUDGET_SECONDS,
     RUN_RETENTION_MAX_RUNTIME_SECONDS,
     dagster_run_retention,
     dagster_run_retention_schedule,
@@ -371,7 +371,7 @@ def test_the_job_records_its_counts_and_survives_its_own_pass(instance, dagster_
         ({"keep_days": 0}, "keep_days=0 is out of range [1, 365]"),
         ({"keep_days": 366}, "keep_days=366 is out of range [1, 365]"),
         ({"batch_size": 0}, "batch_size=0"),
-        ({"budget_seconds": MAX_BUDGET_SECONDS + 1}, "budget_seconds="),
+        ({"budget_seconds": RUN_RETENTION_MAX_BUDGET_SECONDS + 1}, "budget_seconds="),
     ],
 )
 def test_bad_run_config_is_refused_in_one_line_before_a_run_exists(config, fragment):
@@ -399,11 +399,11 @@ def test_the_job_and_its_daily_schedule_are_in_the_definitions():
     assert schedule.execution_timezone == "UTC"
     # The run stops on its own budget before run monitoring would fail it.
     max_runtime = int(dagster_run_retention.tags["dagster/max_runtime"])
-    assert max_runtime == RUN_RETENTION_MAX_RUNTIME_SECONDS > MAX_BUDGET_SECONDS
+    assert max_runtime == RUN_RETENTION_MAX_RUNTIME_SECONDS > RUN_RETENTION_MAX_BUDGET_SECONDS
     assert validate_run_config(dagster_run_retention, {})["ops"]["delete_old_runs"]["config"] == {
         "keep_days": 14,
-        "batch_size": run_retention_pass.DEFAULT_BATCH_SIZE,
-        "budget_seconds": run_retention_pass.DEFAULT_BUDGET_SECONDS,
+        "batch_size": run_retention_pass.RUN_RETENTION_BATCH_SIZE,
+        "budget_seconds": run_retention_pass.RUN_RETENTION_BUDGET_SECONDS,
     }
 
 

@@ -155,7 +155,7 @@ def test_a_skipped_reminder_says_the_event_was_cancelled(engine, publisher, cli_
     assert item["status"] == "Skipped"  # issue 35: when and by what (a cycle, not a Dagster run)
     assert item["reason"].startswith("skipped at ")
     assert item["reason"].endswith(
-        f" by a cycle called in process (no Dagster run, cycle {report.run_id}): "
+        f" by a cycle called in process (run id {report.run_id}, no Dagster run): "
         "the event was Cancelled"
     )
     assert item["run_id"] == report.run_id and item["run_url"] is None

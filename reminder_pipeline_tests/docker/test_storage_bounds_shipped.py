@@ -4,7 +4,7 @@ The Dagster processes of a deployment read ``DAGSTER_PG_URL`` (compose) or the c
 ``postgresql.postgresqlParams`` (rendered into ``postgres_db.params``) as they are: nothing of
 ours adds the libpq keepalives, ``tcp_user_timeout`` and the session's statement timeout there.
 So the shipped files must say them, with the values ``store.engine.dagster_storage_url`` adds
-for ``reminder-pipeline up`` (one home: ``reminder_pipeline/pg_client.py``).
+for ``reminder-pipeline up`` (one home: ``reminder_pipeline/store/pg_client.py``).
 """
 
 from __future__ import annotations

@@ -115,7 +115,7 @@ def scenario(server: EmbeddedPostgres, watcher: sa.Engine) -> dict[str, Any]:
             return publish_outbox(
                 stuck_engine,
                 stuck_publisher,
-                correlation_id="stuck-run",
+                run_id="stuck-run",
                 on_acknowledged=drop_lock_session,
             )
         finally:

@@ -23,9 +23,9 @@ from sqlalchemy import event
 from benchmarks.netns import drop_port, undrop_port
 from reminder_pipeline import cycle
 from reminder_pipeline.local.servers import EmbeddedPostgres
-from reminder_pipeline.pg_client import SilentDatabase
 from reminder_pipeline.store import migrate
 from reminder_pipeline.store.engine import make_engine
+from reminder_pipeline.store.pg_client import SilentDatabase
 from reminder_pipeline_tests.faults.scenarios import run_on_own_server
 from reminder_pipeline_tests.support import bulk_due
 

@@ -284,8 +284,8 @@ def test_a_failover_that_loses_commits_costs_copies_and_nothing_else(
         before = conn.execute(BURST_STATE).fetchone()[1]
         scraped = _scrape(stack.metrics_port)
         after = conn.execute(BURST_STATE).fetchone()[1]
-    assert after <= scraped[exporter.BACKLOG] <= before
-    figures["exporter_backlog_after_promotion"] = scraped[exporter.BACKLOG]
+    assert after <= scraped[exporter.BACKLOG_GAUGE] <= before
+    figures["exporter_backlog_after_promotion"] = scraped[exporter.BACKLOG_GAUGE]
 
     # The daemon's next scheduled run, on the new primary, succeeds and takes them.
     def recovered():

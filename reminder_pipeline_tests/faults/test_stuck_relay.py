@@ -84,7 +84,7 @@ def test_a_stuck_relay_loses_the_lock_and_another_dispatcher_publishes(
 
     stuck, stuck_outcome = in_thread(
         lambda: publish_outbox(
-            stuck_engine, stuck_publisher, correlation_id="stuck-run", on_acknowledged=go_silent
+            stuck_engine, stuck_publisher, run_id="stuck-run", on_acknowledged=go_silent
         )
     )
     try:

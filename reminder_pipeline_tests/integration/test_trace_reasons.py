@@ -78,18 +78,18 @@ def test_a_reminder_sent_by_the_dispatch_command_names_it_and_has_no_run_url(eng
     event_id = make_due_event(engine)
     result = run_cli("dispatch", "--json", env=cli_env)
     assert result.returncode == 0, result.stderr
-    cycle_id = json.loads(result.stdout)["run_id"]
+    run_id = json.loads(result.stdout)["run_id"]
     [row] = reminders(engine, event_id)
-    assert (row["moved_by"], row["moved_in_run"]) == ("cli:dispatch", cycle_id)
+    assert (row["moved_by"], row["moved_in_run"]) == ("cli:dispatch", run_id)
 
     traced = run_cli("trace", str(row["id"]), "--json", env=cli_env)
     [item] = json.loads(traced.stdout)["reminders"]
 
     assert item["status"] == "Sent" and item["moved_by"] == "cli:dispatch"
-    assert item["run_id"] == cycle_id and item["run_url"] is None  # no dead link
+    assert item["run_id"] == run_id and item["run_url"] is None  # no dead link
     assert item["reason"].startswith(
         f"sent at {_at(row['sent_at'])} by `reminder-pipeline dispatch` "
-        f"(no Dagster run, cycle {cycle_id}); published at "
+        f"(run id {run_id}, no Dagster run); published at "
     )
     text = run_cli("trace", str(row["id"]), env=cli_env).stdout
     assert "failed publish attempts: 0" in text and "moved by     cli:dispatch" in text
@@ -134,8 +134,8 @@ def test_a_reminder_the_dispatcher_skipped_says_when_by_what_and_why(engine, pub
     item = _one(engine, row["id"])
 
     assert item["reason"] == (
-        f"skipped at {_at(row['updated_at'])} by `reminder-pipeline dispatch` (no Dagster run, "
-        f"cycle {report.run_id}): the event was Cancelled"
+        f"skipped at {_at(row['updated_at'])} by `reminder-pipeline dispatch` (run id "
+        f"{report.run_id}, no Dagster run): the event was Cancelled"
     )
     assert item["run_id"] == report.run_id and item["run_url"] is None
 

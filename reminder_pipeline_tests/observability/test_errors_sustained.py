@@ -70,7 +70,7 @@ def test_a_row_failing_twice_is_held_back_until_skipped_whatever_the_back_off(en
         assert (report.counts.failed, report.counts.sent) == (1, 1)
         once = scrape(running.url)
         # One failure may be a one-off: not held back yet, and the check still passes.
-        assert once.value(exp.POISON_ROWS) == 0 and once.value(exp.POISON_OLDEST_AGE) == 0
+        assert once.value(exp.POISON_ROWS_GAUGE) == 0 and once.value(exp.POISON_OLDEST_AGE) == 0
         assert once.value(exp.ERRORS, kind="item") == 1
         assert health.errors(engine, datetime.now(UTC)).passed
 
@@ -79,11 +79,11 @@ def test_a_row_failing_twice_is_held_back_until_skipped_whatever_the_back_off(en
         assert row["status"] == "Pending" and row["attempts"] == 2
         assert reminders(engine, healthy)[0]["status"] == "Sent"
         twice = scrape(running.url)
-        assert twice.value(exp.POISON_ROWS) == 1
+        assert twice.value(exp.POISON_ROWS_GAUGE) == 1
         assert 170 <= twice.value(exp.POISON_OLDEST_AGE) <= 400
         assert twice.value(exp.ERRORS, kind="item") == 2
         # The backlog still counts it too (the overdue alert's view of the same row).
-        assert twice.value(exp.BACKLOG) == 1
+        assert twice.value(exp.BACKLOG_GAUGE) == 1
     finally:
         running.stop()
 

@@ -20,9 +20,9 @@ import sqlalchemy as sa
 
 from reminder_pipeline import cycle
 from reminder_pipeline.local.servers import free_port
-from reminder_pipeline.metrics_http import MetricsPortUnavailable
 from reminder_pipeline.observability import exporter as exp
 from reminder_pipeline.observability import ledger
+from reminder_pipeline.observability.metrics_http import MetricsPortUnavailable
 
 from ..support import POISON_KIND, make_due_event, reminders
 from .helpers import exporter_settings, scrape
@@ -57,7 +57,7 @@ def test_scrape_after_real_cycles_serves_the_seed_metrics(engine, publisher, met
     assert (report.counts.sent, report.counts.skipped) == (3, 1)
     result = scrape(metrics)
 
-    assert result.sample_families() == set(exp.METRIC_NAMES)
+    assert result.sample_families() == set(exp.DISPATCH_METRIC_NAMES)
     assert result.value(exp.UP) == 1
     assert result.value(exp.ITEMS, result="sent") == 3
     assert result.value(exp.ITEMS, result="skipped") == 1
@@ -77,9 +77,9 @@ def test_scrape_after_real_cycles_serves_the_seed_metrics(engine, publisher, met
     assert list(buckets.values()) == sorted(buckets.values())  # cumulative
     assert buckets["30.0"] == 0 and buckets["120.0"] == 3 and buckets["+Inf"] == 3
 
-    assert result.value(exp.BACKLOG) == 0
+    assert result.value(exp.BACKLOG_GAUGE) == 0
     assert result.value(exp.OUTBOX_UNPUBLISHED) == 0
-    assert result.value(exp.OUTBOX_LAG) == 0
+    assert result.value(exp.OUTBOX_LAG_GAUGE) == 0
     last_success = result.value(exp.LAST_SUCCESS)
     assert before.timestamp() - 1 <= last_success <= datetime.now(UTC).timestamp() + 1
 
@@ -144,7 +144,7 @@ def test_poison_rows_and_refused_deliveries_count_as_errors(engine, publisher, m
     assert result.value(exp.ERRORS, kind="cycle") == 0
     assert result.value(exp.CYCLES, result="succeeded") == 1
     # The poison row stays Pending and due: it is backlog, its age what the overdue alert sees.
-    assert result.value(exp.BACKLOG) == 1
+    assert result.value(exp.BACKLOG_GAUGE) == 1
     assert 110 <= result.value(exp.BACKLOG_OLDEST_AGE) <= 150
 
 
@@ -152,7 +152,7 @@ def test_backlog_and_outbox_lag_are_read_live_on_each_scrape(engine, metrics):
     make_due_event(engine, minutes_overdue=10)
     make_due_event(engine, minutes_overdue=4)
     result = scrape(metrics)
-    assert result.value(exp.BACKLOG) == 2
+    assert result.value(exp.BACKLOG_GAUGE) == 2
     assert 595 <= result.value(exp.BACKLOG_OLDEST_AGE) <= 620
     assert result.value(exp.OUTBOX_UNPUBLISHED) == 0
 
@@ -160,10 +160,10 @@ def test_backlog_and_outbox_lag_are_read_live_on_each_scrape(engine, metrics):
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE outbox SET created_at = now() - interval '3 minutes'"))
     result = scrape(metrics)
-    assert result.value(exp.BACKLOG) == 0
+    assert result.value(exp.BACKLOG_GAUGE) == 0
     assert result.value(exp.BACKLOG_OLDEST_AGE) == 0
     assert result.value(exp.OUTBOX_UNPUBLISHED) == 2
-    assert 179 <= result.value(exp.OUTBOX_LAG) <= 200
+    assert 179 <= result.value(exp.OUTBOX_LAG_GAUGE) <= 200
 
 
 def test_a_ledger_roll_up_never_moves_a_counter(engine, publisher, metrics):

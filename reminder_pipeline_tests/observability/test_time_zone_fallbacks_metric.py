@@ -52,17 +52,20 @@ def test_fallbacks_are_counted_per_cycle_and_survive_a_roll_up(engine, database_
     running = exp.start_exporter(settings, endpoints)
     try:
         before = scrape(running.url)
-        assert before.value(exp.TIME_ZONE_FALLBACKS) == 3
-        assert before.families[exp.TIME_ZONE_FALLBACKS.removesuffix("_total")].type == "counter"
+        assert before.value(exp.TIME_ZONE_FALLBACKS_COUNTER) == 3
+        assert (
+            before.families[exp.TIME_ZONE_FALLBACKS_COUNTER.removesuffix("_total")].type
+            == "counter"
+        )
 
         assert ledger.roll_up(engine, retention=timedelta(0)) == 3
         with engine.connect() as conn:
             left = conn.execute(sa.select(sa.func.count()).select_from(dispatch_cycles)).scalar()
             totals = conn.execute(sa.select(dispatch_metric_totals.c.time_zone_fallbacks)).scalar()
         assert (left, totals) == (0, 3)
-        assert scrape(running.url).value(exp.TIME_ZONE_FALLBACKS) == 3
+        assert scrape(running.url).value(exp.TIME_ZONE_FALLBACKS_COUNTER) == 3
 
         _cycle(engine, 4, now + timedelta(minutes=1))  # the next cycle adds to the rolled-up total
-        assert scrape(running.url).value(exp.TIME_ZONE_FALLBACKS) == 7
+        assert scrape(running.url).value(exp.TIME_ZONE_FALLBACKS_COUNTER) == 7
     finally:
         running.stop()

@@ -18,8 +18,6 @@ ROOT_MODULES = {
     "config",
     "logs",
     "memory",
-    "metrics_http",
-    "pg_client",
 }
 MAX_LINES = 600
 #: A function in defs/ (an op, a sensor, a helper) reads on one screen: its decorators not counted.

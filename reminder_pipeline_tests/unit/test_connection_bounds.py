@@ -13,7 +13,6 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
-from reminder_pipeline import pg_client
 from reminder_pipeline.config import (
     ConfigError,
     Settings,
@@ -23,6 +22,7 @@ from reminder_pipeline.config import (
 )
 from reminder_pipeline.consumer.dedup import psycopg_dsn
 from reminder_pipeline.local.servers import free_port
+from reminder_pipeline.store import pg_client
 from reminder_pipeline.store.engine import (
     STATEMENT_TIMEOUT_MS,
     dagster_storage_url,

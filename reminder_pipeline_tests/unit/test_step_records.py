@@ -26,3 +26,31 @@ def test_an_older_step_output_s_as_of_text_is_still_read() -> None:
     cycle = Cycle("run-2", datetime(2026, 11, 30, 10, 0, tzinfo=UTC), 200)
     older = {**cycle.plain(), "as_of": "2026-11-30T10:00:00+00:00"}
     assert Cycle.from_plain(older) == cycle
+
+
+def _records():
+    from reminder_pipeline.cycle import Decisions, Written
+    from reminder_pipeline.defs.step_records import DecidedSelection, DueSelection, WrittenCycle
+    from reminder_pipeline.domain.model import CycleCounts
+
+    cycle = Cycle("run-3", datetime(2026, 11, 30, 10, 0, tzinfo=UTC), 200)
+    selection = DueSelection(cycle, ["a", "b"], 1)
+    decided = DecidedSelection(selection, Decisions(["a"], ["b"]))
+    written = WrittenCycle(cycle, Written("run-3", CycleCounts(sent=1, skipped=1)))
+    return selection, decided, written
+
+
+def test_the_steps_hand_on_typed_records_stored_as_their_plain_values() -> None:
+    for record in _records():
+        stored = pickle.dumps(record)
+        # The IO manager's pickle holds the loader and builtins, not the record's field layout.
+        assert pickle.loads(stored) == record
+        assert pickle.loads(pickle.dumps(record.plain())) == record.plain()
+        assert type(record).from_plain(record.plain()) == record
+
+
+def test_a_step_output_stored_as_a_dict_by_an_older_version_is_still_read() -> None:
+    for record in _records():
+        older = pickle.loads(pickle.dumps(record.plain()))  # what steps stored before the records
+        assert type(record).read(older) == record
+        assert type(record).read(record) is record

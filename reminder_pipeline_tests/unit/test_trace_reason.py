@@ -50,13 +50,13 @@ SKIPPED = {"status": "Skipped", "updated_at": NOW}
         ),
         (
             _row(**SENT, moved_by="cli:dispatch", moved_in_run="c1", failed_publish_attempts=2),
-            "sent at 2026-12-02T09:00:00+00:00 by `reminder-pipeline dispatch` (no Dagster run, "
-            "cycle c1); its message is not published yet (2 failed publish attempts)",
+            "sent at 2026-12-02T09:00:00+00:00 by `reminder-pipeline dispatch` (run id "
+            "c1, no Dagster run); its message is not published yet (2 failed publish attempts)",
         ),
         (
             _row(**SENT, moved_by="cli:up", moved_in_run="c2", published_at=NOW),
-            "sent at 2026-12-02T09:00:00+00:00 by `reminder-pipeline up` (no Dagster run, "
-            "cycle c2); published at 2026-12-02T09:00:00+00:00",
+            "sent at 2026-12-02T09:00:00+00:00 by `reminder-pipeline up` (run id "
+            "c2, no Dagster run); published at 2026-12-02T09:00:00+00:00",
         ),
         (  # moved before migration 0007: the message's run, not claimed to be Dagster's
             _row(**SENT, run_id="r0", published_at=NOW),
@@ -87,8 +87,8 @@ SKIPPED = {"status": "Skipped", "updated_at": NOW}
         ),
         (
             _row(**SKIPPED, event_status="Completed", moved_by="cli:dispatch", moved_in_run="c"),
-            "skipped at 2026-12-02T09:00:00+00:00 by `reminder-pipeline dispatch` (no Dagster "
-            "run, cycle c): the event was Completed",
+            "skipped at 2026-12-02T09:00:00+00:00 by `reminder-pipeline dispatch` (run id c, no "
+            "Dagster run): the event was Completed",
         ),
         (
             _row(

@@ -53,7 +53,7 @@ READ_MARGIN_SECONDS = 5.0
 IDLE_IN_TRANSACTION_TIMEOUT_MS = 30_000
 #: The server checks the client's socket this often while a query runs: a client that is gone
 #: (closed or reset) does not keep a statement and its locks.
-CLIENT_CHECK_INTERVAL_MS = 5_000
+CLIENT_CHECK_INTERVAL_MS = 5 * 1000
 
 
 def read_bound(statement_timeout_ms: int) -> float | None:
