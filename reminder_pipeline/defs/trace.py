@@ -25,8 +25,6 @@ from dagster import (
 from pydantic import Field
 
 from ..config import ConfigError, Settings
-from ..consumer.dedup import DedupStoreError
-from ..consumer.delivered import delivered_check
 from ..domain.model import parse_uuid
 from ..operator_jobs import trace as trace_lookup
 from .cards import reminder_cards
@@ -65,6 +63,11 @@ def trace_reminders(
     context: OpExecutionContext, config: TraceConfig, postgres: PostgresResource
 ) -> Iterator[Output[dict[str, Any]]]:
     """The trace as the output, a card per reminder in its metadata, a log line per reminder."""
+    # Here, not at the top: the consumer's modules (SQLite, its metrics server) are this op's
+    # alone, and every process that loads the definitions (each run's) would import them.
+    from ..consumer.dedup import DedupStoreError
+    from ..consumer.delivered import delivered_check
+
     try:
         ui_url = Settings.from_env().dagster_ui_url
         with delivered_check(config.dedup_url, config.dedup_path) as delivered:

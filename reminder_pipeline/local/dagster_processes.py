@@ -1,26 +1,39 @@
-"""Run Dagster for real: a prepared ``DAGSTER_HOME``, ``dagster-webserver`` and ``dagster-daemon``.
+"""Run Dagster for real: a prepared ``DAGSTER_HOME``, a code server, ``dagster-webserver`` and
+``dagster-daemon``.
 
 Used by ``reminder-pipeline up`` and by the end-to-end tests. Plain functions and one class, no
 Dagster import (starting the CLI stays fast; Dagster runs in the children).
+
+One code server for both (``dagster code-server start``, the workspace names it as a
+``grpc_server``), not one each started by the daemon and the webserver from a ``python_module``
+workspace: the daemon drops the code servers it started every 60 s and starts a new one
+(``RELOAD_WORKSPACE_INTERVAL`` and ``clear_all_grpc_endpoints`` in Dagster's
+``_daemon/controller.py``, no setting changes either), the old one shutting itself down 20 s later
+("No heartbeat received in 20 seconds, shutting down" in the daemon's log): a new Python loading
+the definitions every minute, about 5 % of a core on an idle stack. With a ``grpc_server`` entry
+that refresh only reconnects. ``code-server start`` (not ``api grpc``) keeps the UI's "Reload"
+working: it restarts its ``api grpc`` child with the code as it is now. Runs are launched by that
+child (the default run launcher), so their workers are in the code server's process group.
 
 Signals: a process started in the background by a shell inherits SIGINT *ignored*, and Dagster
 maps SIGTERM onto SIGINT, so such a child would ignore both. The children here get both signals
 reset to their defaults before exec and their own session (so a Ctrl-C in the terminal reaches
 only the parent, which then stops them in order: daemon first so no new run is launched, then the
-webserver). Whatever survives the grace period is killed with its whole process group (code
-servers, a run worker mid-run: its transaction rolls back, and run monitoring fails that run).
+webserver, then the code server). Whatever survives the grace period is killed with its whole
+process group (the code server's child, a run worker mid-run: its transaction rolls back, and run
+monitoring fails that run).
 
 However the parent ends, the children go too (a signal handler alone does not do it: SIGKILL,
 SIGHUP with no handler, an EPIPE on a closed stdout end the parent before it stops anything):
 
 - on Linux each child asks the kernel for SIGTERM when its parent dies (``PR_SET_PDEATHSIG``),
-  which Dagster handles as SIGINT: a clean stop, its code servers with it;
+  which Dagster handles as SIGINT: a clean stop, the code server's child with it;
 - everywhere, ``up`` starts a guard
   (``python -m reminder_pipeline.local.dagster_processes --guard``) in a session of its own
   that holds the read end of a pipe only ``up`` writes to: EOF means ``up``
   is gone, and the guard stops what the stack record (``up.json`` in the project home) names:
-  the process groups of the daemon and webserver (code servers, run workers), then the embedded
-  servers. ``up`` removes the record once it has stopped everything itself.
+  the process groups of the daemon, webserver and code server (its child, run workers), then the
+  embedded servers. ``up`` removes the record once it has stopped everything itself.
 
 The record also lets a later ``up``, and ``services stop`` / ``status``, find what runs.
 """
@@ -34,6 +47,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -45,6 +59,7 @@ from typing import IO, Any
 
 from ..config import DEFAULT_WEBSERVER_PORT, mask_secrets
 from ..store.engine import create_database, dagster_storage_url
+from .processes import free_port
 from .stack_record import StackRecord
 
 # Named, not __name__: the guard runs this module as __main__.
@@ -55,6 +70,10 @@ INSTANCE_YAML = Path(__file__).parents[1] / "dagster_instance.yaml"
 #: The workspace shipped in the package; identical to the repository's root workspace.yaml.
 WORKSPACE_YAML = Path(__file__).parents[1] / "dagster_workspace.yaml"
 LOCATION_NAME = "reminder_pipeline"
+#: What the code server loads (the module and attribute the shipped workspace names).
+DEFINITIONS_MODULE, DEFINITIONS_ATTRIBUTE = "reminder_pipeline.definitions", "defs"
+#: Where the code server listens: this machine only.
+CODE_SERVER_HOST = "127.0.0.1"
 REQUIRED_ENV = ("DATABASE_URL", "KAFKA_BOOTSTRAP_SERVERS", "DAGSTER_PG_URL")
 #: Where the webserver's and daemon's output goes, under DAGSTER_HOME. Never "logs": Dagster's
 #: webserver and daemon treat $DAGSTER_HOME/logs/ as their telemetry spool and upload whatever is
@@ -73,8 +92,14 @@ def ensure_database(admin_url: str, name: str) -> str:
     return dagster_storage_url(admin_url, database=name)
 
 
-def prepare_home(home: Path, instance_yaml: Path | None = None) -> Path:
-    """Create ``home`` with the instance config (``dagster.yaml``) and ``workspace.yaml``."""
+def prepare_home(
+    home: Path, instance_yaml: Path | None = None, *, code_server_port: int | None = None
+) -> Path:
+    """Create ``home`` with the instance config (``dagster.yaml``) and ``workspace.yaml``.
+
+    The workspace is the shipped one (the code location as a ``python_module``), or with
+    ``code_server_port`` the same location served by the code server on that port.
+    """
     home = Path(home).expanduser().resolve()
     source = Path(instance_yaml) if instance_yaml is not None else INSTANCE_YAML
     if not source.is_file():
@@ -83,8 +108,20 @@ def prepare_home(home: Path, instance_yaml: Path | None = None) -> Path:
     (home / PROCESS_LOG_DIR).mkdir(exist_ok=True)
     # Overwritten every time: the shipped config is the source of truth (an upgrade changes it).
     shutil.copyfile(source, home / "dagster.yaml")
-    shutil.copyfile(WORKSPACE_YAML, home / "workspace.yaml")
+    if code_server_port is None:
+        shutil.copyfile(WORKSPACE_YAML, home / "workspace.yaml")
+    else:
+        (home / "workspace.yaml").write_text(code_server_workspace(code_server_port))
     return home
+
+
+def code_server_workspace(port: int) -> str:
+    """The workspace whose one code location is the code server on ``port`` (JSON is YAML)."""
+    entry = {"host": CODE_SERVER_HOST, "port": port, "location_name": LOCATION_NAME}
+    return (
+        "# Written by reminder-pipeline up: the code server it started (dagster code-server start)."
+        f"\n{json.dumps({'load_from': [{'grpc_server': entry}]}, indent=2)}\n"
+    )
 
 
 _PR_SET_PDEATHSIG = 1
@@ -140,7 +177,7 @@ def log_tail(path: Path, lines: int = 5) -> str:
 
 
 class DagsterStack:
-    """``dagster-webserver`` and ``dagster-daemon run`` on one ``DAGSTER_HOME``."""
+    """A code server, ``dagster-webserver`` and ``dagster-daemon run`` on one ``DAGSTER_HOME``."""
 
     def __init__(
         self,
@@ -169,7 +206,7 @@ class DagsterStack:
         return f"http://{self.host}:{self.port}"
 
     def log_file(self, name: str) -> Path:
-        """Where ``webserver`` / ``daemon`` write their output."""
+        """Where ``code_server`` / ``webserver`` / ``daemon`` write their output."""
         return self.home / PROCESS_LOG_DIR / f"{name}.log"
 
     def child_env(self) -> dict[str, str]:
@@ -187,7 +224,8 @@ class DagsterStack:
     def start(
         self, timeout: float = 180.0, progress: Callable[[str], object] | None = None
     ) -> None:
-        """Prepare the home, start the daemon and webserver, wait until the UI serves the code.
+        """Prepare the home, start the code server, then the daemon and webserver; wait until the
+        UI serves the code.
 
         ``progress`` is called with a status line on every poll while waiting (the caller
         decides how often to show it; see :class:`reminder_pipeline.cli.ProgressLine`).
@@ -201,9 +239,33 @@ class DagsterStack:
                 "`reminder-pipeline services status` lists those); stop it or choose another port "
                 "(DAGSTER_WEBSERVER_PORT)"
             )
-        prepare_home(self.home, self.instance_yaml)
+        code_port = free_port()
+        prepare_home(self.home, self.instance_yaml, code_server_port=code_port)
         workspace = str(self.home / "workspace.yaml")
+        started = time.monotonic()
         try:
+            self._spawn(
+                "code_server",
+                [
+                    *_command("dagster"),
+                    "code-server",
+                    "start",
+                    "-m",
+                    DEFINITIONS_MODULE,
+                    "-a",
+                    DEFINITIONS_ATTRIBUTE,
+                    "--location-name",
+                    LOCATION_NAME,
+                    "-h",
+                    CODE_SERVER_HOST,
+                    "-p",
+                    str(code_port),
+                    "--log-level",
+                    self.log_level,
+                ],
+                env,
+            )
+            self._wait_code_server(code_port, started + timeout, progress)
             self._spawn(
                 "daemon",
                 [
@@ -231,7 +293,7 @@ class DagsterStack:
                 ],
                 env,
             )
-            self.wait_ready(timeout, progress)
+            self.wait_ready(max(timeout - (time.monotonic() - started), 1.0), progress)
         except BaseException:
             self.stop()
             raise
@@ -252,6 +314,25 @@ class DagsterStack:
         )
         if self.record is not None:
             self.record.add(name, self._procs[name].pid)
+
+    def _wait_code_server(
+        self, port: int, deadline: float, progress: Callable[[str], object] | None
+    ) -> None:
+        """Until the code server listens (once its ``api grpc`` child loaded the code)."""
+        started = time.monotonic()
+        while not _listens(CODE_SERVER_HOST, port):
+            if progress is not None:
+                progress(
+                    f"waiting for Dagster: code server loading {LOCATION_NAME} "
+                    f"({time.monotonic() - started:.0f} s)"
+                )
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise OrchestratorError(
+                    f"dagster code server did not listen on port {port} in time: "
+                    f"{log_tail(self.log_file('code_server'))}"
+                )
+            time.sleep(_POLL_SECONDS)
 
     def _check_alive(self) -> None:
         for name, proc in self._procs.items():
@@ -329,16 +410,17 @@ class DagsterStack:
 
     @property
     def pids(self) -> dict[str, int]:
-        """Process ids of the started children (``daemon``, ``webserver``)."""
+        """Process ids of the started children (``code_server``, ``daemon``, ``webserver``)."""
         return {name: proc.pid for name, proc in self._procs.items()}
 
     def is_running(self) -> bool:
-        """True while both children are alive."""
+        """True while all the children are alive."""
         return bool(self._procs) and all(p.poll() is None for p in self._procs.values())
 
     def stop(self, timeout: float = 30.0) -> None:
-        """SIGINT the daemon, then the webserver; SIGTERM, then SIGKILL their process groups."""
-        for name in ("daemon", "webserver"):
+        """SIGINT the daemon, the webserver, the code server (in that order: no new run is
+        launched, a run going ends); SIGTERM, then SIGKILL their process groups."""
+        for name in ("daemon", "webserver", "code_server"):
             proc = self._procs.get(name)
             if proc is not None:
                 _stop_process(name, proc, timeout)
@@ -355,6 +437,14 @@ class DagsterStack:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _listens(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
 
 
 def _answers(url: str) -> bool:

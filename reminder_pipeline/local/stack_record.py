@@ -28,8 +28,9 @@ log = logging.getLogger("reminder_pipeline.local.stack_record")
 #: The stack record's file name, in the project home (REMINDER_PIPELINE_HOME).
 RECORD_NAME = "up.json"
 #: The names `up` records; stopped in this order: `up` itself first (it stops the rest cleanly),
-#: the daemon before the webserver so no new run is launched. The guard is never signalled.
-NAMES = ("up", "daemon", "webserver", "guard")
+#: the daemon before the webserver so no new run is launched, the code server (where runs go)
+#: last. The guard is never signalled.
+NAMES = ("up", "daemon", "webserver", "code_server", "guard")
 _PROC = Path("/proc")
 
 

@@ -144,7 +144,9 @@ def test_the_shipped_instance_config_is_valid(monkeypatch):
         {"key": CONCURRENCY_TAG, "value": CONCURRENCY_VALUE, "limit": 1},
         {"key": CONCURRENCY_TAG, "value": "republish", "limit": 1},  # reminder_republish
     ]
-    assert config["run_queue"]["dequeue_interval_seconds"] == 1
+    # A queued dispatch starts within seconds of the one before ending, far inside the 2-minute
+    # delivery promise (Dagster's default, 30 s, would eat half a cycle).
+    assert 1 <= config["run_queue"]["dequeue_interval_seconds"] <= 5
     assert config["run_monitoring"]["enabled"] is True
     assert config["telemetry"]["enabled"] is False
     # The ops write the event log themselves (public context.log); python_logs would duplicate it.

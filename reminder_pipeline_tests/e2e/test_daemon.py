@@ -224,6 +224,10 @@ def test_the_daemon_dispatches_on_schedule(
         print(json.dumps(timings))
 
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    # One code server all along (two scheduled runs: over two minutes): none shut down for want of
+    # a heartbeat, as the daemon's own code servers did every 60-70 s (dagster_processes.py).
+    for name in ("daemon", "code_server"):
+        assert "No heartbeat received" not in stack.log_file(name).read_text(errors="replace")
     # Nothing was spooled for Dagster's telemetry upload (see orchestrator.PROCESS_LOG_DIR).
     assert not (home / "logs").exists()
     assert not any((home / ".logs_queue").glob("*"))

@@ -41,6 +41,21 @@ def test_prepare_home_copies_the_instance_config_and_writes_the_workspace(tmp_pa
     assert orchestrator.PROCESS_LOG_DIR != "logs" and not (home / "logs").exists()
 
 
+def test_with_a_code_server_the_workspace_names_it_and_no_module(tmp_path: Path):
+    # The daemon and the webserver then share the code server `up` starts: the daemon's
+    # workspace refresh (every 60 s) reconnects instead of starting a new code server.
+    home = orchestrator.prepare_home(tmp_path / "home", code_server_port=4321)
+
+    [entry] = yaml.safe_load((home / "workspace.yaml").read_text())["load_from"]
+    assert entry == {
+        "grpc_server": {
+            "host": orchestrator.CODE_SERVER_HOST,
+            "port": 4321,
+            "location_name": orchestrator.LOCATION_NAME,
+        }
+    }
+
+
 def test_child_env_requires_the_settings_and_disables_telemetry_uploads(
     tmp_path: Path, monkeypatch
 ):
