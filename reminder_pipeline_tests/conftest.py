@@ -36,10 +36,6 @@ TEMPLATE_DB = f"rp_test_template_{os.environ.get('PYTEST_XDIST_WORKER', 'main')}
 SERVER_FIXTURES = {"pg_admin_url", "kafka_settings"}
 
 
-#: Fixture scopes wider than a test but narrower than the session: a test using one runs in its
-#: module's xdist group, so the fixture is built once (by one worker), not once per worker.
-SHARED_SCOPES = {"package", "module", "class"}
-
 #: The modules whose tests take minutes each, longest first (``--durations``, docs/testing.md):
 #: a parallel run starts them before anything else, so none of them is left to end it alone.
 LONGEST = (
@@ -54,27 +50,20 @@ LONGEST = (
 )
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark each test that uses a server fixture ``server`` (a module that starts servers itself
     says so with ``pytestmark = pytest.mark.server``): the fast tier, ``scripts/test-fast``, is
     ``-m "not server and not slow and not soak"``.
 
-    For the parallel run (``scripts/test``: pytest-xdist, ``--dist loadgroup``): a test that uses
-    a module- or class-scoped fixture joins its module's ``xdist_group``, and the modules with a
-    ``slow`` test go first, the ones that take minutes (``LONGEST``) before them (each module's
-    tests kept together and in order), so the long tests start while the short ones fill the
-    other workers instead of ending the run alone.
+    For the parallel run (``scripts/test``: pytest-xdist, ``--dist loadscope``, each module on one
+    worker, its tests in order, as in a serial run): the modules with a ``slow`` test go first,
+    the ones that take minutes (``LONGEST``) before them, so the long tests start while the
+    short ones fill the other workers instead of ending the run alone.
     """
     slow_modules = set()
     for item in items:
         if set(getattr(item, "fixturenames", ())) & SERVER_FIXTURES:
             item.add_marker(pytest.mark.server)
-        info = getattr(item, "_fixtureinfo", None)
-        if info is not None and any(
-            defs and defs[-1].scope in SHARED_SCOPES for defs in info.name2fixturedefs.values()
-        ):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
         if item.get_closest_marker("slow") is not None:
             slow_modules.add(item.nodeid.split("::")[0])
     longest = {f"reminder_pipeline_tests/{path}": rank for rank, path in enumerate(LONGEST)}
