@@ -28,19 +28,51 @@ from reminder_pipeline.store.engine import make_engine
 
 from .support import KafkaReader
 
-TEMPLATE_DB = "rp_test_template"
+#: The migrated template each test's database is copied from; one per xdist worker, so workers
+#: sharing one server (``DATABASE_URL``) never drop each other's template.
+TEMPLATE_DB = f"rp_test_template_{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
 
 #: The session fixtures that start (or reach) a real server; a test using one is in the full tier.
 SERVER_FIXTURES = {"pg_admin_url", "kafka_settings"}
 
 
+#: The modules whose tests take minutes each, longest first (``--durations``, docs/testing.md):
+#: a parallel run starts them before anything else, so none of them is left to end it alone.
+LONGEST = (
+    "benchmarks_smoke/test_soak.py",
+    "e2e/test_first_ten_minutes.py",
+    "e2e/test_daemon.py",
+    "integration/test_finder_plans.py",
+    "benchmarks_smoke/test_bench_smoke.py",
+    "faults/test_failover.py",
+    "benchmarks_smoke/test_consumer_bench_smoke.py",
+    "packaging/test_plain_install.py",
+)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark each test that uses a server fixture ``server`` (a module that starts servers itself
     says so with ``pytestmark = pytest.mark.server``): the fast tier, ``scripts/test-fast``, is
-    ``-m "not server and not slow and not soak"``."""
+    ``-m "not server and not slow and not soak"``.
+
+    For the parallel run (``scripts/test``: pytest-xdist, ``--dist loadscope``, each module on one
+    worker, its tests in order, as in a serial run): the modules with a ``slow`` test go first,
+    the ones that take minutes (``LONGEST``) before them, so the long tests start while the
+    short ones fill the other workers instead of ending the run alone.
+    """
+    slow_modules = set()
     for item in items:
         if set(getattr(item, "fixturenames", ())) & SERVER_FIXTURES:
             item.add_marker(pytest.mark.server)
+        if item.get_closest_marker("slow") is not None:
+            slow_modules.add(item.nodeid.split("::")[0])
+    longest = {f"reminder_pipeline_tests/{path}": rank for rank, path in enumerate(LONGEST)}
+
+    def order(item: pytest.Item) -> tuple[bool, int]:
+        module = item.nodeid.split("::")[0]
+        return module not in slow_modules, longest.get(module, len(longest))
+
+    items.sort(key=order)  # stable: each module's tests stay together and in their order
 
 
 @pytest.fixture(autouse=True)
