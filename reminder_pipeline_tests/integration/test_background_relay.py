@@ -165,7 +165,9 @@ def test_batches_queued_while_the_relay_publishes_go_out_in_one_round(
         assert held.entered.wait(30)  # the first batch is being published
         for _ in range(3):
             relay.hand_over(cycle.dispatch_batch(engine, utcnow(), 2).messages)
-        assert relay.queued == 3
+        # The three wait behind it (a relay thread slower to start than the first batch's commit
+        # read that batch from the outbox instead: its hand-over waits too, and goes as seen).
+        assert relay.queued in (3, 4)
     finally:
         held.release.set()
         result = relay.finish(timeout=60)
