@@ -490,3 +490,32 @@ def read_until(proc: subprocess.Popen, needle: str, timeout: float) -> list[str]
         if needle in line:
             return lines
     raise AssertionError(f"{needle!r} not printed within {timeout:.0f}s: {lines}")
+
+
+def message_at(kafka_settings: Any, partition: int, offset: int, timeout: float = 60.0) -> Any:
+    """The message at exactly ``partition``/``offset`` of the contract's topic (a trace's
+    position read back from the broker)."""
+    import time
+
+    from confluent_kafka import Consumer, TopicPartition
+
+    from reminder_pipeline.domain import contract
+
+    consumer = Consumer(
+        {
+            **kafka_settings.client_config(),
+            "group.id": f"read-back-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        consumer.assign([TopicPartition(contract.TOPIC, partition, offset)])
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            msg = consumer.poll(1.0)
+            if msg is not None and not msg.error():
+                assert (msg.partition(), msg.offset()) == (partition, offset)
+                return msg
+        raise AssertionError(f"nothing at partition {partition} offset {offset}")
+    finally:
+        consumer.close()

@@ -12,13 +12,11 @@ the same answer as one card per reminder (Markdown: fields down the page, the ru
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 from dagster import DagsterInstance, instance_for_test
 
 from reminder_pipeline import cycle
@@ -36,6 +34,7 @@ from reminder_pipeline_tests.support import (
     POISON_KIND,
     error_lines,
     make_due_event,
+    message_at,
     publish_two_days,
     reminders,
     run_cli,
@@ -82,27 +81,6 @@ def _trace(*args: str, env: dict[str, str]) -> list[dict]:
     return json.loads(result.stdout)["reminders"]
 
 
-def _message_at(kafka_settings, partition: int, offset: int, timeout: float = 60.0):
-    """The message at exactly ``partition``/``offset`` of the contract's topic."""
-    consumer = Consumer(
-        {
-            **kafka_settings.client_config(),
-            "group.id": f"trace-test-{uuid.uuid4().hex[:8]}",
-            "enable.auto.commit": False,
-        }
-    )
-    try:
-        consumer.assign([TopicPartition(contract.TOPIC, partition, offset)])
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            msg = consumer.poll(1.0)
-            if msg is not None and not msg.error():
-                return msg
-        raise AssertionError(f"nothing at partition {partition} offset {offset}")
-    finally:
-        consumer.close()
-
-
 def _headers(msg) -> dict[str, str]:
     return {k: v.decode() for k, v in (msg.headers() or [])}
 
@@ -131,7 +109,7 @@ def test_a_sent_reminder_names_the_dagster_run_that_wrote_it_and_where_its_messa
         assert f" by Dagster run {run.run_id}; " in item["reason"] and item["moved_by"] == "dagster"
         assert item["failed_publish_attempts"] == 0 and item["republishes"] == []
         assert "delivered" not in item  # no store given
-        msg = _message_at(kafka_settings, item["partition"], item["offset"])
+        msg = message_at(kafka_settings, item["partition"], item["offset"])
         assert _headers(msg)[contract.HEADER_REMINDER_ID] == item["reminder_id"]
         assert json.loads(msg.value())["ReminderId"] == item["reminder_id"]
         assert msg.key().decode() == str(event_id)
@@ -230,7 +208,7 @@ def test_every_republish_is_listed_with_where_its_copy_landed(
     [copy] = item["republishes"]
     assert copy["run_id"] == "republish-run-1"
     assert copy["run_url"].endswith("/runs/republish-run-1") and copy["republished_at"]
-    msg = _message_at(kafka_settings, copy["partition"], copy["offset"])
+    msg = message_at(kafka_settings, copy["partition"], copy["offset"])
     assert _headers(msg)[HEADER_REPUBLISHED_BY_RUN] == "republish-run-1"
     assert json.loads(msg.value())["ReminderId"] == reminder_id
     assert (copy["partition"], copy["offset"]) != (item["partition"], item["offset"])

@@ -19,40 +19,22 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 from dagster import DagsterInstance, DagsterRunStatus, instance_for_test
 from dagster_graphql import DagsterGraphQLClient
 
 from reminder_pipeline.defs.jobs import reminder_dispatch
-from reminder_pipeline.domain import contract
 from reminder_pipeline.local import dagster_processes as orchestrator
 from reminder_pipeline.local.servers import free_port
 from reminder_pipeline_tests.defs.helpers import resources_for
-from reminder_pipeline_tests.support import make_event_due_on, reminders, run_cli, utcnow
+from reminder_pipeline_tests.support import (
+    make_event_due_on,
+    message_at,
+    reminders,
+    run_cli,
+    utcnow,
+)
 
 UI_PORT = "3126"
-
-
-def _message_at(kafka_settings, partition: int, offset: int, timeout: float = 60.0):
-    """The message at exactly ``partition``/``offset`` of the contract's topic."""
-    consumer = Consumer(
-        {
-            **kafka_settings.client_config(),
-            "group.id": f"support-play-{uuid.uuid4().hex[:8]}",
-            "enable.auto.commit": False,
-        }
-    )
-    try:
-        consumer.assign([TopicPartition(contract.TOPIC, partition, offset)])
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            msg = consumer.poll(1.0)
-            if msg is not None and not msg.error():
-                assert (msg.partition(), msg.offset()) == (partition, offset)
-                return msg
-        raise AssertionError(f"nothing at partition {partition} offset {offset}")
-    finally:
-        consumer.close()
 
 
 def _a_clients_day(engine):
@@ -67,7 +49,7 @@ def _a_clients_day(engine):
 
 
 def _check_message(kafka_settings, item: dict, event_id: uuid.UUID, run_id: str) -> None:
-    msg = _message_at(kafka_settings, item["partition"], item["offset"])
+    msg = message_at(kafka_settings, item["partition"], item["offset"])
     headers = {k: v.decode() for k, v in (msg.headers() or [])}
     assert msg.key().decode() == str(event_id)
     assert headers["correlation-id"] == run_id
