@@ -72,10 +72,13 @@ POINTS = [
     ("reminder-pipeline: starting under", 1, 2.0, signal.SIGTERM, True),
     ("reminder-pipeline: starting under", 1, 6.0, signal.SIGHUP, True),
     ("first dispatch cycle:", 1, 0.0, signal.SIGTERM, True),
+    # Polls are 0.25 s apart. The code server loads the definitions first (the longest wait:
+    # Dagster and the project imported); the webserver, started once it listens, then answers
+    # within a few polls.
+    ("reminder-pipeline: waiting for Dagster: code server", 3, 0.0, signal.SIGTERM, True),
+    ("reminder-pipeline: waiting for Dagster: code server", 6, 0.0, signal.SIGHUP, True),
     ("reminder-pipeline: waiting for Dagster: webserver", 1, 0.0, signal.SIGINT, True),
-    # Polls are 0.25 s apart; a quiet machine's webserver answers after ~15 of them.
-    ("reminder-pipeline: waiting for Dagster: webserver", 4, 0.0, signal.SIGTERM, True),
-    ("reminder-pipeline: waiting for Dagster: webserver", 8, 0.0, signal.SIGHUP, True),
+    ("reminder-pipeline: waiting for Dagster: webserver", 2, 0.0, signal.SIGTERM, True),
     # The plain case: dispositions as a terminal gives them, Ctrl-C while Dagster loads.
     ("reminder-pipeline: waiting for Dagster:", 1, 0.0, signal.SIGINT, False),
 ]
