@@ -28,6 +28,7 @@ from ..config import ConfigError, Settings
 from ..domain.model import parse_uuid
 from ..operator_jobs import trace as trace_lookup
 from .cards import reminder_cards
+from .jobs import KIND_TAG
 from .resources import PostgresResource
 from .run_config import checked_by, validated
 
@@ -97,7 +98,7 @@ def trace_reminders(
     "its message landed, every re-publish; optional dedup_url/dedup_path: delivered or not.",
     config=validated(TRACE_JOB_NAME, TraceConfig, trace_reminders),
     executor_def=in_process_executor,
-    tags={"reminder_pipeline/kind": "operator", "dagster/max_runtime": "60"},
+    tags={KIND_TAG: "operator", "dagster/max_runtime": "60"},
 )
 def reminder_trace() -> None:
     """One step: the trace."""
