@@ -232,8 +232,13 @@ def _run_dagster(
         "REMINDER_PIPELINE_HOME": str(settings.home),
         **docs_served_here(settings.metrics_port, os.environ),
     }
+    # Dagster's storage on pooled connections: the local stack's largest cost otherwise.
     stack = DagsterStack(
-        home=settings.home / "dagster_home", env=env, port=settings.webserver_port, record=record
+        home=settings.home / "dagster_home",
+        env=env,
+        port=settings.webserver_port,
+        record=record,
+        pooled_storage=True,
     )
     feeder = demo_data.DemoFeeder(engine) if demo else None
     exporter = None

@@ -17,6 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from reminder_pipeline.local import dagster_processes as orchestrator
+
 from ..support import read_until, up_env
 
 pytestmark = pytest.mark.slow
@@ -55,6 +57,10 @@ def test_up_runs_everything_and_ctrl_c_stops_it(tmp_path):
         assert not any("waiting for Dagster" in line for line in lines)
         with urllib.request.urlopen(f"{ui}/server_info", timeout=10) as response:
             assert response.status == 200
+        # Dagster's storage on pooled connections (a new one per call was the idle stack's
+        # largest cost after the run worker: docs/benchmarks.md).
+        instance_yaml = (tmp_path / "home" / "dagster_home" / "dagster.yaml").read_text()
+        assert orchestrator.POOLED_STORAGE_MODULE in instance_yaml
         metrics = f"http://127.0.0.1:{env['REMINDER_METRICS_PORT']}/metrics"
         with urllib.request.urlopen(metrics, timeout=10) as response:
             assert b"calendar_reminder_dispatch_items_total" in response.read()
