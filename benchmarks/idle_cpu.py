@@ -7,8 +7,10 @@ more, then measures ``--minutes`` minutes: the CPU-seconds of every process the 
 (``up`` itself with its exporter and demo feeder, the guard, PostgreSQL, the broker, the Dagster
 webserver, daemon, code servers and the run workers that come and go), as a percentage of one
 core, in total and per part; and the ``No heartbeat received`` lines the stack's Dagster logs
-gained meanwhile (each one a code server that shut down), and how many code server processes
-were seen.
+gained meanwhile (each one a code server that shut down), how many code server processes were
+seen, the new PostgreSQL sessions a minute per database (``pg_stat_database.sessions``: a backend
+started and ended for each, the cost a pool saves), and the machine's load average at the start
+and the end (its own reading adds a session to the ``postgres`` database).
 
 How nothing is missed: this process makes itself the stack's child subreaper
 (``PR_SET_CHILD_SUBREAPER``), so even what daemonizes (``pg_ctl`` starts the postmaster) stays in
@@ -234,6 +236,23 @@ def _heartbeat_lines(home: Path) -> int:
     return count
 
 
+def _pg_sessions(port: str) -> dict[str, int]:
+    """Sessions so far per database of the embedded PostgreSQL on ``port`` (its superuser, as
+    ``up`` connects); empty when it cannot be read."""
+    import psycopg
+
+    from reminder_pipeline.local.postgres import PG_SUPERUSER
+
+    query = "SELECT datname, sessions FROM pg_stat_database WHERE datname IS NOT NULL"
+    try:
+        with psycopg.connect(
+            host="127.0.0.1", port=port, user=PG_SUPERUSER, dbname="postgres", connect_timeout=10
+        ) as conn:
+            return {str(name): int(count) for name, count in conn.execute(query).fetchall()}
+    except psycopg.Error:
+        return {}
+
+
 def _free_port() -> int:
     import socket
 
@@ -262,12 +281,12 @@ def _env(home: Path, tree: Path | None) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def _up(home: Path, tree: Path | None) -> Iterator[subprocess.Popen[str]]:
+def _up(home: Path, tree: Path | None, env: dict[str, str]) -> Iterator[subprocess.Popen[str]]:
     """``reminder-pipeline up`` under ``home``, until its ``Dagster UI:`` line; stopped after."""
     out = (home.parent / "up.out").open("w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "reminder_pipeline.cli", "up"],
-        env=_env(home, tree),
+        env=env,
         cwd=tree or REPO_ROOT,
         stdin=subprocess.DEVNULL,
         stdout=out,
@@ -316,9 +335,13 @@ def measure(
     label = str(tree) if tree else "this checkout"
     try:
         progress(f"starting up ({label}) under {home}")
-        with _up(home, tree) as proc:
+        env = _env(home, tree)
+        with _up(home, tree, env) as proc:
             progress(f"stack ready; warming up {warmup:.0f} s")
             time.sleep(warmup)
+            pg_port = env["REMINDER_EMBEDDED_PG_PORT"]
+            sessions_before = _pg_sessions(pg_port)
+            load_before = os.getloadavg()
             meter = Meter(os.getpid())
             beats_before = _heartbeat_lines(home)
             busy0, all0 = _machine_busy()
@@ -342,6 +365,8 @@ def measure(
             beats = _heartbeat_lines(home) - beats_before
             result = meter.result()
             servers = len(meter.code_servers)
+            load_after = os.getloadavg()
+            sessions_after = _pg_sessions(pg_port)
         cpus = os.cpu_count() or 1
         return {
             "tree": label,
@@ -351,6 +376,12 @@ def measure(
             "no_heartbeat_lines": beats,
             "code_server_processes_seen": servers,
             "machine_busy_percent_of_all_cores": round((busy1 - busy0) / (all1 - all0) * 100, 1),
+            "load_average_1min": [round(load_before[0], 2), round(load_after[0], 2)],
+            "pg_new_sessions_per_minute": {
+                name: round((count - sessions_before[name]) / elapsed * 60, 1)
+                for name, count in sorted(sessions_after.items())
+                if name in sessions_before and count > sessions_before[name]
+            },
             "cpus": cpus,
         }
     finally:
@@ -373,9 +404,15 @@ def _print(result: dict[str, object]) -> None:
             print(f"    {part:<30} {value:6.2f} %")
     print(f"  '{HEARTBEAT_LINE}' lines: {result['no_heartbeat_lines']}")
     print(f"  code server processes seen: {result['code_server_processes_seen']}")
+    sessions = result["pg_new_sessions_per_minute"]
+    assert isinstance(sessions, dict)
+    print(
+        "  new PostgreSQL sessions a minute: "
+        + (", ".join(f"{name} {count}" for name, count in sessions.items()) or "none read")
+    )
     print(
         f"  machine busy meanwhile: {result['machine_busy_percent_of_all_cores']} % of "
-        f"{result['cpus']} cores"
+        f"{result['cpus']} cores; load average {result['load_average_1min']} (start, end)"
     )
 
 
