@@ -3,7 +3,9 @@
 The instance ``up`` writes is the shipped one with the storage block replaced by the pooled
 storages (nothing else changes); an instance loaded from it, and one rebuilt from its reference as
 a run worker's is, reuses its connections across storage calls on a real PostgreSQL, where the
-shipped config opens and closes one per call.
+shipped config opens and closes one per call; and once the server has dropped them (a restart),
+each storage's next call at most fails once, taking the dead connection out, and the one after
+reconnects.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import yaml
 from dagster import AssetKey, DagsterInstance
 from dagster._core.instance.config import dagster_instance_config
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 
 from reminder_pipeline.defs.pooled_storage import (
     PooledPostgresEventLogStorage,
@@ -107,3 +110,33 @@ def test_the_pooled_instance_keeps_its_connections_and_the_shipped_one_does_not(
         with DagsterInstance.from_ref(pooled.get_ref()) as worker:
             assert isinstance(worker.event_log_storage, PooledPostgresEventLogStorage)
             assert isinstance(worker.run_storage, PooledPostgresRunStorage)
+
+
+def test_the_pooled_instance_reconnects_after_the_server_dropped_its_connections(
+    homes: tuple[Path, Path], dagster_storage_url: str
+) -> None:
+    # What a PostgreSQL restart does to a pool: every kept connection is gone. A storage's first
+    # call after it may fail (SQLAlchemy then drops the pool's connections); the next reconnects.
+    pooled_home, _ = homes
+    with DagsterInstance.from_config(str(pooled_home)) as instance:
+        _calls(instance)
+        kept = _settled(dagster_storage_url, 3)
+        dsn = make_url(dagster_storage_url).set(drivername="postgresql", query={})
+        with psycopg.connect(dsn.render_as_string(hide_password=False), autocommit=True) as conn:
+            for pid in kept:
+                conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        _settled(dagster_storage_url, 0)
+        invalidated = []
+        for call in (
+            instance.get_runs_count,
+            lambda: instance.get_latest_materialization_event(AssetKey(["calendar", "x"])),
+            instance.all_instigator_state,
+        ):
+            try:
+                call()
+            except DBAPIError as error:  # the dropped connection, found by this call
+                invalidated.append(error.connection_invalidated)
+                call()  # the next one reconnects
+        assert all(invalidated)  # only ever the dropped connection, taken out of the pool
+        _calls(instance)
+        assert _sessions(dagster_storage_url).isdisjoint(kept)
