@@ -80,11 +80,11 @@ def write_batch(
     whole.
     """
     ids = [str(i) for i in candidate_ids]  # a selection stored by an older version held UUIDs
-    if held is not None and [r.reminder.reminder_id for r in held] == ids:
+    if held is not None and [r.reminder_id for r in held] == ids:
         locked = list(held)
     else:
         locked = repository.lock_candidates(conn, ids, as_of, reserved_by)
-    taken = {r.reminder.reminder_id for r in locked}
+    taken = {r.reminder_id for r in locked}
     missing = [i for i in ids if i not in taken]
     outcome = write_locked_rows(conn, locked, as_of, run_id=run_id, now=now, writer=writer)
     outcome.selected = len(ids)
@@ -114,41 +114,38 @@ def write_locked_rows(
     outcome = BatchOutcome(selected=len(locked))
     writes: list[tuple[str, str | None]] = []
     poison: list[tuple[repository.LockedRow, str]] = []
+    fallbacks: list[repository.LockedRow] = []
     for row in locked:
-        reminder = row.reminder
-        decided = verdict(
-            reminder.event_status, None if row.payload is None else orjson.loads(row.payload)
-        )
+        payload = row.payload
+        decided = verdict(row.event_status, None if payload is None else orjson.loads(payload))
         if decided.verdict is Verdict.POISON:
             poison.append((row, decided.error or ""))
             continue
         if decided.verdict is Verdict.SKIP:
-            writes.append((reminder.reminder_id, None))
+            writes.append((row.reminder_id, None))
             continue
-        text = row.payload
         if decided.verdict is Verdict.SEND_FALLBACK_ZONE:
-            text = orjson.dumps(decided.payload).decode()
-            outcome.time_zone_fallbacks.append(reminder)
-        writes.append((reminder.reminder_id, text))
-    written = _write(conn, as_of, writes, headers, run_id, writer, now, poison, locked)
+            payload = orjson.dumps(decided.payload).decode()
+            fallbacks.append(row)
+        writes.append((row.reminder_id, payload))
+    restated = [r.reminder_id for r in fallbacks]
+    written = _write(conn, as_of, writes, headers, run_id, writer, now, poison, locked, restated)
     for row in locked:
-        moved = written.get(row.reminder.reminder_id)
+        moved = written.get(row.reminder_id)
         if moved is None:
             continue
-        if moved.status is not ReminderStatus.SENT:
-            outcome.skipped.append(row.reminder)
+        if moved.status != ReminderStatus.SENT:
+            outcome.skipped.append(row)
             continue
-        outcome.sent.append(row.reminder)
+        outcome.sent.append(row)
         outcome.lateness.observe(moved.lateness_seconds)
-        outcome.messages.append(_message(row.reminder.event_id, moved, headers))
-    poisoned = {p.reminder.reminder_id for p, _ in poison}
-    outcome.time_zone_fallbacks = [
-        r for r in outcome.time_zone_fallbacks if r.reminder_id not in poisoned
-    ]
+        # The stored text is the text the read returned, unless the cycle changed the payload.
+        text = moved.payload if moved.payload is not None else row.payload
+        outcome.messages.append(_message(row.event_id, moved, text or "", headers))
+    outcome.time_zone_fallbacks = [r.reminder for r in fallbacks if r.reminder_id in written]
     outcome.outbox_rows = len(outcome.messages)
     outcome.poison = [
-        PoisonRow(r.reminder.reminder_id, r.reminder.event_id, r.reminder.tenant_id, error)
-        for r, error in poison
+        PoisonRow(r.reminder_id, r.event_id, r.tenant_id, error) for r, error in poison
     ]
     repository.record_poison(conn, outcome.poison, now)
     return outcome
@@ -164,6 +161,7 @@ def _write(
     now: datetime | None,
     poison: list[tuple[repository.LockedRow, str]],
     locked: Sequence[repository.LockedRow],
+    restated: Sequence[str],
 ) -> dict[str, repository.WrittenRow]:
     """The batch's one write; rows the database refuses (class 22/23) are found row by row,
     added to ``poison`` and left out."""
@@ -177,22 +175,20 @@ def _write(
             headers=headers,
             moved_by=writer,
             moved_in_run=run_id,
+            restated=restated,
             now=now,
         )
 
     if not writes:
         return {}
-    savepoint = conn.begin_nested()
+    repository.set_savepoint(conn)  # left set when the write succeeds: COMMIT ends it
     try:
-        written = write(writes)
+        return write(writes)
     except sa.exc.DBAPIError as error:
-        savepoint.rollback()
         if repository.data_error(error) is None:
             raise
-    else:
-        savepoint.commit()
-        return written
-    by_id = {r.reminder.reminder_id: r for r in locked}
+        repository.roll_back_to_savepoint(conn)
+    by_id = {r.reminder_id: r for r in locked}
     refused: set[str] = set()
     for one in writes:
         alone = conn.begin_nested()
@@ -214,13 +210,15 @@ def _headers(run_id: str | None) -> dict[str, str]:
     return message_headers("", run_id, tracing.trace_headers())
 
 
-def _message(event_id: str, row: repository.WrittenRow, headers: dict[str, str]) -> ClaimedMessage:
-    """A written row's outbox message as the relay publishes it."""
+def _message(
+    event_id: str, row: repository.WrittenRow, payload: str, headers: dict[str, str]
+) -> ClaimedMessage:
+    """A written row's outbox message as the relay publishes it (``payload``: its stored text)."""
     return ClaimedMessage(
         row.outbox_id or 0,
         contract.TOPIC,
         event_id,
-        row.payload or "",
+        payload,
         {**headers, contract.HEADER_REMINDER_ID: row.reminder_id},
     )
 

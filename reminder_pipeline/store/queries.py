@@ -226,13 +226,17 @@ COUNT_STILL_PENDING = text(
 # :moved_by and :moved_in_run, for the trace. Nothing is read from the event again: the decision
 # was made on what the lock read.
 # SentAt is the database's clock (now(): this transaction's start; :now only pins it in tests),
-# never before AsOf, so lateness is never negative. The outbox insert is fed from the UPDATE's
-# RETURNING, so a row that was no longer Pending produces no message, and the unique index on
-# outbox.reminder_id makes a second message for a reminder impossible (INV-REM-2). It returns
-# one row per reminder that moved (``moved``: its status and lateness, no timestamps to parse)
-# and one row per outbox row written (``stored``: its outbox id and the payload as stored), each
-# named in ``row_kind``: two row sets, not a join of the two CTEs, whose row estimates of 1 made
-# the planner pick a nested loop of 1,000 x 1,000.
+# never before AsOf, so lateness is never negative; one value for the whole batch (``clock``).
+# The outbox insert is fed from the UPDATE's RETURNING, so a row that was no longer Pending
+# produces no message, and the unique index on outbox.reminder_id makes a second message for a
+# reminder impossible (INV-REM-2). It returns one row per reminder that moved, named: a Sent
+# row's outbox id and lateness (SentAt - DueAt, the outbox row's DueAt being the reminder's;
+# NULL for an infinite DueAt), a Skipped row's status alone. The stored text of a payload comes
+# back only for the rows in :restated (the ones the cycle changed, a fallback zone's): every
+# other payload is stored as the read returned it, and the text of a jsonb is the same on the
+# way back (the cycle hands the relay the text it read; the property test holds the two equal).
+# Two row sets, not a join of the two CTEs, whose row estimates of 1 made the planner pick a
+# nested loop of 1,000 x 1,000.
 WRITE_VERDICTS = text(
     """
     WITH verdict AS (
@@ -240,12 +244,14 @@ WRITE_VERDICTS = text(
                v.value AS payload
           FROM jsonb_each(CAST(:verdicts AS jsonb)) AS v
     ),
+    clock AS (
+        SELECT GREATEST(COALESCE(CAST(:now AS timestamptz), now()),
+                        CAST(:as_of AS timestamptz)) AS sent_at
+    ),
     moved AS (
         UPDATE event_reminders r
            SET status = CASE WHEN v.send THEN 'Sent' ELSE 'Skipped' END,
-               sent_at = CASE WHEN v.send
-                              THEN GREATEST(COALESCE(CAST(:now AS timestamptz), now()),
-                                            CAST(:as_of AS timestamptz)) END,
+               sent_at = CASE WHEN v.send THEN (SELECT sent_at FROM clock) END,
                updated_at = now(),
                last_error = NULL,
                next_attempt_at = NULL,
@@ -257,7 +263,7 @@ WRITE_VERDICTS = text(
          WHERE r.id = ANY(ARRAY(SELECT id FROM verdict))
            AND v.id = r.id
            AND r.status = 'Pending'
-        RETURNING r.id, r.status, r.sent_at, r.due_at, v.payload
+        RETURNING r.id, r.status, r.due_at, v.payload
     ),
     published AS (
         INSERT INTO outbox (topic, message_key, payload, headers, reminder_id, due_at)
@@ -268,17 +274,28 @@ WRITE_VERDICTS = text(
           FROM moved m
          WHERE m.status = 'Sent'
          ORDER BY m.due_at, m.id
-        RETURNING id, reminder_id, CAST(payload AS text) AS payload
+        RETURNING id, reminder_id, due_at,
+                  CASE WHEN reminder_id = ANY(CAST(:restated AS uuid[]))
+                       THEN CAST(payload AS text) END AS payload
     )
-    SELECT 'moved' AS row_kind, CAST(m.id AS text) AS reminder_id, m.status,
-           CAST(EXTRACT(EPOCH FROM (m.sent_at - m.due_at)) AS float8) AS lateness_seconds,
-           CAST(NULL AS bigint) AS outbox_id, CAST(NULL AS text) AS payload
-      FROM moved m
-    UNION ALL
-    SELECT 'stored', CAST(o.reminder_id AS text), NULL, NULL, o.id, o.payload
+    SELECT CAST(o.reminder_id AS text) AS reminder_id, 'Sent' AS status, o.id AS outbox_id,
+           CASE WHEN isfinite(o.due_at)
+                THEN CAST(EXTRACT(EPOCH FROM ((SELECT sent_at FROM clock) - o.due_at)) AS float8)
+           END AS lateness_seconds,
+           o.payload
       FROM published o
+    UNION ALL
+    SELECT CAST(m.id AS text), m.status, NULL, NULL, NULL
+      FROM moved m
+     WHERE m.status <> 'Sent'
     """
 )
+
+# The savepoint a batch's write runs in: when the database refuses the write for a row's data,
+# the transaction goes back to it and each row is tried alone (docs/design.md). Set and left set:
+# the transaction's COMMIT ends it (one round trip a batch, not a SAVEPOINT and a RELEASE).
+SET_BATCH_SAVEPOINT = "SAVEPOINT batch_write"
+ROLL_BACK_TO_BATCH_SAVEPOINT = "ROLLBACK TO SAVEPOINT batch_write"
 
 # A poison row stays Pending (docs/design.md) but backs off exponentially, so a head of poison rows
 # can never starve the healthy rows behind it: 30 s, 60 s, 120 s, ... capped at :cap_seconds.

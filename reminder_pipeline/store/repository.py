@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import math
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
 from operator import itemgetter
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 import sqlalchemy as sa
@@ -24,19 +23,39 @@ from ..domain.model import (
 from . import queries
 from .tables import calendar_events, event_reminders
 
-_STATUS = {s.value: s for s in ReminderStatus}
-
 POISON_BACKOFF_BASE_SECONDS = 30
 POISON_BACKOFF_CAP_SECONDS = 3600
 
 
-@dataclass(frozen=True, slots=True)
-class LockedRow:
-    """A due row this transaction locked and read once, with the payload built from it (None
-    only when the row could not be read into one, which never happens for a row taken)."""
+class LockedRow(NamedTuple):
+    """A due row this transaction locked and read once: its :class:`DueReminder` fields, then
+    the payload the database built from it (None only when the row could not be read into one,
+    which never happens for a row taken).
 
-    reminder: DueReminder
+    Each field is read from the column of its name (:func:`_by_name`); a tuple, because a batch
+    reads 1,000 rows and a field of a tuple is read at the cost of an index, where a row's
+    column by name costs ten times that. Its :class:`DueReminder` is built when asked for.
+    """
+
+    reminder_id: str
+    event_id: str
+    tenant_id: str
+    owner_user_id: str
+    client_user_id: str | None
+    appointment_id: str | None
+    kind: str
+    event_status: str
+    start_at: datetime
+    time_zone: str
+    offset_minutes: int
+    due_at: datetime
+    attempts: int
     payload: str | None
+
+    @property
+    def reminder(self) -> DueReminder:
+        """The row as a :class:`DueReminder`, field by field."""
+        return DueReminder(**{name: getattr(self, name) for name in DUE_FIELDS})
 
 
 @dataclass(frozen=True)
@@ -60,17 +79,18 @@ def _by_name(
     result: sa.CursorResult[Any], names: Sequence[str]
 ) -> Callable[[Any], tuple[Any, ...]]:
     """The named columns of a result's rows, as a tuple in ``names``' order (looked up by name
-    once per result, then read without a mapping per row: a batch reads 1,000 rows)."""
+    once per result, then read by index: a batch reads 1,000 rows)."""
     where = {name: i for i, name in enumerate(result.keys())}
     get = itemgetter(*(where[name] for name in names))
-    return lambda row: get(tuple(row))
+    return lambda row: get(row)
 
 
 def _locked_rows(result: sa.CursorResult[Any]) -> tuple[list[LockedRow], Sequence[Any]]:
     """The due rows of a lock-and-read statement, and its raw rows (for the counts they carry)."""
-    due = _by_name(result, DUE_FIELDS)
+    locked = _by_name(result, LockedRow._fields)
     rows = result.all()
-    return [LockedRow(DueReminder(*due(r)), r.payload) for r in rows if r.reminder_id], rows
+    make = LockedRow._make
+    return [make(locked(r)) for r in rows if r[0] is not None], rows
 
 
 def select_due_for_update_skip_locked(
@@ -134,14 +154,6 @@ def count_still_pending(conn: Connection, ids: Iterable[str]) -> int:
     return int(conn.execute(queries.COUNT_STILL_PENDING, {"ids": ids}).scalar_one())
 
 
-def _finite(value: Any) -> float | None:
-    """A float, or None for NULL and for the infinities of an infinite due_at."""
-    if value is None:
-        return None
-    number = float(value)
-    return number if math.isfinite(number) else None
-
-
 # SQLSTATE classes that belong to a row's data, not to the infrastructure: the only refusals a
 # batch's write finds row by row (each row written alone, rolled back), so that only the
 # offending row is left out.
@@ -154,16 +166,27 @@ def data_error(error: sa.exc.DBAPIError) -> str | None:
     return sqlstate if sqlstate[:2] in _DATA_ERROR_CLASSES else None
 
 
-@dataclass(slots=True)
-class WrittenRow:
-    """One reminder a batch's write moved out of Pending, with its outbox row if Sent."""
+def set_savepoint(conn: Connection) -> None:
+    """Set the savepoint a batch's write runs in (queries.SET_BATCH_SAVEPOINT)."""
+    conn.exec_driver_sql(queries.SET_BATCH_SAVEPOINT)
+
+
+def roll_back_to_savepoint(conn: Connection) -> None:
+    """Undo what the transaction did since :func:`set_savepoint` (a refused write)."""
+    conn.exec_driver_sql(queries.ROLL_BACK_TO_BATCH_SAVEPOINT)
+
+
+class WrittenRow(NamedTuple):
+    """One reminder a batch's write moved out of Pending, with its outbox row if Sent (read by
+    column name, like :class:`LockedRow`)."""
 
     reminder_id: str
-    status: ReminderStatus
+    status: str
     lateness_seconds: float | None
-    outbox_id: int | None = None
-    #: The message as stored (the relay's text of it).
-    payload: str | None = None
+    outbox_id: int | None
+    #: The message as stored, for the rows the write was asked to restate (None for the others:
+    #: their stored text is the text the read returned).
+    payload: str | None
 
 
 def write_verdicts(
@@ -175,12 +198,14 @@ def write_verdicts(
     headers: dict[str, str],
     moved_by: str,
     moved_in_run: str | None,
+    restated: Sequence[str] = (),
     now: datetime | None = None,
 ) -> dict[str, WrittenRow]:
     """Write a batch's verdicts in one statement (WRITE_VERDICTS): ``verdicts`` are (reminder id,
     payload) of rows this transaction holds locked, a payload for a send, None for a skip. Each
-    moved row records ``moved_by`` (the writer) and ``moved_in_run`` (its run id). Returns the
-    rows that moved, by reminder id. Errors propagate (:func:`data_error`)."""
+    moved row records ``moved_by`` (the writer) and ``moved_in_run`` (its run id). ``restated``:
+    the sends whose stored text comes back (payloads the caller changed). Returns the rows that
+    moved, by reminder id. Errors propagate (:func:`data_error`)."""
     # The payloads are JSON text already (the database's, or orjson's for a fallback zone): the
     # object is joined, not encoded again. Ids are uuids' canonical text: nothing to escape.
     document = ",".join(f'"{reminder_id}":{payload or "null"}' for reminder_id, payload in verdicts)
@@ -194,21 +219,12 @@ def write_verdicts(
             "headers": orjson.dumps(headers).decode(),
             "moved_by": moved_by,
             "moved_in_run": moved_in_run,
+            "restated": list(restated),
         },
     )
-    written: dict[str, WrittenRow] = {}
-    stored = []
-    for row in result:
-        if row.row_kind == "moved":
-            written[row.reminder_id] = WrittenRow(
-                row.reminder_id, _STATUS[row.status], _finite(row.lateness_seconds)
-            )
-        else:
-            stored.append(row)
-    for row in stored:
-        written[row.reminder_id].outbox_id = row.outbox_id
-        written[row.reminder_id].payload = row.payload
-    return written
+    written = _by_name(result, WrittenRow._fields)
+    make = WrittenRow._make
+    return {w.reminder_id: w for w in (make(written(r)) for r in result.all())}
 
 
 def record_poison(

@@ -96,6 +96,17 @@ def _outbox(engine: sa.Engine) -> dict[str, tuple[dict, dict]]:
     return {r.r: (r.payload, r.headers) for r in stored}
 
 
+def _stored_texts(engine: sa.Engine) -> dict[str, str]:
+    """Each outbox row's payload as the relay reads it (its text)."""
+    with engine.connect() as conn:
+        stored = conn.execute(
+            sa.text(
+                "SELECT CAST(reminder_id AS text) AS r, CAST(payload AS text) AS stored FROM outbox"
+            )
+        ).all()
+    return {r.r: r.stored for r in stored}
+
+
 def _ids(items) -> set[str]:
     return {r.reminder_id for r in items}
 
@@ -130,11 +141,14 @@ def test_the_batch_decides_and_writes_exactly_what_the_oracle_plans(engine, batc
         payload, headers = stored[reminder.reminder_id]
         assert payload == message.payload
         assert headers == message.headers
-    # The messages handed to the relay are the stored rows, oldest first.
+    # The messages handed to the relay are the stored rows, oldest first, each the very text the
+    # relay would read from the outbox (a re-publish sends the same bytes).
     assert [m.headers["reminder-id"] for m in outcome.messages] == [
         r.reminder_id for r in outcome.sent
     ]
+    texts = _stored_texts(engine)
     for message, sent in zip(outcome.messages, outcome.sent, strict=True):
+        assert message.payload == texts[sent.reminder_id]
         assert json.loads(message.payload) == stored[sent.reminder_id][0]
         assert message.message_key == sent.event_id
     with engine.connect() as conn:
@@ -212,6 +226,9 @@ def test_a_batch_with_a_non_canonical_zone_sends_it_with_the_fallback_zone(engin
     assert len(stored) == 4
     assert stored[odd][0]["TimeZone"] == "UTC"
     assert {stored[g][0]["TimeZone"] for g in good} == {"Europe/Moscow"}
+    texts = _stored_texts(engine)
+    for message in outcome.messages:
+        assert message.payload == texts[message.headers["reminder-id"]]
     [message] = [m for m in outcome.messages if m.headers["reminder-id"] == odd]
     assert json.loads(message.payload) == stored[odd][0]
 
