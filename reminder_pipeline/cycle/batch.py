@@ -115,32 +115,34 @@ def write_locked_rows(
     writes: list[tuple[str, str | None]] = []
     poison: list[tuple[repository.LockedRow, str]] = []
     fallbacks: list[repository.LockedRow] = []
+    loads = orjson.loads
     for row in locked:
         payload = row.payload
-        decided = verdict(row.event_status, None if payload is None else orjson.loads(payload))
-        if decided.verdict is Verdict.POISON:
-            poison.append((row, decided.error or ""))
-            continue
-        if decided.verdict is Verdict.SKIP:
+        decided = verdict(row.event_status, None if payload is None else loads(payload))
+        chosen = decided.verdict
+        if chosen is Verdict.SEND:
+            writes.append((row.reminder_id, payload))
+        elif chosen is Verdict.SKIP:
             writes.append((row.reminder_id, None))
-            continue
-        if decided.verdict is Verdict.SEND_FALLBACK_ZONE:
-            payload = orjson.dumps(decided.payload).decode()
+        elif chosen is Verdict.SEND_FALLBACK_ZONE:
+            writes.append((row.reminder_id, orjson.dumps(decided.payload).decode()))
             fallbacks.append(row)
-        writes.append((row.reminder_id, payload))
+        else:
+            poison.append((row, decided.error or ""))
     restated = [r.reminder_id for r in fallbacks]
     written = _write(conn, as_of, writes, headers, run_id, writer, now, poison, locked, restated)
+    sent = ReminderStatus.SENT
     for row in locked:
         moved = written.get(row.reminder_id)
         if moved is None:
             continue
-        if moved.status != ReminderStatus.SENT:
+        if moved.status != sent:
             outcome.skipped.append(row)
             continue
         outcome.sent.append(row)
         outcome.lateness.observe(moved.lateness_seconds)
         # The stored text is the text the read returned, unless the cycle changed the payload.
-        text = moved.payload if moved.payload is not None else row.payload
+        text = row.payload if moved.payload is None else moved.payload
         outcome.messages.append(_message(row.event_id, moved, text or "", headers))
     outcome.time_zone_fallbacks = [r.reminder for r in fallbacks if r.reminder_id in written]
     outcome.outbox_rows = len(outcome.messages)

@@ -37,7 +37,8 @@ class Verdict(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class RowVerdict:
-    """A row's verdict; the payload to send (a send's), or why the row is poison (one line)."""
+    """A row's verdict; the payload to send when it is not the one read (a fallback zone's), or
+    why the row is poison (one line)."""
 
     verdict: Verdict
     payload: dict[str, Any] | None = None
@@ -45,24 +46,25 @@ class RowVerdict:
 
 
 SKIP = RowVerdict(Verdict.SKIP)
+#: A send of the payload as read (a verdict given to most rows of a batch: one object for all).
+SEND = RowVerdict(Verdict.SEND)
 
 
 def verdict(event_status: str | None, payload: object) -> RowVerdict:
     """The verdict on a row read under its lock: its event's status and the payload built from it
-    (the parsed JSON; a fallback zone is set in a copy)."""
+    (the parsed JSON; a fallback zone is set in a copy, the verdict's payload)."""
     if action_for(event_status) is Action.SKIP:
         return SKIP
     if not isinstance(payload, dict):
         return RowVerdict(Verdict.POISON, error="breaks the contract: payload: is not an object")
-    chosen = Verdict.SEND
-    if not time_zones.is_canonical(payload.get("TimeZone")):
+    canonical = time_zones.is_canonical(payload.get("TimeZone"))
+    if not canonical:
         payload = {**payload, "TimeZone": time_zones.FALLBACK_ZONE}
-        chosen = Verdict.SEND_FALLBACK_ZONE
     try:
         contract.validate(payload)
     except contract.ContractViolation as violation:
         return RowVerdict(Verdict.POISON, error=f"breaks the contract: {violation}")
-    return RowVerdict(chosen, payload)
+    return SEND if canonical else RowVerdict(Verdict.SEND_FALLBACK_ZONE, payload)
 
 
 def message_headers(
