@@ -90,7 +90,9 @@ def _locked_rows(result: sa.CursorResult[Any]) -> tuple[list[LockedRow], Sequenc
     locked = _by_name(result, LockedRow._fields)
     rows = result.all()
     make = LockedRow._make
-    return [make(locked(r)) for r in rows if r[0] is not None], rows
+    # A batch that locked nothing still returns one row, for its count of rows held elsewhere.
+    read = [make(locked(r)) for r in rows]
+    return [r for r in read if r.reminder_id is not None], rows
 
 
 def select_due_for_update_skip_locked(
