@@ -35,6 +35,9 @@ CYCLE_MAX_BATCHES = MAX_BATCHES
 #: The variable both the schedule and ``reminder-pipeline dispatch`` read for ``max_batches``.
 CYCLE_MAX_BATCHES_ENV = "REMINDER_DISPATCH_MAX_BATCHES"
 DEFAULT_CYCLE_BUDGET_SECONDS = 30.0
+#: The batches a cycle started in code without ``max_batches`` writes: the design's literal
+#: one-batch cycle (the schedule and the CLI pass CYCLE_MAX_BATCHES).
+DEFAULT_MAX_BATCHES = 1
 MIN_BUDGET_SECONDS = 1.0
 #: The widest time budget anything accepts (the CLI); each Dagster job narrows it with ``high``.
 MAX_BUDGET_SECONDS = 600.0

@@ -14,17 +14,17 @@ relay_outbox`` (the op names). Each is one plain call here, taking and returning
   (``cycle completed``, the metrics ledger);
 * :func:`run_cycle` - all of it in one process (CLI, demo, tests).
 
-Underneath, one batch in the caller's transaction (:mod:`.batch`), every batch written by the
-same statement (decision and payload in SQL, each payload checked against the contract before
-the commit): :func:`lock_due_batch` (``FOR UPDATE SKIP LOCKED``), :func:`write_batch` (lock
-again, re-read, decide, write), :func:`dispatch_batch` (a drain's batch: selection and write in
-one statement, in one transaction, logged after commit); and :func:`drain` (:mod:`.drain`),
-batch after batch. :func:`decide_batch` is the decision described in Python (pure).
+Underneath, one batch in the caller's transaction (:mod:`.batch`), every batch by one route
+(rows locked and read once with the payload SQL builds, each row's verdict decided in Python,
+one write): :func:`lock_due_batch` (``FOR UPDATE SKIP LOCKED``), :func:`write_batch` (lock and
+read the candidates, decide, write), :func:`dispatch_batch` (a drain's batch: the due rows
+locked, decided and written in one transaction, logged after commit); and :func:`drain`
+(:mod:`.drain`), batch after batch.
 """
 
 from ..domain.writers import WRITER_DAGSTER, WRITER_IN_PROCESS, cli_writer
 from ..observability.ledger import CLOCK_SKEW_WARN_SECONDS
-from .batch import decide_batch, dispatch_batch, lock_due_batch, report_batch, write_batch
+from .batch import dispatch_batch, lock_due_batch, report_batch, write_batch
 from .clock import (
     as_of_or_now,
     check_as_of_on_database,
@@ -74,7 +74,6 @@ __all__ = [
     "check_as_of_on_database",
     "cli_writer",
     "database_now",
-    "decide_batch",
     "dispatch_batch",
     "drain",
     "fail",

@@ -8,6 +8,7 @@ from datetime import datetime
 
 from sqlalchemy.engine import Engine
 
+from ..config import DEFAULT_CYCLE_BUDGET_SECONDS, DEFAULT_MAX_BATCHES
 from ..domain.model import (
     CycleCounts,
 )
@@ -32,9 +33,9 @@ def drain(
     as_of: datetime,
     batch_size: int,
     *,
-    max_batches: int = 1,
-    budget_seconds: float = 30.0,
-    correlation_id: str | None = None,
+    max_batches: int = DEFAULT_MAX_BATCHES,
+    budget_seconds: float = DEFAULT_CYCLE_BUDGET_SECONDS,
+    run_id: str | None = None,
     publisher: Publisher | None = None,
     started: float | None = None,
     journal: Journal | None = None,
@@ -52,14 +53,14 @@ def drain(
     while the next batch is written; its result is returned. ``continuing``: the cycle already
     wrote a batch, so a first look-up that finds nothing is not counted as a batch.
     ``written`` collects the outbox rows the drain wrote (what its cycle's relay must see out).
-    ``writer``: who moves the rows (recorded on each, with ``correlation_id``; domain/writers.py).
+    ``writer``: who moves the rows (recorded on each, with ``run_id``; domain/writers.py).
     """
     journal = journal or Journal()
     started = time.time() if started is None else started
     counts = CycleCounts()
     relay = None
     if publisher is not None and max_batches > 1:
-        relay = OutboxRelay(engine, publisher, run_id=correlation_id)
+        relay = OutboxRelay(engine, publisher, run_id=run_id)
         relay.start(
             deadline=time.monotonic() + max(started + budget_seconds - time.time(), 1.0),
             max_queued=max(2, RELAY_QUEUE_ROWS // batch_size),
@@ -71,7 +72,7 @@ def drain(
                     engine,
                     as_of,
                     batch_size,
-                    correlation_id=correlation_id,
+                    run_id=run_id,
                     journal=journal,
                     writer=writer,
                 )
@@ -92,7 +93,7 @@ def drain(
                     journal.event(
                         logging.WARNING,
                         "cycle budget spent; the rest waits for the next cycle",
-                        run_id=correlation_id,
+                        run_id=run_id,
                         budget_seconds=budget_seconds,
                     )
                     break

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from typing import Any, Protocol
 
+from ..config import DEFAULT_CYCLE_BUDGET_SECONDS, DEFAULT_MAX_BATCHES
 from ..domain.lateness import Lateness
 from ..domain.model import (
     ClaimedMessage,
@@ -17,6 +18,7 @@ from ..domain.model import (
 )
 from ..messaging.relay import OutboxSpans, RelayResult
 from ..observability.ledger import CLOCK_SKEW_WARN_SECONDS
+from ..store.repository import LockedRow
 
 #: What a batch progress callback receives: the cycle's counts so far.
 Progress = Callable[[CycleCounts], None]
@@ -29,8 +31,8 @@ class Cycle:
     run_id: str
     as_of: datetime
     batch_size: int
-    max_batches: int = 1
-    budget_seconds: float = 30.0
+    max_batches: int = DEFAULT_MAX_BATCHES
+    budget_seconds: float = DEFAULT_CYCLE_BUDGET_SECONDS
     started_at: float = field(default_factory=time.time)
     #: How far the starting host's clock was ahead of the database's (seconds; + = fast).
     clock_skew_seconds: float = 0.0
@@ -144,17 +146,23 @@ class CycleReport:
 
 @dataclass(frozen=True)
 class Selection:
-    """A batch's selection in the caller's transaction: the candidates, oldest first, locked."""
+    """A batch's selection in the caller's transaction: the candidates, oldest first, locked and
+    read once (each with its payload)."""
 
     as_of: datetime
     batch_size: int
-    candidates: list[DueReminder]
+    rows: list[LockedRow]
     skipped_locked: int = 0
+
+    @property
+    def candidates(self) -> list[DueReminder]:
+        """The candidates as read under their lock, oldest first."""
+        return [r.reminder for r in self.rows]
 
     @property
     def ids(self) -> list[str]:
         """Candidate reminder ids, oldest first."""
-        return [c.reminder_id for c in self.candidates]
+        return [r.reminder.reminder_id for r in self.rows]
 
 
 class Moved(Protocol):
@@ -174,7 +182,7 @@ class Moved(Protocol):
 
 @dataclass
 class BatchOutcome:
-    """What :func:`write_batch` (or :func:`write_due_batch`) wrote for one batch."""
+    """What one batch's write (:func:`~reminder_pipeline.cycle.batch.write_locked_rows`) did."""
 
     sent: list[Moved] = field(default_factory=list)
     skipped: list[Moved] = field(default_factory=list)

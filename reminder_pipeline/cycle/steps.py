@@ -10,10 +10,9 @@ from datetime import datetime
 
 from sqlalchemy.engine import Engine
 
-from ..domain.model import (
-    CycleCounts,
-)
-from ..domain.transitions import LIVE_EVENT_STATUSES
+from ..config import DEFAULT_BATCH_SIZE, DEFAULT_CYCLE_BUDGET_SECONDS, DEFAULT_MAX_BATCHES
+from ..domain.model import Action, CycleCounts
+from ..domain.transitions import action_for
 from ..domain.writers import WRITER_DAGSTER, WRITER_IN_PROCESS
 from ..logs import Journal
 from ..messaging.relay import OutboxSpans, Publisher, RelayResult, publish_rows
@@ -40,8 +39,8 @@ def start(
     engine: Engine,
     as_of: datetime | None = None,
     batch_size: int,
-    max_batches: int = 1,
-    budget_seconds: float = 30.0,
+    max_batches: int = DEFAULT_MAX_BATCHES,
+    budget_seconds: float = DEFAULT_CYCLE_BUDGET_SECONDS,
     journal: Journal | None = None,
 ) -> Cycle:
     """A new cycle on the database's clock, read once: AsOf defaults to it and is never after it.
@@ -96,12 +95,14 @@ def reserve(
 
 def preview(engine: Engine, ids: Sequence[str]) -> Decisions:
     """Step 2: send or skip for each selected row, on its event status read without a lock (the
-    batch statement's rule; a row gone since is a skip)."""
+    cycle's rule, :func:`~reminder_pipeline.domain.transitions.action_for`; a row gone since is a
+    skip)."""
     with engine.connect() as conn:
-        sends = repository.preview_decisions(conn, ids, LIVE_EVENT_STATUSES)
+        statuses = repository.preview_event_statuses(conn, ids)
     decided = Decisions([], [])
     for reminder_id in ids:
-        (decided.send if sends.get(reminder_id) else decided.skip).append(reminder_id)
+        send = reminder_id in statuses and action_for(statuses[reminder_id]) is Action.SEND
+        (decided.send if send else decided.skip).append(reminder_id)
     return decided
 
 
@@ -138,7 +139,7 @@ def write(
                     conn,
                     ids,
                     cycle.as_of,
-                    correlation_id=run_id,
+                    run_id=run_id,
                     reserved_by=cycle.run_id,
                     writer=writer,
                 )
@@ -166,7 +167,7 @@ def write(
                 cycle.batch_size,
                 max_batches=cycle.max_batches - 1,
                 budget_seconds=cycle.budget_seconds,
-                correlation_id=run_id,
+                run_id=run_id,
                 publisher=publisher,
                 started=started,
                 journal=journal,
@@ -316,9 +317,9 @@ def run_cycle(
     publisher: Publisher | None,
     *,
     as_of: datetime | None = None,
-    batch_size: int = 200,
-    max_batches: int = 1,
-    budget_seconds: float = 30.0,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    max_batches: int = DEFAULT_MAX_BATCHES,
+    budget_seconds: float = DEFAULT_CYCLE_BUDGET_SECONDS,
     run_id: str | None = None,
     journal: Journal | None = None,
     progress: Progress | None = None,
@@ -351,7 +352,7 @@ def run_cycle(
                 batch_size,
                 max_batches=max_batches,
                 budget_seconds=budget_seconds,
-                correlation_id=cycle.run_id,
+                run_id=cycle.run_id,
                 publisher=publisher,
                 started=cycle.started_at,
                 journal=journal,

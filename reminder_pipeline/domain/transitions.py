@@ -1,8 +1,8 @@
-"""The allowed reminder transitions and the per-row decision of the dispatcher."""
+"""The allowed reminder transitions and the send/skip rule of the dispatcher (its one home)."""
 
 from __future__ import annotations
 
-from .model import Action, Decision, DueReminder, EventStatus, ReminderStatus
+from .model import Action, EventStatus, ReminderStatus
 
 #: Every transition a reminder row may make; Sent and Skipped are terminal (INV-REM-2).
 ALLOWED_TRANSITIONS: frozenset[tuple[ReminderStatus, ReminderStatus]] = frozenset(
@@ -34,13 +34,3 @@ def action_for(event_status: str | None) -> Action:
     not understand is worse than not sending it.
     """
     return Action.SEND if event_status in LIVE_EVENT_STATUSES else Action.SKIP
-
-
-def decide(reminder: DueReminder) -> Decision:
-    """:func:`action_for` the row's event status."""
-    return Decision(reminder=reminder, action=action_for(reminder.event_status))
-
-
-def decide_all(reminders: list[DueReminder]) -> list[Decision]:
-    """:func:`decide` over a batch, keeping its order."""
-    return [decide(r) for r in reminders]

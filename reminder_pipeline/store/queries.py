@@ -94,9 +94,27 @@ _DUE_NAMES = ", ".join(
     )
 )
 
+# The payload of contract v1 built from a locked due row {p} (the _DUE_COLUMNS names): the one
+# implementation of the message (the tests' oracle, reminder_pipeline_tests/oracle.py, describes
+# it in Python and a property test holds the two equal). Ids as canonical text, StartAt in UTC
+# with a Z and microseconds only when present (NULL when out of Python's range: the row is
+# poison), OffsetMinutes a number, TimeZone the event's as stored: the cycle decides, from this
+# payload, whether it is sent as is, with the fallback zone, or is poison (docs/design.md).
+_PAYLOAD = """
+    CASE WHEN {p}.reminder_id IS NOT NULL THEN CAST(jsonb_build_object(
+        'ReminderId', {p}.reminder_id, 'EventId', {p}.event_id, 'TenantId', {p}.tenant_id,
+        'OwnerUserId', {p}.owner_user_id, 'ClientUserId', {p}.client_user_id, 'Kind', {p}.kind,
+        'StartAt', to_char({p}.start_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS')
+                   || CASE WHEN date_trunc('second', {p}.start_at) = {p}.start_at THEN ''
+                           ELSE to_char({p}.start_at AT TIME ZONE 'UTC', '.US') END
+                   || 'Z',
+        'TimeZone', {p}.time_zone,
+        'OffsetMinutes', {p}.offset_minutes,
+        'AppointmentId', {p}.appointment_id) AS text) END AS payload
+"""
+
 # The due rows a batch takes, with their event's payload fields, each locked (picked), and the
-# last of a full batch (last_taken): the CTEs a batch's selection and a drain's one-statement
-# batch share.
+# last of a full batch (last_taken).
 _PICKED = f"""
     picked AS (
         SELECT {_DUE_COLUMNS}, r.due_at AS row_due_at, r.id AS row_id
@@ -109,14 +127,16 @@ _PICKED = f"""
            FOR UPDATE OF r SKIP LOCKED
     ),{_LAST_TAKEN}"""
 
-# A batch's selection (docs/design.md): due rows, oldest first, at most :batch_size, each locked
-# FOR UPDATE; rows locked by another instance (or by an event's cancel/reschedule cascade in
-# flight) are skipped without waiting, and counted. One row per taken reminder (the DueReminder
-# columns, then the count); when nothing was taken, one row of NULLs carrying the count.
+# A batch's selection (docs/design.md, "One route for a batch"): due rows, oldest first, at most
+# :batch_size, each locked FOR UPDATE and read once, with the payload built from it; rows locked
+# by another instance (or by an event's cancel/reschedule cascade in flight) are skipped without
+# waiting, and counted. One row per taken reminder (the DueReminder columns, its payload, the
+# count); when nothing was taken, one row of NULLs carrying the count.
 SELECT_DUE_FOR_UPDATE_SKIP_LOCKED = text(
     f"""
     WITH {_PICKED}
-    SELECT {_DUE_NAMES.format(t="picked")}, passed.skipped_locked
+    SELECT {_DUE_NAMES.format(t="picked")}, {_PAYLOAD.format(p="picked")},
+           passed.skipped_locked
       FROM ({_PASSED_OVER}) AS passed
       LEFT JOIN picked ON true
      ORDER BY picked.row_due_at, picked.row_id
@@ -125,7 +145,7 @@ SELECT_DUE_FOR_UPDATE_SKIP_LOCKED = text(
 
 # Step 1 as a Dagster op runs it (its own short transaction, then the write in another): the
 # same rows, reserved for the run until its write commits or :seconds pass, so concurrent runs
-# and deployments take disjoint batches. Ids only: the writing step re-reads under its lock.
+# and deployments take disjoint batches. Ids only: the writing step reads them under its lock.
 RESERVE_DUE = text(
     f"""
     WITH picked AS (
@@ -153,31 +173,36 @@ RESERVE_DUE = text(
     """
 )
 
-# The writing step's re-read: the candidates again, locked in *this* transaction, still
+# The writing step's lock and read: the candidates, locked in *this* transaction, still
 # Pending, still due, and not reserved by another run (:reserved_by is the run that selected
-# them; its own reservation does not hold it back). Its result, not the selection's, decides
-# send or skip, so a cancel that committed after the selection wins (the design's "conflict
-# resolved by re-reading").
+# them; its own reservation does not hold it back), each with its payload. Its result, not the
+# selection's, decides send or skip, so a cancel that committed after the selection wins (the
+# design's "conflict resolved by re-reading").
 LOCK_CANDIDATES_SKIP_LOCKED = text(
     f"""
-    SELECT {_DUE_COLUMNS}
-      FROM event_reminders r
-      JOIN calendar_events e ON e.id = r.calendar_event_id
-     WHERE r.id = ANY(CAST(:ids AS uuid[]))
-       AND r.status = 'Pending'
-       AND r.due_at < :as_of
-       AND (r.reserved_by = :reserved_by OR {_FREE})
-     ORDER BY r.due_at, r.id
-       FOR UPDATE OF r SKIP LOCKED
+    WITH picked AS (
+        SELECT {_DUE_COLUMNS}, r.due_at AS row_due_at, r.id AS row_id
+          FROM event_reminders r
+          JOIN calendar_events e ON e.id = r.calendar_event_id
+         WHERE r.id = ANY(CAST(:ids AS uuid[]))
+           AND r.status = 'Pending'
+           AND r.due_at < :as_of
+           AND (r.reserved_by = :reserved_by OR {_FREE})
+         ORDER BY r.due_at, r.id
+           FOR UPDATE OF r SKIP LOCKED
+    )
+    SELECT {_DUE_NAMES.format(t="picked")}, {_PAYLOAD.format(p="picked")}
+      FROM picked
+     ORDER BY picked.row_due_at, picked.row_id
     """
 )
 
-# Step 2 as a Dagster op runs it: send or skip for each selected row, on its event status read
-# without a lock, by the batch statement's rule (:live: the statuses that send). A preview: the
-# writing step decides again on what it reads under its lock.
-PREVIEW_DECISIONS = text(
+# Step 2 as a Dagster op runs it: each selected row's event status, read without a lock (the
+# cycle decides send or skip on it; a preview: the writing step decides again on what it reads
+# under its lock).
+PREVIEW_EVENT_STATUSES = text(
     """
-    SELECT CAST(r.id AS text) AS reminder_id, e.status = ANY(CAST(:live AS text[])) AS send
+    SELECT CAST(r.id AS text) AS reminder_id, e.status AS event_status
       FROM event_reminders r
       JOIN calendar_events e ON e.id = r.calendar_event_id
      WHERE r.id = ANY(CAST(:ids AS uuid[]))
@@ -192,54 +217,41 @@ COUNT_STILL_PENDING = text(
     """
 )
 
-# The payload of contract v1 built from a due row {p} (the _DUE_COLUMNS names): the one
-# implementation of the message (domain/payload.py's build_payload is its plain description, and a
-# property test holds the two equal: integration/test_one_statement_batch.py). Ids as canonical
-# text, StartAt in UTC with a Z and microseconds only when present, OffsetMinutes a number.
-# TimeZone is the event's as stored, or :fallback_zone for the rows in :utc_zone (a zone that is
-# not canonical: the caller checks every payload against the contract, and that the zone is
-# canonical, before its transaction commits, and writes the batch again with those rows named).
-_PAYLOAD = """
-    jsonb_build_object(
-        'ReminderId', {p}.reminder_id, 'EventId', {p}.event_id, 'TenantId', {p}.tenant_id,
-        'OwnerUserId', {p}.owner_user_id, 'ClientUserId', {p}.client_user_id, 'Kind', {p}.kind,
-        'StartAt', to_char({p}.start_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS')
-                   || CASE WHEN date_trunc('second', {p}.start_at) = {p}.start_at THEN ''
-                           ELSE to_char({p}.start_at AT TIME ZONE 'UTC', '.US') END
-                   || 'Z',
-        'TimeZone', CASE WHEN {p}.row_id = ANY(CAST(:utc_zone AS uuid[]))
-                         THEN CAST(:fallback_zone AS text) ELSE {p}.time_zone END,
-        'OffsetMinutes', {p}.offset_minutes,
-        'AppointmentId', {p}.appointment_id)
-"""
-
-
-# A batch's write, the one write path of step 3 (docs/design.md, "One write path: a batch is one
-# statement"): the rows the batch takes (``picked``: a drain's due selection, or the rows this
-# transaction holds), the decision on the event status read with the row under that lock (:live:
-# the statuses that send), and the write (Pending -> Sent/Skipped, one outbox row per Sent row,
-# its payload built here, its headers :headers with the row's reminder-id; each moved row records
-# its writer, :moved_by and :moved_in_run, for the trace). Rows in :exclude
-# (poison: a payload that breaks the contract, data the database refused) stay Pending and
-# locked. SentAt is the database's clock (now(): this transaction's start; :now only pins it in
-# tests), never before AsOf, so lateness is never negative. The outbox insert is fed from the
-# UPDATE's RETURNING, so a row that was no longer Pending produces no message, and the unique
-# index on outbox.reminder_id makes a second message for a reminder impossible (INV-REM-2). It
-# returns one row per reminder that moved (the ids its log lines name, its status and lateness:
-# no timestamps to parse), oldest first, then one row per outbox row written (the reminder's id,
-# the outbox id and the stored payload): two row sets, not a join of the two CTEs, whose row
-# estimates of 1 made the planner pick a nested loop of 1,000 x 1,000. Every row carries the
-# batch's counts; when nothing was taken, one row of NULLs carries them.
-def _write_batch(picked: str, counts: str) -> str:
-    return f"""
-    WITH {picked},
+# A batch's one write (docs/design.md, "One route for a batch"): the verdicts the cycle gave the
+# rows this transaction locked and read (:verdicts, one JSON object: reminder id -> the message of
+# a Sent row as checked, or null for a Skipped one; one document the server parses, where an
+# array of 1,000 payload texts cost psycopg a regex escape per payload), written as given:
+# Pending -> Sent/Skipped, one outbox row per Sent row with that payload, its key the payload's
+# EventId, its headers :headers with the row's reminder-id; each moved row records its writer,
+# :moved_by and :moved_in_run, for the trace. Nothing is read from the event again: the decision
+# was made on what the lock read.
+# SentAt is the database's clock (now(): this transaction's start; :now only pins it in tests),
+# never before AsOf, so lateness is never negative; one value for the whole batch (``clock``).
+# The outbox insert is fed from the UPDATE's RETURNING, so a row that was no longer Pending
+# produces no message, and the unique index on outbox.reminder_id makes a second message for a
+# reminder impossible (INV-REM-2). It returns one row per reminder that moved, named: a Sent
+# row's outbox id and lateness (SentAt - DueAt, the outbox row's DueAt being the reminder's;
+# NULL for an infinite DueAt), a Skipped row's status alone. The stored text of a payload comes
+# back only for the rows in :restated (the ones the cycle changed, a fallback zone's): every
+# other payload is stored as the read returned it, and the text of a jsonb is the same on the
+# way back (the cycle hands the relay the text it read; the property test holds the two equal).
+# Two row sets, not a join of the two CTEs, whose row estimates of 1 made the planner pick a
+# nested loop of 1,000 x 1,000.
+WRITE_VERDICTS = text(
+    """
+    WITH verdict AS (
+        SELECT CAST(v.key AS uuid) AS id, jsonb_typeof(v.value) = 'object' AS send,
+               v.value AS payload
+          FROM jsonb_each(CAST(:verdicts AS jsonb)) AS v
+    ),
+    clock AS (
+        SELECT GREATEST(COALESCE(CAST(:now AS timestamptz), now()),
+                        CAST(:as_of AS timestamptz)) AS sent_at
+    ),
     moved AS (
         UPDATE event_reminders r
-           SET status = CASE WHEN p.event_status = ANY(CAST(:live AS text[]))
-                             THEN 'Sent' ELSE 'Skipped' END,
-               sent_at = CASE WHEN p.event_status = ANY(CAST(:live AS text[]))
-                              THEN GREATEST(COALESCE(CAST(:now AS timestamptz), now()),
-                                            CAST(:as_of AS timestamptz)) END,
+           SET status = CASE WHEN v.send THEN 'Sent' ELSE 'Skipped' END,
+               sent_at = CASE WHEN v.send THEN (SELECT sent_at FROM clock) END,
                updated_at = now(),
                last_error = NULL,
                next_attempt_at = NULL,
@@ -247,70 +259,43 @@ def _write_batch(picked: str, counts: str) -> str:
                reserved_until = NULL,
                moved_by = :moved_by,
                moved_in_run = :moved_in_run
-          FROM picked p
-         WHERE r.id = ANY(ARRAY(SELECT row_id FROM picked))
-           AND p.row_id = r.id
+          FROM verdict v
+         WHERE r.id = ANY(ARRAY(SELECT id FROM verdict))
+           AND v.id = r.id
            AND r.status = 'Pending'
-           AND NOT (r.id = ANY(CAST(:exclude AS uuid[])))
-        RETURNING r.id, r.status, r.sent_at, r.due_at
+        RETURNING r.id, r.status, r.due_at, v.payload
     ),
     published AS (
         INSERT INTO outbox (topic, message_key, payload, headers, reminder_id, due_at)
-        SELECT :topic, p.event_id, {_PAYLOAD.format(p="p")},
-               jsonb_set(CAST(:headers AS jsonb), '{{reminder-id}}', to_jsonb(p.reminder_id)),
+        SELECT :topic, m.payload ->> 'EventId', m.payload,
+               jsonb_set(CAST(:headers AS jsonb), '{reminder-id}',
+                         to_jsonb(CAST(m.id AS text))),
                m.id, m.due_at
-          FROM moved m JOIN picked p ON p.row_id = m.id
+          FROM moved m
          WHERE m.status = 'Sent'
          ORDER BY m.due_at, m.id
-        RETURNING id, reminder_id, CAST(payload AS text) AS payload
+        RETURNING id, reminder_id, due_at,
+                  CASE WHEN reminder_id = ANY(CAST(:restated AS uuid[]))
+                       THEN CAST(payload AS text) END AS payload
     )
-    SELECT w.reminder_id, w.event_id, w.tenant_id, w.offset_minutes, w.event_status, w.status,
-           w.lateness_seconds, w.outbox_id, w.payload, counts.selected, counts.skipped_locked
-      FROM ({counts}) AS counts
-      LEFT JOIN (
-          SELECT p.reminder_id, p.event_id, p.tenant_id, p.offset_minutes, p.event_status,
-                 m.status,
-                 CAST(EXTRACT(EPOCH FROM (m.sent_at - m.due_at)) AS float8) AS lateness_seconds,
-                 CAST(NULL AS bigint) AS outbox_id, CAST(NULL AS text) AS payload,
-                 p.row_due_at, p.row_id
-            FROM picked p
-            JOIN moved m ON m.id = p.row_id
-          UNION ALL
-          SELECT CAST(o.reminder_id AS text), NULL, NULL, NULL, NULL, NULL, NULL, o.id, o.payload,
-                 NULL, NULL
-            FROM published o
-      ) AS w ON true
-     ORDER BY w.row_due_at, w.row_id, w.outbox_id
+    SELECT CAST(o.reminder_id AS text) AS reminder_id, 'Sent' AS status, o.id AS outbox_id,
+           CASE WHEN isfinite(o.due_at)
+                THEN CAST(EXTRACT(EPOCH FROM ((SELECT sent_at FROM clock) - o.due_at)) AS float8)
+           END AS lateness_seconds,
+           o.payload
+      FROM published o
+    UNION ALL
+    SELECT CAST(m.id AS text), m.status, NULL, NULL, NULL
+      FROM moved m
+     WHERE m.status <> 'Sent'
     """
-
-
-# A drain's batch: the due selection (the same rows, the same lock, the same exact
-# skipped_locked count as SELECT_DUE_FOR_UPDATE_SKIP_LOCKED) written in the same statement.
-DISPATCH_DUE_BATCH = text(
-    _write_batch(
-        _PICKED,
-        f"""SELECT (SELECT count(*) FROM picked) AS selected, passed.skipped_locked
-              FROM ({_PASSED_OVER}) AS passed""",
-    )
 )
 
-# A batch whose rows this transaction already holds (a run's reserved rows after
-# LOCK_CANDIDATES_SKIP_LOCKED, a drain's selection written again): :ids, still Pending.
-WRITE_HELD_BATCH = text(
-    _write_batch(
-        f"""
-    picked AS (
-        SELECT {_DUE_COLUMNS}, r.due_at AS row_due_at, r.id AS row_id
-          FROM event_reminders r
-          JOIN calendar_events e ON e.id = r.calendar_event_id
-         WHERE r.id = ANY(CAST(:ids AS uuid[]))
-           AND r.status = 'Pending'
-         ORDER BY r.due_at, r.id
-           FOR UPDATE OF r SKIP LOCKED
-    )""",
-        "SELECT (SELECT count(*) FROM picked) AS selected, 0 AS skipped_locked",
-    )
-)
+# The savepoint a batch's write runs in: when the database refuses the write for a row's data,
+# the transaction goes back to it and each row is tried alone (docs/design.md). Set and left set:
+# the transaction's COMMIT ends it (one round trip a batch, not a SAVEPOINT and a RELEASE).
+SET_BATCH_SAVEPOINT = "SAVEPOINT batch_write"
+ROLL_BACK_TO_BATCH_SAVEPOINT = "ROLLBACK TO SAVEPOINT batch_write"
 
 # A poison row stays Pending (docs/design.md) but backs off exponentially, so a head of poison rows
 # can never starve the healthy rows behind it: 30 s, 60 s, 120 s, ... capped at :cap_seconds.

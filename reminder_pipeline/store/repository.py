@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import math
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
-from typing import Any
+from operator import itemgetter
+from typing import Any, NamedTuple
 
 import orjson
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from ..domain import time_zones
 from ..domain.model import (
     ClaimedMessage,
     DueReminder,
@@ -24,36 +23,88 @@ from ..domain.model import (
 from . import queries
 from .tables import calendar_events, event_reminders
 
-_STATUS = {s.value: s for s in ReminderStatus}
-
 POISON_BACKOFF_BASE_SECONDS = 30
 POISON_BACKOFF_CAP_SECONDS = 3600
+
+
+class LockedRow(NamedTuple):
+    """A due row this transaction locked and read once: its :class:`DueReminder` fields, then
+    the payload the database built from it (None only when the row could not be read into one,
+    which never happens for a row taken).
+
+    Each field is read from the column of its name (:func:`_by_name`); a tuple, because a batch
+    reads 1,000 rows and a field of a tuple is read at the cost of an index, where a row's
+    column by name costs ten times that. Its :class:`DueReminder` is built when asked for.
+    """
+
+    reminder_id: str
+    event_id: str
+    tenant_id: str
+    owner_user_id: str
+    client_user_id: str | None
+    appointment_id: str | None
+    kind: str
+    event_status: str
+    start_at: datetime
+    time_zone: str
+    offset_minutes: int
+    due_at: datetime
+    attempts: int
+    payload: str | None
+
+    @property
+    def reminder(self) -> DueReminder:
+        """The row as a :class:`DueReminder`, field by field."""
+        return DueReminder(**{name: getattr(self, name) for name in DUE_FIELDS})
 
 
 @dataclass(frozen=True)
 class DueBatch:
     """Due rows locked by the caller's transaction, oldest first, and the rows others held."""
 
-    reminders: list[DueReminder]
+    rows: list[LockedRow]
     skipped_locked: int
 
+    @property
+    def reminders(self) -> list[DueReminder]:
+        """The locked rows' reminders, oldest first."""
+        return [r.reminder for r in self.rows]
 
-_DUE_FIELDS = len(fields(DueReminder))
+
+#: DueReminder's fields: the names of the columns a due row is read from.
+DUE_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(DueReminder))
+
+
+def _by_name(
+    result: sa.CursorResult[Any], names: Sequence[str]
+) -> Callable[[Any], tuple[Any, ...]]:
+    """The named columns of a result's rows, as a tuple in ``names``' order (looked up by name
+    once per result, then read by index: a batch reads 1,000 rows)."""
+    where = {name: i for i, name in enumerate(result.keys())}
+    get = itemgetter(*(where[name] for name in names))
+    return lambda row: get(row)
+
+
+def _locked_rows(result: sa.CursorResult[Any]) -> tuple[list[LockedRow], Sequence[Any]]:
+    """The due rows of a lock-and-read statement, and its raw rows (for the counts they carry)."""
+    locked = _by_name(result, LockedRow._fields)
+    rows = result.all()
+    make = LockedRow._make
+    # A batch that locked nothing still returns one row, for its count of rows held elsewhere.
+    read = [make(locked(r)) for r in rows]
+    return [r for r in read if r.reminder_id is not None], rows
 
 
 def select_due_for_update_skip_locked(
     conn: Connection, as_of: datetime, batch_size: int
 ) -> DueBatch:
-    """Lock up to ``batch_size`` due Pending rows, oldest first, skipping rows locked elsewhere.
-
-    ``queries._DUE_COLUMNS`` lists the columns in :class:`DueReminder`'s field order (a test
-    checks it), so rows map positionally; the count of rows held elsewhere is the last column.
-    """
-    rows = conn.execute(
+    """Lock and read up to ``batch_size`` due Pending rows, oldest first, with their payloads,
+    skipping rows locked elsewhere (how many: ``skipped_locked``, exact)."""
+    result = conn.execute(
         queries.SELECT_DUE_FOR_UPDATE_SKIP_LOCKED, {"as_of": as_of, "batch_size": batch_size}
-    ).all()
-    reminders = [DueReminder(*r[:_DUE_FIELDS]) for r in rows if r[0] is not None]
-    return DueBatch(reminders, int(rows[0][-1]) if rows else 0)
+    )
+    locked, rows = _locked_rows(result)
+    return DueBatch(locked, int(rows[0].skipped_locked) if rows else 0)
 
 
 @dataclass(frozen=True)
@@ -77,23 +128,24 @@ def reserve_due(
 
 def lock_candidates(
     conn: Connection, ids: Sequence[str], as_of: datetime, reserved_by: str | None = None
-) -> list[DueReminder]:
-    """Re-read and lock the given candidates that are still Pending, due and not another run's."""
+) -> list[LockedRow]:
+    """Lock and read the given candidates that are still Pending, due and not another run's,
+    with their payloads, oldest first."""
     if not ids:
         return []
-    rows = conn.execute(
+    result = conn.execute(
         queries.LOCK_CANDIDATES_SKIP_LOCKED,
         {"ids": list(ids), "as_of": as_of, "reserved_by": reserved_by},
-    ).all()
-    return [DueReminder(*r) for r in rows]
+    )
+    return _locked_rows(result)[0]
 
 
-def preview_decisions(conn: Connection, ids: Sequence[str], live: Iterable[str]) -> dict[str, bool]:
-    """Send (True) or skip for each reminder, on its event status read without a lock."""
+def preview_event_statuses(conn: Connection, ids: Sequence[str]) -> dict[str, str]:
+    """Each reminder's event status, read without a lock (the rows still there)."""
     if not ids:
         return {}
-    rows = conn.execute(queries.PREVIEW_DECISIONS, {"ids": list(ids), "live": sorted(live)}).all()
-    return {r.reminder_id: bool(r.send) for r in rows}
+    rows = conn.execute(queries.PREVIEW_EVENT_STATUSES, {"ids": list(ids)}).all()
+    return {r.reminder_id: r.event_status for r in rows}
 
 
 def count_still_pending(conn: Connection, ids: Iterable[str]) -> int:
@@ -104,16 +156,9 @@ def count_still_pending(conn: Connection, ids: Iterable[str]) -> int:
     return int(conn.execute(queries.COUNT_STILL_PENDING, {"ids": ids}).scalar_one())
 
 
-def _finite(value: Any) -> float | None:
-    """A float, or None for NULL and for the infinities of an infinite due_at."""
-    if value is None:
-        return None
-    number = float(value)
-    return number if math.isfinite(number) else None
-
-
-# SQLSTATE classes that belong to a row's data, not to the infrastructure: a failing set-based
-# write is retried row by row so that only the offending row is excluded.
+# SQLSTATE classes that belong to a row's data, not to the infrastructure: the only refusals a
+# batch's write finds row by row (each row written alone, rolled back), so that only the
+# offending row is left out.
 _DATA_ERROR_CLASSES = ("22", "23")
 
 
@@ -123,120 +168,65 @@ def data_error(error: sa.exc.DBAPIError) -> str | None:
     return sqlstate if sqlstate[:2] in _DATA_ERROR_CLASSES else None
 
 
-@dataclass(slots=True, frozen=True)
-class DispatchedRow:
-    """One reminder a batch's statement moved out of Pending, with its outbox row if Sent."""
+def set_savepoint(conn: Connection) -> None:
+    """Set the savepoint a batch's write runs in (queries.SET_BATCH_SAVEPOINT)."""
+    conn.exec_driver_sql(queries.SET_BATCH_SAVEPOINT)
+
+
+def roll_back_to_savepoint(conn: Connection) -> None:
+    """Undo what the transaction did since :func:`set_savepoint` (a refused write)."""
+    conn.exec_driver_sql(queries.ROLL_BACK_TO_BATCH_SAVEPOINT)
+
+
+class WrittenRow(NamedTuple):
+    """One reminder a batch's write moved out of Pending, with its outbox row if Sent (read by
+    column name, like :class:`LockedRow`)."""
 
     reminder_id: str
-    event_id: str
-    tenant_id: str
-    offset_minutes: int
-    event_status: str
-    status: ReminderStatus
+    status: str
     lateness_seconds: float | None
     outbox_id: int | None
+    #: The message as stored, for the rows the write was asked to restate (None for the others:
+    #: their stored text is the text the read returned).
     payload: str | None
 
 
-@dataclass(frozen=True)
-class DispatchedBatch:
-    """What a batch's statement wrote, oldest first, and the batch's counts."""
-
-    rows: list[DispatchedRow]
-    selected: int
-    skipped_locked: int
-
-
-def dispatch_due_batch(
+def write_verdicts(
     conn: Connection,
     as_of: datetime,
-    batch_size: int,
+    verdicts: Sequence[tuple[str, str | None]],
     *,
     topic: str,
     headers: dict[str, str],
-    live: Iterable[str],
     moved_by: str,
     moved_in_run: str | None,
-) -> DispatchedBatch:
-    """Select, decide and write one batch in one statement (DISPATCH_DUE_BATCH); unchecked: the
-    caller checks each stored payload before it commits. Errors propagate (:func:`data_error`).
-    Each moved row records ``moved_by`` (the writer) and ``moved_in_run`` (its run id)."""
-    params = {
-        "as_of": as_of,
-        "batch_size": batch_size,
-        "moved_by": moved_by,
-        "moved_in_run": moved_in_run,
-    }
-    return _written(conn, queries.DISPATCH_DUE_BATCH, params, topic, headers, live)
-
-
-def write_held_batch(
-    conn: Connection,
-    ids: Sequence[str],
-    as_of: datetime,
-    *,
-    topic: str,
-    headers: dict[str, str],
-    live: Iterable[str],
-    moved_by: str,
-    moved_in_run: str | None,
-    exclude: Sequence[str] = (),
-    utc_zone: Sequence[str] = (),
+    restated: Sequence[str] = (),
     now: datetime | None = None,
-) -> DispatchedBatch:
-    """Decide and write rows this transaction holds locked (WRITE_HELD_BATCH, the statement a
-    drain's batch is written by): ``exclude`` stay Pending, ``utc_zone`` get the fallback zone;
-    unchecked, like :func:`dispatch_due_batch`. Errors propagate (:func:`data_error`)."""
-    params = {
-        "ids": list(ids),
-        "as_of": as_of,
-        "exclude": list(exclude),
-        "utc_zone": list(utc_zone),
-        "now": now,
-        "moved_by": moved_by,
-        "moved_in_run": moved_in_run,
-    }
-    return _written(conn, queries.WRITE_HELD_BATCH, params, topic, headers, live)
-
-
-def _written(
-    conn: Connection,
-    statement: sa.TextClause,
-    params: dict[str, Any],
-    topic: str,
-    headers: dict[str, str],
-    live: Iterable[str],
-) -> DispatchedBatch:
-    rows = conn.execute(
-        statement,
+) -> dict[str, WrittenRow]:
+    """Write a batch's verdicts in one statement (WRITE_VERDICTS): ``verdicts`` are (reminder id,
+    payload) of rows this transaction holds locked, a payload for a send, None for a skip. Each
+    moved row records ``moved_by`` (the writer) and ``moved_in_run`` (its run id). ``restated``:
+    the sends whose stored text comes back (payloads the caller changed). Returns the rows that
+    moved, by reminder id. Errors propagate (:func:`data_error`)."""
+    # The payloads are JSON text already (the database's, or orjson's for a fallback zone): the
+    # object is joined, not encoded again. Ids are uuids' canonical text: nothing to escape.
+    document = ",".join(f'"{reminder_id}":{payload or "null"}' for reminder_id, payload in verdicts)
+    result = conn.execute(
+        queries.WRITE_VERDICTS,
         {
-            "exclude": [],
-            "utc_zone": [],
-            "now": None,
-            **params,
+            "verdicts": "{" + document + "}",
+            "as_of": as_of,
+            "now": now,
             "topic": topic,
             "headers": orjson.dumps(headers).decode(),
-            "live": sorted(live),
-            "fallback_zone": time_zones.FALLBACK_ZONE,
+            "moved_by": moved_by,
+            "moved_in_run": moved_in_run,
+            "restated": list(restated),
         },
-    ).all()
-    # Rows with a status moved; the others are outbox rows (or the counts of an empty batch).
-    stored = {r[0]: (r[7], r[8]) for r in rows if r[5] is None and r[0] is not None}
-    moved = [
-        DispatchedRow(
-            r[0],
-            r[1],
-            r[2],
-            r[3],
-            r[4],
-            _STATUS[r[5]],
-            _finite(r[6]),
-            *stored.get(r[0], (None, None)),
-        )
-        for r in rows
-        if r[5] is not None
-    ]
-    return DispatchedBatch(moved, int(rows[0][-2]), int(rows[0][-1]))
+    )
+    written = _by_name(result, WrittenRow._fields)
+    make = WrittenRow._make
+    return {w.reminder_id: w for w in (make(written(r)) for r in result.all())}
 
 
 def record_poison(

@@ -20,6 +20,7 @@ from reminder_pipeline.config import KafkaSettings
 from reminder_pipeline.messaging.kafka import KafkaPublisher
 from reminder_pipeline.messaging.relay import publish_outbox
 from reminder_pipeline.store.engine import make_engine
+from reminder_pipeline_tests import oracle
 
 POINTS = ("after_select", "after_decide", "before_commit", "after_commit", "after_ack")
 
@@ -47,9 +48,9 @@ def main() -> int:
         with engine.begin() as conn:
             selection = cycle.lock_due_batch(conn, as_of, args.batch_size)
             crash("after_select")
-            cycle.decide_batch(selection.candidates)
+            oracle.decide_batch(selection.candidates)
             crash("after_decide")
-            cycle.write_batch(conn, selection.ids, as_of, correlation_id=run_id)
+            cycle.write_batch(conn, selection.ids, as_of, run_id=run_id, held=selection.rows)
             if selection.candidates:
                 crash("before_commit")
         if selection.candidates:

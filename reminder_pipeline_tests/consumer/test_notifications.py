@@ -29,7 +29,7 @@ from reminder_pipeline.consumer.notifications import (
 from reminder_pipeline.consumer.texts import Locale, horizon_en, reminder_text
 from reminder_pipeline.domain import contract
 from reminder_pipeline.domain.model import DueReminder
-from reminder_pipeline.domain.payload import build_payload
+from reminder_pipeline_tests.oracle import build_payload
 
 from .payloads import payload
 

@@ -16,7 +16,7 @@ from datetime import timedelta
 
 from reminder_pipeline import cycle
 from reminder_pipeline.messaging.relay import OutboxRelay
-from reminder_pipeline.store import queries
+from reminder_pipeline.store import queries, repository
 
 from ..support import make_event, outbox_rows, reminders, utcnow
 
@@ -204,8 +204,9 @@ def test_the_drain_leaves_the_collector_as_it_found_it(engine, publisher):
     assert gc.get_threshold() == before
 
 
-def test_the_due_columns_map_onto_due_reminder_in_order(engine):
-    """Rows become DueReminder positionally (repository.select_due_for_update_skip_locked)."""
+def test_the_due_columns_name_every_field_of_due_reminder(engine):
+    """Rows become DueReminder by column name (repository.DUE_FIELDS): each statement that locks
+    and reads due rows names every field, then the payload (and the selection its count)."""
     from dataclasses import fields
 
     from reminder_pipeline.domain.model import DueReminder
@@ -215,11 +216,11 @@ def test_the_due_columns_map_onto_due_reminder_in_order(engine):
             queries.SELECT_DUE_FOR_UPDATE_SKIP_LOCKED, {"as_of": utcnow(), "batch_size": 1}
         )
         names = [f.name for f in fields(DueReminder)]
-        assert list(result.keys())[: len(names)] == names
-        assert list(result.keys())[-1] == "skipped_locked"
+        assert list(result.keys()) == [*names, "payload", "skipped_locked"]
+        assert list(repository.DUE_FIELDS) == names
         with engine.begin() as conn:
             result = conn.execute(
                 queries.LOCK_CANDIDATES_SKIP_LOCKED,
                 {"ids": [], "as_of": utcnow(), "reserved_by": None},
             )
-            assert list(result.keys()) == names
+            assert list(result.keys()) == [*names, "payload"]

@@ -19,6 +19,7 @@ from reminder_pipeline.local.calendar import cancel_event
 from reminder_pipeline.store import repository
 from reminder_pipeline.store.tables import calendar_events
 
+from .. import oracle
 from ..support import bulk_due, make_due_event, outbox_rows, reminders, utcnow
 
 
@@ -73,7 +74,7 @@ def test_cancel_committed_between_read_and_write_wins(engine):
     with engine.begin() as conn:  # the selecting step, its own transaction (as a Dagster op)
         selection = cycle.lock_due_batch(conn, as_of, 200)
     assert len(selection.candidates) == 1
-    assert cycle.decide_batch(selection.candidates)[0].action.value == "send"
+    assert oracle.decide_batch(selection.candidates)[0].action.value == "send"
 
     cancel_event(engine, event_id)  # commits before the writing step
 

@@ -177,9 +177,7 @@ def test_a_batch_is_logged_and_traced_after_its_commit(engine, monkeypatch):
 
     monkeypatch.setattr(tracing, "item_events", witness_span_events)
     with tracing.cycle_span("run-order"):
-        outcome = cycle.dispatch_batch(
-            engine, utcnow(), 200, correlation_id="run-order", journal=witness
-        )
+        outcome = cycle.dispatch_batch(engine, utcnow(), 200, run_id="run-order", journal=witness)
     assert len(outcome.sent) == 3
     sent_lines = [
         i for m, items in witness.records for i in items if i.get("msg") == "reminder sent"
@@ -205,7 +203,7 @@ def test_a_batch_that_rolls_back_logs_that_and_never_reminder_sent(engine, caplo
         caplog.at_level(logging.INFO, logger="reminder_pipeline"),
         pytest.raises(sa.exc.DBAPIError),
     ):
-        cycle.dispatch_batch(engine, utcnow(), 200, correlation_id="run-rollback")
+        cycle.dispatch_batch(engine, utcnow(), 200, run_id="run-rollback")
     messages = [r.getMessage() for r in caplog.records]
     assert "batch rolled back" in messages
     assert not [r for r in caplog.records if getattr(r, "items", None)]  # no batch record at all

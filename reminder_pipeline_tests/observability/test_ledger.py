@@ -106,7 +106,7 @@ def test_a_failed_dispatch_is_recorded_in_its_own_transaction(engine, publisher,
     def lost_connection(*args, **kwargs):
         raise sa.exc.OperationalError("UPDATE", {}, Exception("server closed the connection"))
 
-    monkeypatch.setattr(repository, "dispatch_due_batch", lost_connection)
+    monkeypatch.setattr(repository, "write_verdicts", lost_connection)
     with pytest.raises(sa.exc.OperationalError):
         cycle.run_cycle(engine, publisher, run_id="run-ledger-failed")
 

