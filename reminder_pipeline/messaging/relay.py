@@ -315,6 +315,12 @@ class OutboxRelay:
             if time.monotonic() >= deadline:
                 return
             batch = [m for m in batch if m.id not in seen]
+            if up_to is not None and any(m.id <= up_to for m in batch):
+                # Committed before this relay held the lock: another relay (a parallel run's) may
+                # have published them meanwhile. The outbox says which are still unpublished.
+                if not self._from_outbox(conn, deadline, seen):
+                    return
+                batch = [m for m in batch if m.id > up_to and m.id not in seen]
             if not batch:
                 continue
             if repository.has_unpublished_before(conn, batch[0].id):

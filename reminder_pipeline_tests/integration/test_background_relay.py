@@ -197,6 +197,39 @@ def test_hand_overs_do_not_wait_while_the_relay_waits_for_the_lock(engine, publi
     _assert_once_in_outbox_order(engine, kafka_reader, event_ids)
 
 
+def test_a_hand_over_another_relay_published_before_the_lock_came_is_not_published_again(
+    engine, publisher, kafka_reader
+):
+    # Four runs at once (defs/test_parallel_runs.py): run A's relay, holding the lock, published
+    # from the outbox the rows run B had committed and handed to its own relay, still waiting for
+    # the lock; B's relay then published them again.
+    _events(engine, 3)  # 6 due rows: 3 batches of 2
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as other:
+        other.execute(queries.TRY_RELAY_LOCK, {"key": queries.RELAY_LOCK_KEY})
+        relay = OutboxRelay(engine, publisher, lock_wait_seconds=60).start(
+            deadline=time.monotonic() + 120, max_queued=1
+        )
+        try:
+            batches = [cycle.dispatch_batch(engine, utcnow(), 2).messages for _ in range(3)]
+            for batch in batches:
+                relay.hand_over(batch)
+            # The lock holder publishes the first batch (its marks are what a relay leaves).
+            repository.mark_published(other, [(m.id, 0, None) for m in batches[0]])
+            other.execute(queries.RELAY_UNLOCK, {"key": queries.RELAY_LOCK_KEY})
+        finally:
+            result = relay.finish(timeout=60)
+    assert result.published == 4 and not result.busy
+    first = {
+        str(r["reminder_id"]) for r in outbox_rows(engine) if r["id"] in {m.id for m in batches[0]}
+    }
+    rest = [str(r["reminder_id"]) for r in outbox_rows(engine)]
+    kafka_reader.wait_for([r for r in rest if r not in first], timeout=60)
+    kafka_reader.drain()
+    assert Counter(m.value["ReminderId"] for m in kafka_reader.for_reminders(rest)) == Counter(
+        {r: 1 for r in rest if r not in first}
+    )
+
+
 def test_the_drain_leaves_the_collector_as_it_found_it(engine, publisher):
     _events(engine, 2)
     before = gc.get_threshold()
