@@ -193,3 +193,44 @@ POISON_ROWS = text(
      WHERE status = 'Pending' AND due_at < :now AND attempts >= :min_attempts
     """
 )
+
+# Who holds back this database's xmin horizon, oldest first: each session with a snapshot
+# (``backend_xmin``) or a transaction id of its own (``backend_xid``), each walsender (a replica's
+# ``hot_standby_feedback``), each prepared transaction and each replication slot with an xmin.
+# While any of them is older than a dead row version, VACUUM can neither remove that version nor
+# its index entries, and no index scan can mark them dead: a scan that starts behind them visits
+# each one (docs/runbooks/reminder-dispatch.md, "An old snapshot holds back vacuum"). This
+# session is left out, and so are autovacuum workers (a VACUUM's own snapshot holds back no
+# other). ``xmin_age`` is in transactions (``age()``); ``age_seconds`` from the transaction's
+# start, NULL where it is not known (a slot) or hidden (another role's session without
+# pg_read_all_stats shows its pid, application name and xmin only).
+SNAPSHOT_HOLDERS = text(
+    """
+    SELECT h.kind, h.pid, h.application_name, h.client_addr, h.state, h.xact_start,
+           h.query_start, h.xmin_age, h.age_seconds
+      FROM (
+        SELECT CASE WHEN a.backend_type = 'walsender' THEN 'walsender' ELSE 'session' END AS kind,
+               a.pid, a.application_name, host(a.client_addr) AS client_addr, a.state,
+               a.xact_start, a.query_start,
+               GREATEST(age(a.backend_xmin), age(a.backend_xid)) AS xmin_age,
+               EXTRACT(EPOCH FROM (clock_timestamp() - a.xact_start)) AS age_seconds
+          FROM pg_stat_activity a
+         WHERE (a.backend_xmin IS NOT NULL OR a.backend_xid IS NOT NULL)
+           AND a.pid <> pg_backend_pid()
+           AND a.backend_type <> 'autovacuum worker'
+           AND (a.datname = current_database() OR a.backend_type = 'walsender')
+        UNION ALL
+        SELECT 'prepared transaction', NULL, p.gid, NULL, NULL, p.prepared, NULL,
+               age(p.transaction), EXTRACT(EPOCH FROM (clock_timestamp() - p.prepared))
+          FROM pg_prepared_xacts p
+         WHERE p.database = current_database()
+        UNION ALL
+        SELECT 'replication slot', s.active_pid, s.slot_name, NULL,
+               CASE WHEN s.active THEN 'active' ELSE 'inactive' END, NULL, NULL, age(s.xmin), NULL
+          FROM pg_replication_slots s
+         WHERE s.xmin IS NOT NULL
+      ) AS h
+     ORDER BY h.xmin_age DESC NULLS LAST, h.age_seconds DESC NULLS LAST
+     LIMIT :limit
+    """
+)

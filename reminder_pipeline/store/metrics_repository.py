@@ -339,3 +339,43 @@ def relay_lock_holder(conn: Connection) -> RelayLockHolder | None:
         silent_seconds=float(row.silent_seconds or 0),
         state_seconds=None if row.state_seconds is None else float(row.state_seconds),
     )
+
+
+@dataclass(frozen=True)
+class SnapshotHolder:
+    """A session, walsender, prepared transaction or replication slot that holds back the
+    database's xmin horizon (metrics_queries.SNAPSHOT_HOLDERS)."""
+
+    #: ``session``, ``walsender``, ``prepared transaction`` or ``replication slot``.
+    kind: str
+    pid: int | None
+    #: The session's application name (a prepared transaction's gid, a slot's name).
+    application_name: str | None
+    client_addr: str | None
+    #: None: another role's session, hidden without pg_read_all_stats.
+    state: str | None
+    xact_start: datetime | None
+    query_start: datetime | None
+    #: How many transactions old its xmin is (``age()``).
+    xmin_age: int | None
+    #: Seconds since its transaction began (None: not known, or hidden).
+    age_seconds: float | None
+
+
+def snapshot_holders(conn: Connection, limit: int = 5) -> list[SnapshotHolder]:
+    """Who holds back this database's xmin horizon, the oldest first (at most ``limit``)."""
+    rows = conn.execute(q.SNAPSHOT_HOLDERS, {"limit": limit}).all()
+    return [
+        SnapshotHolder(
+            kind=r.kind,
+            pid=None if r.pid is None else int(r.pid),
+            application_name=r.application_name,
+            client_addr=r.client_addr,
+            state=r.state,
+            xact_start=r.xact_start,
+            query_start=r.query_start,
+            xmin_age=None if r.xmin_age is None else int(r.xmin_age),
+            age_seconds=None if r.age_seconds is None else float(r.age_seconds),
+        )
+        for r in rows
+    ]

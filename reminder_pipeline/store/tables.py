@@ -104,6 +104,47 @@ event_reminders = sa.Table(
         "id",
         postgresql_where=sa.text("status <> 'Pending'"),
     ),
+    # Poison rows (Pending after a failed attempt), oldest due first (migration 0009): the cycle
+    # takes those whose back-off ended from here, not by walking the due index from its oldest
+    # end; the operators' list and the errors check read them here too. A handful of rows.
+    sa.Index(
+        "ix_event_reminders_poison",
+        "due_at",
+        "id",
+        postgresql_where=sa.text("status = 'Pending' AND attempts > 0"),
+    ),
+)
+
+# Where the due scan starts (migration 0009; docs/design.md, "Where a scan starts"): one row, the
+# floor of the due index written at the end of each cycle. Every Pending row due before it that is
+# not a poison row was taken, so the next cycle's scan starts there instead of at the oldest end
+# of the index, where a long snapshot keeps every row dispatched since it began.
+due_scan_position = sa.Table(
+    "due_scan_position",
+    metadata,
+    sa.Column("id", sa.SmallInteger, primary_key=True, autoincrement=False),
+    # The floor, in the due index's order (due_at, id).
+    sa.Column("due_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("reminder_id", UUID(as_uuid=True), nullable=False),
+    # The next transaction id when the floor was written: a snapshot older than it may still see
+    # the rows dispatched before the floor (their index entries cannot be cleaned up yet).
+    sa.Column("next_xid", sa.BigInteger, nullable=False),
+    # When a cycle last scanned the due index from its oldest end (the full sweep).
+    sa.Column("swept_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=NOW),
+    sa.CheckConstraint("id = 1", name="singleton"),
+)
+
+# Where the relay's reads start (migration 0009): one row, the outbox's low-water mark. Every
+# outbox row with a smaller id is published (or was never committed), so the relay reads the
+# unpublished index from here, not from its oldest end.
+outbox_relay_position = sa.Table(
+    "outbox_relay_position",
+    metadata,
+    sa.Column("id", sa.SmallInteger, primary_key=True, autoincrement=False),
+    sa.Column("low_water", sa.BigInteger, nullable=False),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=NOW),
+    sa.CheckConstraint("id = 1", name="singleton"),
 )
 
 outbox = sa.Table(
