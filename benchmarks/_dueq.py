@@ -12,7 +12,7 @@ from psycopg import sql as psql
 
 from benchmarks._infra import Servers, progress
 from benchmarks._seed import _bind, seed_history
-from reminder_pipeline.store import migrate, queries
+from reminder_pipeline.store import migrate, queries, repository
 from reminder_pipeline.store.engine import make_engine
 
 INDEX_NAME = "ix_event_reminders_status_due_at"
@@ -29,7 +29,8 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def _psycopg_query() -> str:
-    return _bind(str(queries.SELECT_DUE_FOR_UPDATE_SKIP_LOCKED), {"as_of": 1, "batch_size": 1})[0]
+    params = {"as_of": 1, "batch_size": 1, **repository.scan_params()}
+    return _bind(str(queries.SELECT_DUE_FOR_UPDATE_SKIP_LOCKED), params)[0]
 
 
 def explain(conn: psycopg.Connection, as_of: datetime) -> list[str]:
@@ -37,7 +38,7 @@ def explain(conn: psycopg.Connection, as_of: datetime) -> list[str]:
     with conn.transaction(force_rollback=True):
         rows = conn.execute(
             "EXPLAIN (ANALYZE, BUFFERS) " + _psycopg_query(),
-            {"as_of": as_of, "batch_size": BATCH},
+            {"as_of": as_of, "batch_size": BATCH, **repository.scan_params()},
             prepare=False,
         ).fetchall()
     return [r[0] for r in rows]
@@ -49,6 +50,8 @@ def generic_plan(conn: psycopg.Connection) -> list[str]:
         str(queries.SELECT_DUE_FOR_UPDATE_SKIP_LOCKED)
         .replace(":as_of", "$1")
         .replace(":batch_size", "$2")
+        .replace(":from_due_at", "'-infinity'")
+        .replace(":from_id", "'00000000-0000-0000-0000-000000000000'")
     )
     with conn.transaction(force_rollback=True):
         rows = conn.execute("EXPLAIN (GENERIC_PLAN) " + sql, prepare=False).fetchall()
@@ -86,6 +89,8 @@ def _prepared_series(srv: Servers, db: str, executions: int) -> dict:
         str(queries.SELECT_DUE_FOR_UPDATE_SKIP_LOCKED)
         .replace(":as_of", "$1")
         .replace(":batch_size", "$2")
+        .replace(":from_due_at", "'-infinity'")
+        .replace(":from_id", "'00000000-0000-0000-0000-000000000000'")
     )
     times: list[float] = []
     with psycopg.connect(srv.dsn(db), autocommit=True) as conn:
@@ -164,7 +169,8 @@ def run(srv: Servers, rows: int, executions: int, due: int = 5000, seqscan_runs:
             trans = conn.begin()
             t0 = time.perf_counter()
             fetched = conn.execute(
-                statement, {"as_of": datetime.now(UTC), "batch_size": BATCH}
+                statement,
+                {"as_of": datetime.now(UTC), "batch_size": BATCH, **repository.scan_params()},
             ).all()
             elapsed = time.perf_counter() - t0
             trans.rollback()
@@ -197,7 +203,7 @@ def run(srv: Servers, rows: int, executions: int, due: int = 5000, seqscan_runs:
                 t0 = time.perf_counter()
                 conn.execute(
                     _psycopg_query(),
-                    {"as_of": datetime.now(UTC), "batch_size": BATCH},
+                    {"as_of": datetime.now(UTC), "batch_size": BATCH, **repository.scan_params()},
                     prepare=False,
                 ).fetchall()
                 seq.append((time.perf_counter() - t0) * 1000)

@@ -20,7 +20,7 @@ from benchmarks._dueq import BATCH, _psycopg_query, percentile
 from benchmarks._infra import Servers, progress
 from benchmarks._seed import seed_history
 from reminder_pipeline.local.servers import EmbeddedPostgres, free_port
-from reminder_pipeline.store import migrate, queries
+from reminder_pipeline.store import migrate, queries, repository
 from reminder_pipeline.store.engine import make_engine
 
 
@@ -33,7 +33,7 @@ def client_series(srv: Servers, db: str, n: int) -> dict:
             t0 = time.perf_counter()
             conn.execute(
                 queries.SELECT_DUE_FOR_UPDATE_SKIP_LOCKED,
-                {"as_of": datetime.now(UTC), "batch_size": BATCH},
+                {"as_of": datetime.now(UTC), "batch_size": BATCH, **repository.scan_params()},
             ).all()
             dt = (time.perf_counter() - t0) * 1000
             trans.rollback()
@@ -58,7 +58,10 @@ def raw_series(srv: Servers, db: str, n: int, lock: bool = True) -> dict:
         for i in range(n + 20):
             with conn.transaction(force_rollback=True):
                 t0 = time.perf_counter()
-                conn.execute(sql, {"as_of": datetime.now(UTC), "batch_size": BATCH}).fetchall()
+                conn.execute(
+                    sql,
+                    {"as_of": datetime.now(UTC), "batch_size": BATCH, **repository.scan_params()},
+                ).fetchall()
                 dt = (time.perf_counter() - t0) * 1000
             if i >= 20:
                 times.append(dt)
@@ -74,7 +77,13 @@ def server_series(srv: Servers, db: str, n: int) -> dict:
                 lines = [
                     r[0]
                     for r in conn.execute(
-                        sql, {"as_of": datetime.now(UTC), "batch_size": BATCH}, prepare=False
+                        sql,
+                        {
+                            "as_of": datetime.now(UTC),
+                            "batch_size": BATCH,
+                            **repository.scan_params(),
+                        },
+                        prepare=False,
                     )
                 ]
             if i < 20:

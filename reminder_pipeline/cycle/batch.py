@@ -29,7 +29,9 @@ from ..domain.writers import WRITER_IN_PROCESS
 from ..logs import Journal
 from ..observability import tracing
 from ..store import repository
+from ..store.repository import ScanPosition
 from .records import BatchOutcome, Selection
+from .scan import scan_start
 
 
 def batch_failed(error: BaseException) -> str:
@@ -45,15 +47,21 @@ def batch_failed(error: BaseException) -> str:
     return "batch rolled back"
 
 
-def lock_due_batch(conn: Connection, as_of: datetime, batch_size: int) -> Selection:
-    """A batch's selection: due Pending rows (``due_at < as_of``), oldest first, locked FOR UPDATE
-    SKIP LOCKED and read once, each with its payload.
+def lock_due_batch(
+    conn: Connection, as_of: datetime, batch_size: int, start: ScanPosition | None = None
+) -> Selection:
+    """A batch's selection: due Pending rows (``due_at < as_of``), oldest first from ``start``,
+    locked FOR UPDATE SKIP LOCKED and read once, each with its payload.
 
-    The locks last as long as ``conn``'s transaction. Rows held by another instance are not
-    waited for; how many there were is counted exactly (``skipped_locked``).
+    ``start``: where the scan starts in the due index (the position the batch before it reached);
+    by default where a cycle would start now (:func:`.scan.scan_start`). The locks last as long as
+    ``conn``'s transaction. Rows held by another instance are not waited for; how many there were
+    is counted exactly (``skipped_locked``).
     """
-    due = repository.select_due_for_update_skip_locked(conn, as_of, batch_size)
-    return Selection(as_of, batch_size, due.rows, due.skipped_locked)
+    if start is None:
+        start = scan_start(conn).start
+    due = repository.select_due_for_update_skip_locked(conn, as_of, batch_size, start)
+    return Selection(as_of, batch_size, due.rows, due.skipped_locked, due.next_from)
 
 
 def write_batch(
@@ -230,21 +238,24 @@ def dispatch_batch(
     as_of: datetime,
     batch_size: int,
     *,
+    start: ScanPosition | None = None,
     run_id: str | None = None,
     journal: Journal | None = None,
     writer: str = WRITER_IN_PROCESS,
 ) -> BatchOutcome:
     """Select and write one batch in one transaction (locks held from select to commit): the due
-    rows locked and read once (:func:`lock_due_batch`), decided, written once
+    rows from ``start`` locked and read once (:func:`lock_due_batch`), decided, written once
     (:func:`write_locked_rows`). Its log lines and span events follow the commit; a batch that
-    rolls back logs that it did, and never "reminder sent".
+    rolls back logs that it did, and never "reminder sent". The outcome says where the next
+    batch's scan starts (``next_from``).
     """
     journal = journal or Journal()
     try:
         with engine.begin() as conn:
-            selection = lock_due_batch(conn, as_of, batch_size)
+            selection = lock_due_batch(conn, as_of, batch_size, start)
             outcome = write_locked_rows(conn, selection.rows, as_of, run_id=run_id, writer=writer)
         outcome.skipped_locked = selection.skipped_locked
+        outcome.next_from = selection.next_from
     except BaseException as error:
         journal.event(
             logging.WARNING,

@@ -18,6 +18,7 @@ from ..memory import BATCH_LOOP_GEN0_THRESHOLD, young_generation
 from ..messaging.relay import OutboxRelay, OutboxSpans, Publisher, RelayResult
 from .batch import dispatch_batch
 from .records import Progress
+from .scan import DueScan, start_of_scan
 
 #: Rows a drain may have handed to its relay and not yet published: twenty batches of 1,000, or
 #: a hundred of 200 (the relay publishes what queued up in rounds of its batch size; ~25 MB at
@@ -43,6 +44,7 @@ def drain(
     continuing: bool = False,
     written: OutboxSpans | None = None,
     writer: str = WRITER_IN_PROCESS,
+    scan: DueScan | None = None,
 ) -> tuple[CycleCounts, RelayResult]:
     """Dispatch up to ``max_batches`` batches, each its own transaction.
 
@@ -54,9 +56,13 @@ def drain(
     wrote a batch, so a first look-up that finds nothing is not counted as a batch.
     ``written`` collects the outbox rows the drain wrote (what its cycle's relay must see out).
     ``writer``: who moves the rows (recorded on each, with ``run_id``; domain/writers.py).
+    ``scan``: where the first batch's scan starts, carried from batch to batch and left where the
+    drain stopped (:class:`~reminder_pipeline.cycle.scan.DueScan`); by default where a cycle
+    would start now.
     """
     journal = journal or Journal()
     started = time.time() if started is None else started
+    scan = scan if scan is not None else start_of_scan(engine)
     counts = CycleCounts()
     relay = None
     if publisher is not None and max_batches > 1:
@@ -72,9 +78,16 @@ def drain(
                     engine,
                     as_of,
                     batch_size,
+                    start=scan.position,
                     run_id=run_id,
                     journal=journal,
                     writer=writer,
+                )
+                scan.advance(
+                    outcome.next_from or scan.position,
+                    outcome.selected,
+                    batch_size,
+                    outcome.skipped_locked,
                 )
                 counts.add(outcome.counts())
                 if not outcome.selected and (number or continuing):

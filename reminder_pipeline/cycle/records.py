@@ -18,7 +18,8 @@ from ..domain.model import (
 )
 from ..messaging.relay import OutboxSpans, RelayResult
 from ..observability.ledger import CLOCK_SKEW_WARN_SECONDS
-from ..store.repository import LockedRow
+from ..store.repository import SCAN_START, LockedRow, ScanPosition
+from .scan import DueScan
 
 #: What a batch progress callback receives: the cycle's counts so far.
 Progress = Callable[[CycleCounts], None]
@@ -36,18 +37,29 @@ class Cycle:
     started_at: float = field(default_factory=time.time)
     #: How far the starting host's clock was ahead of the database's (seconds; + = fast).
     clock_skew_seconds: float = 0.0
+    #: Where the cycle's due scan starts (docs/design.md, "Where a scan starts").
+    scan_from: ScanPosition = SCAN_START
+    #: The scan starts at the due index's oldest end (a full sweep).
+    full_sweep: bool = True
 
     def plain(self) -> dict[str, Any]:
         """Builtins and AsOf's datetime: what a step hands the next (the IO manager stores it)."""
-        return asdict(self)
+        return {**asdict(self), "scan_from": list(self.scan_from)}
 
     @classmethod
     def from_plain(cls, data: Mapping[str, Any]) -> Cycle:
-        """From :meth:`plain` (or from the ISO-8601 text a step output of an older version held)."""
+        """From :meth:`plain` (or from the ISO-8601 text a step output of an older version held;
+        one with no scan start starts at the oldest end)."""
         as_of = data["as_of"]
         if not isinstance(as_of, datetime):  # an older version's output held ISO-8601 text
             as_of = datetime.fromisoformat(as_of)
-        return cls(**{**data, "as_of": as_of})
+        scan_from = ScanPosition(*data.get("scan_from", SCAN_START))
+        return cls(**{**data, "as_of": as_of, "scan_from": scan_from})
+
+    @property
+    def scan(self) -> DueScan:
+        """A new due scan from the cycle's start."""
+        return DueScan.starting_at(self.scan_from, self.full_sweep)
 
 
 @dataclass(frozen=True)
@@ -104,6 +116,9 @@ class CycleReport:
     clock_skew_seconds: float = 0.0
     #: A step re-executed from the UI that only relayed: the sends were the parent run's.
     reexecuted_relay_only: bool = False
+    #: The cycle's due scan started at the due index's oldest end (docs/design.md, "Where a scan
+    #: starts"); otherwise at the floor the cycle before it left.
+    full_sweep: bool = False
 
     def figures(self) -> dict[str, int | float | bool]:
         """The cycle's figures as numbers, never None (what the asset plots over runs)."""
@@ -119,6 +134,7 @@ class CycleReport:
             "clock_skew_seconds": round(self.clock_skew_seconds, 3),
             "clock_skewed": abs(self.clock_skew_seconds) > CLOCK_SKEW_WARN_SECONDS,
             "reexecuted_relay_only": self.reexecuted_relay_only,
+            "full_sweep": self.full_sweep,
             "unpublished_of_run": self.relay.left,
             "partial_publish": self.relay.partial,
         }
@@ -140,6 +156,7 @@ class CycleReport:
             outbox_unpublished=self.outbox_unpublished,
             unpublished_of_run=self.relay.left,
             clock_skew_seconds=round(self.clock_skew_seconds, 3),
+            full_sweep=self.full_sweep,
         )
         return data
 
@@ -153,6 +170,8 @@ class Selection:
     batch_size: int
     rows: list[LockedRow]
     skipped_locked: int = 0
+    #: Where the next batch's scan starts (the furthest row this one took, else its start).
+    next_from: ScanPosition = SCAN_START
 
     @property
     def candidates(self) -> list[DueReminder]:
@@ -199,6 +218,8 @@ class BatchOutcome:
     lateness: Lateness = field(default_factory=Lateness)
     #: The outbox rows written, as the relay publishes them (a drain hands them to its relay).
     messages: list[ClaimedMessage] = field(default_factory=list, repr=False)
+    #: Where the next batch's scan starts (a drain's batch; None for a run's reserved batch).
+    next_from: ScanPosition | None = None
 
     def counts(self) -> CycleCounts:
         """This batch as cycle counts."""

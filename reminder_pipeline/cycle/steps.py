@@ -19,10 +19,12 @@ from ..messaging.relay import OutboxSpans, Publisher, RelayResult, publish_rows
 from ..observability import ledger, tracing
 from ..observability.ledger import CLOCK_SKEW_WARN_SECONDS
 from ..store import repository
+from ..store.repository import ScanPosition
 from .batch import batch_failed, report_batch, write_batch
 from .clock import as_of_or_now, read_clock
 from .drain import drain
 from .records import Cycle, CycleReport, Decisions, Progress, Written
+from .scan import leave_floor, start_of_scan
 
 #: How long the rows a Dagster run selected stay reserved for its writing step. The write
 #: follows the selection within seconds; a run that dies in between releases its rows by
@@ -53,8 +55,17 @@ def start(
     journal = journal or Journal()
     started = time.time()
     now, skew = read_clock(engine)
+    scan = start_of_scan(engine)
     cycle = Cycle(
-        run_id, as_of_or_now(as_of, now), batch_size, max_batches, budget_seconds, started, skew
+        run_id,
+        as_of_or_now(as_of, now),
+        batch_size,
+        max_batches,
+        budget_seconds,
+        started,
+        skew,
+        scan.start,
+        scan.full_sweep,
     )
     if abs(skew) > CLOCK_SKEW_WARN_SECONDS:
         journal.event(
@@ -71,6 +82,7 @@ def start(
         as_of=cycle.as_of.isoformat(),
         batch_size=batch_size,
         max_batches=max_batches,
+        full_sweep=cycle.full_sweep,
     )
     return cycle
 
@@ -81,7 +93,7 @@ def reserve(
     """Step 1: the cycle's batch of due rows, reserved for its run (committed before returning)."""
     with engine.begin() as conn:
         reserved = repository.reserve_due(
-            conn, cycle.as_of, cycle.batch_size, cycle.run_id, RESERVATION_SECONDS
+            conn, cycle.as_of, cycle.batch_size, cycle.run_id, RESERVATION_SECONDS, cycle.scan_from
         )
     (journal or Journal()).event(
         logging.INFO,
@@ -113,6 +125,7 @@ def write(
     *,
     run_id: str,
     skipped_locked: int = 0,
+    after: ScanPosition | None = None,
     publisher: Publisher | None = None,
     journal: Journal | None = None,
     progress: Progress | None = None,
@@ -121,12 +134,15 @@ def write(
     """Step 3: write the selected rows (re-locked and re-read); drain on if the cycle may.
 
     ``run_id`` is the run writing: it may differ from ``cycle.run_id`` when the step is
-    re-executed from the UI, days later maybe; then the budget starts afresh, and the rows
-    reserved by the selecting run are still its to write. ``writer``: who moves the rows (the
-    Dagster ops' step; recorded on each row with ``run_id``).
+    re-executed from the UI, days later maybe; then the budget starts afresh, the rows reserved
+    by the selecting run are still its to write, and the floor of the due scan is left to the
+    cycles of now. ``after``: where the scan continues past the selection (the reservation's
+    ``next_from``). ``writer``: who moves the rows (the Dagster ops' step; recorded on each row
+    with ``run_id``).
     """
     journal = journal or Journal()
-    started = cycle.started_at if cycle.run_id == run_id else time.time()
+    own = cycle.run_id == run_id
+    started = cycle.started_at if own else time.time()
     with tracing.cycle_span(
         run_id,
         as_of=cycle.as_of.isoformat(),
@@ -150,6 +166,8 @@ def write(
             raise
         outcome.skipped_locked += skipped_locked
         report_batch(journal, outcome, run_id)
+        scan = cycle.scan
+        scan.advance(after or cycle.scan_from, len(ids), cycle.batch_size, outcome.skipped_locked)
         counts = outcome.counts()
         outbox = OutboxSpans()
         outbox.add(m.id for m in outcome.messages)
@@ -175,6 +193,7 @@ def write(
                 continuing=True,
                 written=outbox,
                 writer=writer,
+                scan=scan,
             )
             counts.add(more)
             # The step's summary: in a run's event log a drain's batches are folded.
@@ -184,6 +203,8 @@ def write(
                 run_id=run_id,
                 **{**counts.counters(), "published": relay.published},
             )
+        if own:
+            leave_floor(engine, scan, cycle.as_of)
         tracing.set_attributes(**counts.as_dict())
     return Written(run_id, counts, relay, outbox)
 
@@ -285,6 +306,7 @@ def finish(
         lag.unpublished,
         clock_skew_seconds=cycle.clock_skew_seconds,
         reexecuted_relay_only=not own,
+        full_sweep=cycle.full_sweep and own,
     )
 
 
@@ -345,6 +367,7 @@ def run_cycle(
         cycle.run_id, as_of=cycle.as_of.isoformat(), batch_size=batch_size, max_batches=max_batches
     ):
         outbox = OutboxSpans()
+        scan = cycle.scan
         try:
             counts, relay = drain(
                 engine,
@@ -359,7 +382,9 @@ def run_cycle(
                 progress=progress,
                 written=outbox,
                 writer=writer,
+                scan=scan,
             )
+            leave_floor(engine, scan, cycle.as_of)
             report = finish(
                 engine,
                 cycle,

@@ -76,7 +76,7 @@ def select_due_batch(
             # AsOf after the database's clock: the run config's one line, before any row is taken.
             raise Failure(description=f"{context.job_name} run config refused: {error}") from None
         reserved = cycle.reserve(postgres.engine, started, journal=journal)
-    return DueSelection(started, reserved.ids, reserved.skipped_locked)
+    return DueSelection(started, reserved.ids, reserved.skipped_locked, reserved.next_from)
 
 
 @op(
@@ -120,6 +120,7 @@ def transition_and_outbox(
             selection.ids,
             run_id=context.run_id,
             skipped_locked=selection.skipped_locked,
+            after=selection.after,
             publisher=kafka.ready_publisher(),
             journal=journal,
             writer=cycle.WRITER_DAGSTER,

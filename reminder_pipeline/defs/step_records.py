@@ -20,6 +20,7 @@ from typing import Any, Self
 from dagster import DagsterType
 
 from ..cycle import Cycle, Decisions, Written
+from ..store.repository import ScanPosition
 
 
 class _StepRecord:
@@ -58,25 +59,35 @@ class _StepRecord:
 
 @dataclass(frozen=True)
 class DueSelection(_StepRecord):
-    """Step 1: the cycle, the reminder ids reserved for the run (oldest first), and how many due
-    rows another transaction held."""
+    """Step 1: the cycle, the reminder ids reserved for the run (oldest first), how many due rows
+    another transaction held, and where the scan continues past them."""
 
     KEYS = frozenset({"cycle", "ids", "skipped_locked"})
 
     cycle: Cycle
     ids: list[str]
     skipped_locked: int
+    #: Where the write step's drain continues the due scan (None: at the cycle's start, as an
+    #: older version's selection is read).
+    after: ScanPosition | None = None
 
     def plain(self) -> dict[str, Any]:
         return {
             "cycle": self.cycle.plain(),
             "ids": list(self.ids),
             "skipped_locked": self.skipped_locked,
+            "after": None if self.after is None else list(self.after),
         }
 
     @classmethod
     def from_plain(cls, data: Mapping[str, Any]) -> Self:
-        return cls(Cycle.from_plain(data["cycle"]), list(data["ids"]), int(data["skipped_locked"]))
+        after = data.get("after")
+        return cls(
+            Cycle.from_plain(data["cycle"]),
+            list(data["ids"]),
+            int(data["skipped_locked"]),
+            None if after is None else ScanPosition(*after),
+        )
 
 
 @dataclass(frozen=True)

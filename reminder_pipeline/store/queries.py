@@ -45,30 +45,93 @@ _DUE = """
 # ``reserved_until`` passes: a run that died releases its rows by itself).
 _FREE = "(r.reserved_until IS NULL OR r.reserved_until <= now())"
 
+# Where a scan starts, in the due index's order (docs/design.md, "Where a scan starts"): the
+# position the batch before it reached, or the cycle's start (the floor a cycle leaves behind, or
+# the index's oldest end for a full sweep). Text in, so a DueAt out of Python's range (infinity,
+# BC) is a position like any other.
+_FROM = "(CAST(:from_due_at AS timestamptz), CAST(:from_id AS uuid))"
+
+# The rows of a batch, in the due index's order: poison rows whose back-off ended behind the
+# start (``retried``, on the small ix_event_reminders_poison: the scan itself never walks back),
+# then the due rows from the start on (``ahead``, on ix_event_reminders_status_due_at, from the
+# start, so the entries of every row dispatched before it are never read again, however long a
+# snapshot keeps them), at most :batch_size in all, each locked FOR UPDATE SKIP LOCKED. {cols}: the
+# columns each CTE reads, {join}: what it joins.
+_RETRIED_AND_AHEAD = """
+    retried AS (
+        SELECT {cols}
+          FROM event_reminders r{join}
+         WHERE r.status = 'Pending' AND r.attempts > 0
+           AND r.due_at < :as_of
+           AND (r.next_attempt_at IS NULL OR r.next_attempt_at <= :as_of)
+           AND (r.due_at, r.id) < {from_}
+           AND {free}
+         ORDER BY r.due_at, r.id
+         LIMIT :batch_size
+           FOR UPDATE OF r SKIP LOCKED
+    ),
+    ahead AS (
+        SELECT {cols}
+          FROM event_reminders r{join}
+         WHERE {due}
+           AND (r.due_at, r.id) >= {from_}
+           AND {free}
+         ORDER BY r.due_at, r.id
+         LIMIT :batch_size - (SELECT count(*) FROM retried)
+           FOR UPDATE OF r SKIP LOCKED
+    ),
+    picked AS (
+        SELECT * FROM retried
+        UNION ALL
+        SELECT * FROM ahead
+    ),"""
+
 # skipped_locked: the due rows the scan passed over because another transaction held them (or
-# another run had reserved them). The scan walks (due_at, id) in order, so those are exactly the
-# due rows up to the last one taken that were not taken; when the batch came back short, every
-# due row not taken (the bound is then past any row). Counted in the same statement, so on the
-# same snapshot as the scan: a row another instance held and committed meanwhile still counts.
-# Rows cut off by LIMIT (DueAt ties included) are never counted, so a lone dispatcher always
-# reports 0. The bound is a row of two scalars, so the count walks the due index only up to it
-# (an OR of the two cases read every due row: a sequential scan of a catch-up's whole backlog,
-# ~25 ms of each 1,000-row batch, benchmarks/README.md).
+# another run had reserved them). The scan walks (due_at, id) in order from its start, so those
+# are exactly the due rows from the start up to the last one taken that were not taken (and the
+# poison rows due again behind the start, up to it); when the batch came back short, every such
+# row not taken (the bound is then past any row). Counted in the same statement, so on the same
+# snapshot as the scan: a row another instance held and committed meanwhile still counts. Rows
+# cut off by LIMIT (DueAt ties included) are never counted, so a lone dispatcher always reports
+# 0; rows behind the start are not counted again (docs/design.md says what that changes). Both
+# ranges are bounded by a row of two scalars, so each count walks its index only over the range
+# the scan read (an OR of the cases read every due row: a sequential scan of a catch-up's whole
+# backlog, ~25 ms of each 1,000-row batch, benchmarks/README.md).
 _PASSED_OVER = f"""
-    SELECT count(*) - (SELECT count(*) FROM picked) AS skipped_locked
-      FROM event_reminders c
-     WHERE {_DUE.format(r="c")}
-       AND (c.due_at, c.id) <= (
-               coalesce((SELECT row_due_at FROM last_taken), TIMESTAMPTZ 'infinity'),
-               coalesce((SELECT row_id FROM last_taken),
-                        UUID 'ffffffff-ffff-ffff-ffff-ffffffffffff'))
+    SELECT (SELECT count(*)
+              FROM event_reminders c
+             WHERE {_DUE.format(r="c")}
+               AND (c.due_at, c.id) >= {_FROM}
+               AND (c.due_at, c.id) <= (
+                       coalesce((SELECT row_due_at FROM last_taken), TIMESTAMPTZ 'infinity'),
+                       coalesce((SELECT row_id FROM last_taken),
+                                UUID 'ffffffff-ffff-ffff-ffff-ffffffffffff')))
+         + (SELECT count(*)
+              FROM event_reminders c
+             WHERE {_DUE.format(r="c")}
+               AND c.attempts > 0
+               AND (c.due_at, c.id) < {_FROM}
+               AND (c.due_at, c.id) <= (
+                       coalesce((SELECT row_due_at FROM last_taken), TIMESTAMPTZ 'infinity'),
+                       coalesce((SELECT row_id FROM last_taken),
+                                UUID 'ffffffff-ffff-ffff-ffff-ffffffffffff')))
+         - (SELECT count(*) FROM picked) AS skipped_locked,
+           (SELECT CAST(row_due_at AS text) FROM furthest) AS next_due_at,
+           (SELECT CAST(row_id AS text) FROM furthest) AS next_id
 """
 
-# The last row a full batch took (none when the batch came back short): _PASSED_OVER's bound.
+# The last row a full batch took (none when the batch came back short): _PASSED_OVER's bound; and
+# the furthest row the scan took from its start on: where the next batch starts (at that row: it
+# is no longer Pending once the batch commits, so the next scan reads one entry again, not more).
 _LAST_TAKEN = """
     last_taken AS (
         SELECT row_due_at, row_id FROM picked
          WHERE (SELECT count(*) FROM picked) >= :batch_size
+         ORDER BY row_due_at DESC, row_id DESC
+         LIMIT 1
+    ),
+    furthest AS (
+        SELECT row_due_at, row_id FROM ahead
          ORDER BY row_due_at DESC, row_id DESC
          LIMIT 1
     )"""
@@ -113,30 +176,24 @@ _PAYLOAD = """
         'AppointmentId', {p}.appointment_id) AS text) END AS payload
 """
 
-# The due rows a batch takes, with their event's payload fields, each locked (picked), and the
-# last of a full batch (last_taken).
-_PICKED = f"""
-    picked AS (
-        SELECT {_DUE_COLUMNS}, r.due_at AS row_due_at, r.id AS row_id
-          FROM event_reminders r
-          JOIN calendar_events e ON e.id = r.calendar_event_id
-         WHERE {_DUE.format(r="r")}
-           AND {_FREE}
-         ORDER BY r.due_at, r.id
-         LIMIT :batch_size
-           FOR UPDATE OF r SKIP LOCKED
-    ),{_LAST_TAKEN}"""
-
-# A batch's selection (docs/design.md, "One route for a batch"): due rows, oldest first, at most
-# :batch_size, each locked FOR UPDATE and read once, with the payload built from it; rows locked
-# by another instance (or by an event's cancel/reschedule cascade in flight) are skipped without
-# waiting, and counted. One row per taken reminder (the DueReminder columns, its payload, the
-# count); when nothing was taken, one row of NULLs carrying the count.
+# A batch's selection (docs/design.md, "One route for a batch"): due rows, oldest first from the
+# scan's start (:from_due_at, :from_id), at most :batch_size, each locked FOR UPDATE and read
+# once with its event's payload fields and the payload built from them; rows locked by another
+# instance (or by an event's cancel/reschedule cascade in flight) are skipped without waiting,
+# and counted. One row per taken reminder (the DueReminder columns, its payload, the count, where
+# the next batch starts); when nothing was taken, one row of NULLs carrying the count.
+_DUE_PICKED = _RETRIED_AND_AHEAD.format(
+    cols=_DUE_COLUMNS + ", r.due_at AS row_due_at, r.id AS row_id",
+    join="\n          JOIN calendar_events e ON e.id = r.calendar_event_id",
+    due=_DUE.format(r="r"),
+    free=_FREE,
+    from_=_FROM,
+)
 SELECT_DUE_FOR_UPDATE_SKIP_LOCKED = text(
     f"""
-    WITH {_PICKED}
+    WITH {_DUE_PICKED}{_LAST_TAKEN}
     SELECT {_DUE_NAMES.format(t="picked")}, {_PAYLOAD.format(p="picked")},
-           passed.skipped_locked
+           passed.skipped_locked, passed.next_due_at, passed.next_id
       FROM ({_PASSED_OVER}) AS passed
       LEFT JOIN picked ON true
      ORDER BY picked.row_due_at, picked.row_id
@@ -146,17 +203,16 @@ SELECT_DUE_FOR_UPDATE_SKIP_LOCKED = text(
 # Step 1 as a Dagster op runs it (its own short transaction, then the write in another): the
 # same rows, reserved for the run until its write commits or :seconds pass, so concurrent runs
 # and deployments take disjoint batches. Ids only: the writing step reads them under its lock.
+_RESERVED_PICKED = _RETRIED_AND_AHEAD.format(
+    cols="r.id AS row_id, r.due_at AS row_due_at",
+    join="",
+    due=_DUE.format(r="r"),
+    free=_FREE,
+    from_=_FROM,
+)
 RESERVE_DUE = text(
     f"""
-    WITH picked AS (
-        SELECT r.id AS row_id, r.due_at AS row_due_at
-          FROM event_reminders r
-         WHERE {_DUE.format(r="r")}
-           AND {_FREE}
-         ORDER BY r.due_at, r.id
-         LIMIT :batch_size
-           FOR UPDATE OF r SKIP LOCKED
-    ),
+    WITH {_RESERVED_PICKED}
     reserved AS (
         UPDATE event_reminders r
            SET reserved_by = :run_id,
@@ -168,7 +224,7 @@ RESERVE_DUE = text(
                             ARRAY[]::text[])
               FROM picked) AS ids,
            (SELECT count(*) FROM reserved) AS reserved,
-           passed.skipped_locked
+           passed.skipped_locked, passed.next_due_at, passed.next_id
       FROM ({_PASSED_OVER}) AS passed
     """
 )
@@ -321,13 +377,79 @@ RECORD_POISON = text(
 # clock_timestamp(), not now(): the moment of the call, whatever transaction it runs in.
 DATABASE_CLOCK = text("SELECT clock_timestamp()")
 
-# Backlog: due Pending rows not yet processed, and the age of the oldest one.
+# Where the due scan starts (docs/design.md, "Where a scan starts"): the floor the last cycle left
+# (every Pending row due before it that is no poison row was taken), how many transactions began
+# since it was written, and how long ago a cycle last swept the due index from its oldest end.
+# No row yet: no floor (the next cycle sweeps).
+DUE_SCAN_POSITION = text(
+    """
+    SELECT CAST(p.due_at AS text) AS due_at, CAST(p.reminder_id AS text) AS reminder_id,
+           CAST(CAST(pg_snapshot_xmax(pg_current_snapshot()) AS text) AS bigint) - p.next_xid
+               AS xids_since,
+           EXTRACT(EPOCH FROM (now() - p.swept_at)) AS seconds_since_sweep
+      FROM due_scan_position p
+     WHERE p.id = 1
+    """
+)
+
+# The floor a cycle leaves for the next (one row, the last writer's: each writer's floor is safe,
+# docs/design.md), with the next transaction id now (a snapshot older than that may still see the
+# rows dispatched behind the floor) and, after a full sweep, when it swept.
+SET_DUE_SCAN_POSITION = text(
+    """
+    INSERT INTO due_scan_position AS p (id, due_at, reminder_id, next_xid, swept_at, updated_at)
+    VALUES (1, CAST(:due_at AS timestamptz), CAST(:reminder_id AS uuid),
+            CAST(CAST(pg_snapshot_xmax(pg_current_snapshot()) AS text) AS bigint),
+            CASE WHEN :swept THEN now() END, now())
+    ON CONFLICT (id) DO UPDATE
+       SET due_at = EXCLUDED.due_at, reminder_id = EXCLUDED.reminder_id,
+           next_xid = EXCLUDED.next_xid, swept_at = coalesce(EXCLUDED.swept_at, p.swept_at),
+           updated_at = EXCLUDED.updated_at
+    """
+)
+
+# The first Pending row, not backing off, due before :as_of, at or after a cycle's start: where
+# the next cycle starts when this one passed rows over (held by another transaction, reserved by
+# another run) or stopped with rows still due. It walks the range the cycle itself read, once.
+FIRST_PENDING_FROM = text(
+    f"""
+    SELECT CAST(r.due_at AS text) AS due_at, CAST(r.id AS text) AS reminder_id
+      FROM event_reminders r
+     WHERE {_DUE.format(r="r")}
+       AND (r.due_at, r.id) >= {_FROM}
+     ORDER BY r.due_at, r.id
+     LIMIT 1
+    """
+)
+
+# Backlog: due Pending rows not yet processed, and the age of the oldest one. Counted from the due
+# scan's floor (every row behind it was taken, but poison rows, counted from their own index), so
+# its cost does not grow with the rows dispatched behind the floor however long a snapshot keeps
+# their entries; with no floor yet, from the oldest end.
 BACKLOG = text(
     """
+    WITH floor AS (
+        SELECT coalesce(max(p.due_at), TIMESTAMPTZ '-infinity') AS due_at,
+               coalesce(max(CAST(p.reminder_id AS text)),
+                        '00000000-0000-0000-0000-000000000000') AS reminder_id
+          FROM due_scan_position p
+    ),
+    due AS (
+        SELECT r.due_at
+          FROM event_reminders r
+         WHERE r.status = 'Pending' AND r.due_at < :as_of
+           AND (r.due_at, r.id) >= ((SELECT due_at FROM floor),
+                                    (SELECT CAST(reminder_id AS uuid) FROM floor))
+        UNION ALL
+        SELECT r.due_at
+          FROM event_reminders r
+         WHERE r.status = 'Pending' AND r.attempts > 0 AND r.due_at < :as_of
+           AND (r.due_at, r.id) < ((SELECT due_at FROM floor),
+                                   (SELECT CAST(reminder_id AS uuid) FROM floor))
+    )
     SELECT count(*) AS backlog,
            EXTRACT(EPOCH FROM (:as_of - min(due_at))) AS oldest_due_age_seconds
-      FROM event_reminders
-     WHERE status = 'Pending' AND due_at < :as_of
+      FROM due
     """
 )
 

@@ -58,12 +58,43 @@ class LockedRow(NamedTuple):
         return DueReminder(**{name: getattr(self, name) for name in DUE_FIELDS})
 
 
+class ScanPosition(NamedTuple):
+    """A position in the due index's order (due_at, id), where a scan starts: ``due_at`` as the
+    database writes it (text: a DueAt out of Python's range is a position like any other)."""
+
+    due_at: str
+    reminder_id: str
+
+
+#: The due index's oldest end: a scan from here reads every entry (a full sweep).
+SCAN_START = ScanPosition("-infinity", "00000000-0000-0000-0000-000000000000")
+
+
+def scan_position_at(moment: datetime) -> ScanPosition:
+    """The position just before every row due at ``moment`` or later."""
+    return ScanPosition(moment.isoformat(), SCAN_START.reminder_id)
+
+
+def scan_params(position: ScanPosition = SCAN_START) -> dict[str, str]:
+    """The bind parameters of a scan's start (``:from_due_at``, ``:from_id``)."""
+    return {"from_due_at": position.due_at, "from_id": position.reminder_id}
+
+
+def _next(row: Any, position: ScanPosition) -> ScanPosition:
+    """Where the batch after a scan starts: the furthest row it took, else where it started."""
+    if row is None or row.next_id is None:
+        return position
+    return ScanPosition(row.next_due_at, row.next_id)
+
+
 @dataclass(frozen=True)
 class DueBatch:
-    """Due rows locked by the caller's transaction, oldest first, and the rows others held."""
+    """Due rows locked by the caller's transaction, oldest first, the rows others held, and where
+    the next batch's scan starts."""
 
     rows: list[LockedRow]
     skipped_locked: int
+    next_from: ScanPosition = SCAN_START
 
     @property
     def reminders(self) -> list[DueReminder]:
@@ -96,34 +127,93 @@ def _locked_rows(result: sa.CursorResult[Any]) -> tuple[list[LockedRow], Sequenc
 
 
 def select_due_for_update_skip_locked(
-    conn: Connection, as_of: datetime, batch_size: int
+    conn: Connection, as_of: datetime, batch_size: int, start: ScanPosition = SCAN_START
 ) -> DueBatch:
-    """Lock and read up to ``batch_size`` due Pending rows, oldest first, with their payloads,
-    skipping rows locked elsewhere (how many: ``skipped_locked``, exact)."""
+    """Lock and read up to ``batch_size`` due Pending rows, oldest first from ``start`` (and poison
+    rows due again behind it), with their payloads, skipping rows locked elsewhere (how many:
+    ``skipped_locked``, exact)."""
     result = conn.execute(
-        queries.SELECT_DUE_FOR_UPDATE_SKIP_LOCKED, {"as_of": as_of, "batch_size": batch_size}
+        queries.SELECT_DUE_FOR_UPDATE_SKIP_LOCKED,
+        {"as_of": as_of, "batch_size": batch_size, **scan_params(start)},
     )
     locked, rows = _locked_rows(result)
-    return DueBatch(locked, int(rows[0].skipped_locked) if rows else 0)
+    first = rows[0] if rows else None
+    skipped = int(first.skipped_locked) if first is not None else 0
+    return DueBatch(locked, skipped, _next(first, start))
 
 
 @dataclass(frozen=True)
 class Reservation:
-    """Due rows reserved for a run (ids, oldest first) and the rows others held."""
+    """Due rows reserved for a run (ids, oldest first), the rows others held, and where the next
+    batch's scan starts."""
 
     ids: list[str]
     skipped_locked: int
+    next_from: ScanPosition = SCAN_START
 
 
 def reserve_due(
-    conn: Connection, as_of: datetime, batch_size: int, run_id: str, seconds: float
+    conn: Connection,
+    as_of: datetime,
+    batch_size: int,
+    run_id: str,
+    seconds: float,
+    start: ScanPosition = SCAN_START,
 ) -> Reservation:
-    """Reserve up to ``batch_size`` due rows for ``run_id`` for ``seconds`` (see RESERVE_DUE)."""
+    """Reserve up to ``batch_size`` due rows from ``start`` for ``run_id`` for ``seconds`` (see
+    RESERVE_DUE)."""
     row = conn.execute(
         queries.RESERVE_DUE,
-        {"as_of": as_of, "batch_size": batch_size, "run_id": run_id, "seconds": seconds},
+        {
+            "as_of": as_of,
+            "batch_size": batch_size,
+            "run_id": run_id,
+            "seconds": seconds,
+            **scan_params(start),
+        },
     ).one()
-    return Reservation(list(row.ids), int(row.skipped_locked))
+    return Reservation(list(row.ids), int(row.skipped_locked), _next(row, start))
+
+
+@dataclass(frozen=True)
+class DueScanFloor:
+    """The floor the last cycle left (due_scan_position), and how old it is."""
+
+    position: ScanPosition
+    #: Transactions begun since it was written (a snapshot holding an xmin older than that many
+    #: transactions may still see the rows dispatched behind it).
+    xids_since: int
+    #: Seconds since a cycle last swept the due index from its oldest end (None: never).
+    seconds_since_sweep: float | None
+
+
+def due_scan_floor(conn: Connection) -> DueScanFloor | None:
+    """The due scan's floor, None before the first cycle wrote one."""
+    row = conn.execute(queries.DUE_SCAN_POSITION).first()
+    if row is None:
+        return None
+    since = row.seconds_since_sweep
+    return DueScanFloor(
+        ScanPosition(row.due_at, row.reminder_id),
+        int(row.xids_since),
+        None if since is None else float(since),
+    )
+
+
+def set_due_scan_floor(conn: Connection, position: ScanPosition, *, swept: bool) -> None:
+    """Write the floor the next cycle starts at (``swept``: the cycle swept from the oldest end)."""
+    conn.execute(
+        queries.SET_DUE_SCAN_POSITION,
+        {"due_at": position.due_at, "reminder_id": position.reminder_id, "swept": swept},
+    )
+
+
+def first_pending_from(
+    conn: Connection, start: ScanPosition, as_of: datetime
+) -> ScanPosition | None:
+    """The first Pending row (not backing off) due before ``as_of`` at or after ``start``."""
+    row = conn.execute(queries.FIRST_PENDING_FROM, {"as_of": as_of, **scan_params(start)}).first()
+    return None if row is None else ScanPosition(row.due_at, row.reminder_id)
 
 
 def lock_candidates(

@@ -51,6 +51,8 @@ def test_the_passed_over_count_is_bounded_in_the_index(due_backlog, statement):
         ("batch_size", "1000"),
         ("run_id", "'run'"),
         ("seconds", "30"),
+        ("from_due_at", "'-infinity'"),
+        ("from_id", "'00000000-0000-0000-0000-000000000000'"),
     ):
         sql = sql.replace(f":{name}", value)
     with due_backlog.begin() as conn:  # EXPLAIN of a locking statement takes no lock

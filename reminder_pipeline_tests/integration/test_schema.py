@@ -94,12 +94,18 @@ def test_due_query_plan_uses_the_status_due_at_index(engine):
         conn.exec_driver_sql("ANALYZE calendar_events")
     sql = queries.SELECT_DUE_FOR_UPDATE_SKIP_LOCKED.text
     sql = sql.replace(":as_of", "now()").replace(":batch_size", "200")
+    sql = sql.replace(":from_due_at", "'-infinity'").replace(":from_id", f"'{uuid.UUID(int=0)}'")
     with engine.connect() as conn:
         [plan] = conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + sql).scalar_one()
-    # Two walks of the index: the rows taken, and the count of the rows passed over (locked).
+    # Two walks of the due index (the rows taken from the scan's start, the count of the rows
+    # passed over) and two of the poison index (the poison rows due again behind the start, and
+    # their count): index scans, never a sequential scan of the reminders.
     scans = [n for n in _nodes(plan["Plan"]) if n.get("Relation Name") == "event_reminders"]
-    assert [n["Node Type"] for n in scans] == ["Index Scan", "Index Scan"]
-    assert {n["Index Name"] for n in scans} == {"ix_event_reminders_status_due_at"}
+    assert [n["Node Type"] for n in scans] == ["Index Scan"] * 4
+    assert {n["Index Name"] for n in scans} == {
+        "ix_event_reminders_status_due_at",
+        "ix_event_reminders_poison",
+    }
 
 
 def _fill_outbox(conn, rows: int, published_ago: str) -> None:
