@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DBAPIError
 
 from ..config import DEFAULT_CYCLE_BUDGET_SECONDS
 from ..domain.model import ClaimedMessage
@@ -144,6 +145,40 @@ class OutboxSpans:
         return cls([(int(first), int(last)) for first, last in data])
 
 
+@dataclass
+class LowWater:
+    """The relay's low-water mark: every outbox row with a smaller id is published or was never
+    committed, so the relay's reads start here, not at the oldest end of the index of unpublished
+    ids, where a long snapshot keeps the entry of every row published since it began
+    (docs/design.md, "Where a scan starts").
+
+    A read on a snapshot proves that the ids from the mark up to its first unpublished row were
+    published, or invisible to it: a transaction still in flight may commit one of them later
+    (outbox ids are drawn when a batch writes, committed when it commits). So what a read proves
+    is a *proposal*; it moves the mark only once a later read's snapshot shows every transaction
+    in flight at the first one ended (its xmin has passed the first one's xmax), and only as far
+    as that later read, from the mark, found nothing unpublished: an id below the proposal was
+    drawn before the first snapshot, so by then it is committed, and seen, or never will be.
+    """
+
+    low: int = 0
+    #: (id the rows below were seen clean up to, xmax of the snapshot that saw it), oldest first.
+    pending: list[tuple[int, int]] = field(default_factory=list)
+
+    def saw(self, snapshot: repository.Snapshot, clean_to: int) -> None:
+        """A read from the mark on ``snapshot`` found nothing unpublished below ``clean_to``."""
+        certified = [upto for upto, xmax in self.pending if xmax <= snapshot.xmin]
+        if certified:
+            self.low = max(self.low, min(max(certified), clean_to))
+            self.pending = [(u, x) for u, x in self.pending if x > snapshot.xmin]
+        self.propose(clean_to, snapshot.xmax)
+
+    def propose(self, clean_to: int, xmax: int) -> None:
+        """Rows below ``clean_to`` were published or in flight at a snapshot with this xmax."""
+        if clean_to > self.low:
+            self.pending.append((clean_to, xmax))
+
+
 _DONE = object()
 
 
@@ -176,6 +211,7 @@ class OutboxRelay:
         self._finished = False  # finish() was met while taking several batches at once
         self._error: BaseException | None = None
         self._keeper: LockKeeper | None = None  # the lock session's keep-alive, once held
+        self._low = LowWater()  # read from the database once the lock is held
         self._quiet_busy = quiet_busy  # a retry: busy was logged already
 
     # -- foreground ------------------------------------------------------------------------------
@@ -201,8 +237,25 @@ class OutboxRelay:
                 self._busy(conn)
             else:
                 self._keeper = keeper
-                self._from_outbox(conn, deadline, seen=set())
+                self._low = LowWater(repository.relay_low_water(conn))
+                try:
+                    self._from_outbox(conn, deadline, seen=set())
+                finally:
+                    self._leave_low_water(conn)
         return self.result
+
+    def _leave_low_water(self, conn: Connection) -> None:
+        """Where the next relay's reads start, written at the end of a pass (it only moves up).
+
+        What the pass's last reads proposed is settled first by one more look from the mark (the
+        rows the pass published last: a batch or two), so the next pass does not read them again.
+        """
+        with suppress(DBAPIError):  # a lost session: the next relay starts from the last mark
+            if self._low.pending:
+                clean_to = max(upto for upto, _ in self._low.pending)
+                older, snapshot = repository.first_unpublished_before(conn, self._low.low, clean_to)
+                self._low.saw(snapshot, clean_to if older is None else older)
+            repository.set_relay_low_water(conn, self._low.low)
 
     def _busy(self, conn: Connection) -> None:
         self.result.busy = True
@@ -281,7 +334,11 @@ class OutboxRelay:
                     self._busy(conn)
                     return
                 self._keeper = keeper
-                self._publish_handed_over(conn, deadline)
+                self._low = LowWater(repository.relay_low_water(conn))
+                try:
+                    self._publish_handed_over(conn, deadline)
+                finally:
+                    self._leave_low_water(conn)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the dispatcher's thread by finish()
             self._error = exc
         finally:
@@ -323,7 +380,9 @@ class OutboxRelay:
                 batch = [m for m in batch if m.id > up_to and m.id not in seen]
             if not batch:
                 continue
-            if repository.has_unpublished_before(conn, batch[0].id):
+            older, snapshot = repository.first_unpublished_before(conn, self._low.low, batch[0].id)
+            self._low.saw(snapshot, batch[0].id if older is None else older)
+            if older is not None:
                 ok = self._from_outbox(conn, deadline, seen)  # older rows first: id order
             else:
                 ok = self._publish(conn, batch)
@@ -385,12 +444,17 @@ class OutboxRelay:
         False after a failed delivery. ``seen`` collects the ids handed to the producer.
         """
         while time.monotonic() < deadline and not self._stop.is_set():
-            messages = repository.unpublished(conn, self._batch_size, up_to)
+            read = repository.unpublished(conn, self._batch_size, low=self._low.low, up_to=up_to)
+            self._low.saw(read.snapshot, read.clean_to)
+            messages = read.messages
             if not messages:
                 return True
             seen.update(m.id for m in messages)
             if not self._publish(conn, messages):
                 return False
+            # Every row read is published now: the rows up to the last were published or in flight
+            # on the read's snapshot.
+            self._low.propose(messages[-1].id + 1, read.snapshot.xmax)
         return True
 
     def _publish(self, conn: Connection, messages: Sequence[ClaimedMessage]) -> bool:

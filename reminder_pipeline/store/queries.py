@@ -512,27 +512,37 @@ COUNT_UNPUBLISHED_IN_SPANS = text(
     """
 )
 
-# The oldest unpublished rows, in id order. A read, not a write: the relay's advisory lock makes
-# it the only publisher, and an UPDATE here would write every outbox row once more per hand-over.
-SELECT_UNPUBLISHED = text(
-    """
-    SELECT id, topic, message_key, CAST(payload AS text) AS payload, headers
-      FROM outbox
-     WHERE published_at IS NULL
-     ORDER BY id
-     LIMIT :limit
-    """
-)
+# The snapshot a relay statement read on, as two transaction ids (xid8 as bigint): its xmin (every
+# transaction older than it had ended) and its xmax (every transaction from it on was still to
+# begin). The relay's low-water mark moves on what they prove (messaging/relay.py, LowWater).
+_SNAPSHOT = """
+    CAST(CAST(pg_snapshot_xmin(pg_current_snapshot()) AS text) AS bigint) AS snapshot_xmin,
+    CAST(CAST(pg_snapshot_xmax(pg_current_snapshot()) AS text) AS bigint) AS snapshot_xmax
+"""
 
-# ... only those up to :up_to (a drain's relay publishes what was there when it started from the
-# outbox, and the drain's own rows as they are handed over).
-SELECT_UNPUBLISHED_UP_TO = text(
-    """
-    SELECT id, topic, message_key, CAST(payload AS text) AS payload, headers
-      FROM outbox
-     WHERE published_at IS NULL AND id <= :up_to
-     ORDER BY id
-     LIMIT :limit
+# The oldest unpublished rows from the relay's low-water mark (:low) on, up to :up_to (a drain's
+# relay publishes what was there when it started from the outbox, and the drain's own rows as they
+# are handed over; NULL: no bound), in id order. The partial index of unpublished ids is read from
+# :low, never from its oldest end, where a long snapshot keeps the entries of every row published
+# since it began. A read, not a write: the relay's advisory lock makes it the only publisher, and
+# an UPDATE here would write every outbox row once more per hand-over. Each row carries the
+# statement's snapshot and the newest id it could see; when nothing is unpublished, one row of
+# NULLs carries them.
+SELECT_UNPUBLISHED = text(
+    f"""
+    SELECT o.id, o.topic, o.message_key, o.payload, o.headers, s.snapshot_xmin, s.snapshot_xmax,
+           s.newest_id
+      FROM (SELECT {_SNAPSHOT}, (SELECT max(id) FROM outbox) AS newest_id) AS s
+      LEFT JOIN LATERAL (
+            SELECT id, topic, message_key, CAST(payload AS text) AS payload, headers
+              FROM outbox
+             WHERE published_at IS NULL
+               AND id >= :low
+               AND (CAST(:up_to AS bigint) IS NULL OR id <= CAST(:up_to AS bigint))
+             ORDER BY id
+             LIMIT :limit
+      ) AS o ON true
+     ORDER BY o.id
     """
 )
 
@@ -554,11 +564,28 @@ MARK_PUBLISHED = text(
     """
 ).bindparams(bindparam("landed", type_=JSONB))
 
-# Is any row older than :id still unpublished? (A drain's relay then reads from the outbox
-# instead of publishing its handed-over rows first: id order on the topic.)
-HAS_UNPUBLISHED_BEFORE = text(
+# The first row from the relay's low-water mark (:low) up to :id (excluded) still unpublished, NULL
+# when there is none (a drain's relay then publishes its handed-over rows; otherwise it reads the
+# older ones from the outbox first: id order on the topic), with the statement's snapshot.
+FIRST_UNPUBLISHED_BEFORE = text(
+    f"""
+    SELECT (SELECT min(id) FROM outbox
+             WHERE published_at IS NULL AND id >= :low AND id < :id) AS first_id,
+           {_SNAPSHOT}
     """
-    SELECT EXISTS (SELECT 1 FROM outbox WHERE published_at IS NULL AND id < :id)
+)
+
+# The relay's low-water mark: every outbox row with a smaller id is published or was never
+# committed (0 before the first relay wrote one).
+RELAY_LOW_WATER = text("SELECT coalesce(max(low_water), 0) AS low_water FROM outbox_relay_position")
+
+# Written by the relay holding the lock, at the end of its pass (one writer at a time).
+SET_RELAY_LOW_WATER = text(
+    """
+    INSERT INTO outbox_relay_position AS p (id, low_water, updated_at)
+    VALUES (1, :low_water, now())
+    ON CONFLICT (id) DO UPDATE
+       SET low_water = greatest(p.low_water, EXCLUDED.low_water), updated_at = now()
     """
 )
 
@@ -571,12 +598,15 @@ RECORD_PUBLISH_FAILURES = text(
     """
 )
 
+# The relay's lag: unpublished rows and the age of the oldest, read from the relay's low-water
+# mark (every row below it is published), so a long snapshot's dead entries below it are not read.
 OUTBOX_LAG = text(
     """
     SELECT count(*) AS unpublished,
            EXTRACT(EPOCH FROM (now() - min(created_at))) AS oldest_unpublished_age_seconds
       FROM outbox
      WHERE published_at IS NULL
+       AND id >= (SELECT coalesce(max(low_water), 0) FROM outbox_relay_position)
     """
 )
 

@@ -378,17 +378,48 @@ def outbox_lag(conn: Connection) -> OutboxLag:
 # --- relay -------------------------------------------------------------------------------
 
 
-def unpublished(conn: Connection, limit: int, up_to: int | None = None) -> list[ClaimedMessage]:
-    """The oldest unpublished outbox rows (with an id up to ``up_to`` if given), in id order."""
-    if up_to is None:
-        rows = conn.execute(queries.SELECT_UNPUBLISHED, {"limit": limit}).all()
-    else:
-        rows = conn.execute(
-            queries.SELECT_UNPUBLISHED_UP_TO, {"limit": limit, "up_to": up_to}
-        ).all()
-    return [
-        ClaimedMessage(r.id, r.topic, r.message_key, r.payload, dict(r.headers or {})) for r in rows
+class Snapshot(NamedTuple):
+    """The snapshot a statement read on: its xmin (every older transaction had ended) and xmax
+    (every transaction from it on had not begun), as 64-bit transaction ids."""
+
+    xmin: int
+    xmax: int
+
+
+@dataclass(frozen=True)
+class UnpublishedRead:
+    """Unpublished outbox rows read from a low-water mark on, in id order, on ``snapshot``.
+
+    ``clean_to``: every id from the low-water mark below it was published, or not committed, on
+    that snapshot (the first row read; with none, past the newest id it could see or ``up_to``).
+    """
+
+    messages: list[ClaimedMessage]
+    snapshot: Snapshot
+    clean_to: int
+
+
+def unpublished(
+    conn: Connection, limit: int, *, low: int, up_to: int | None = None
+) -> UnpublishedRead:
+    """The oldest unpublished outbox rows with an id from ``low`` on (up to ``up_to`` if given)."""
+    rows = conn.execute(
+        queries.SELECT_UNPUBLISHED, {"limit": limit, "low": low, "up_to": up_to}
+    ).all()
+    first = rows[0]
+    messages = [
+        ClaimedMessage(r.id, r.topic, r.message_key, r.payload, dict(r.headers or {}))
+        for r in rows
+        if r.id is not None
     ]
+    if messages:
+        clean_to = messages[0].id
+    else:
+        newest = low - 1 if first.newest_id is None else int(first.newest_id)
+        clean_to = max(low, (newest if up_to is None else min(newest, up_to)) + 1)
+    return UnpublishedRead(
+        messages, Snapshot(int(first.snapshot_xmin), int(first.snapshot_xmax)), clean_to
+    )
 
 
 def last_outbox_id(conn: Connection) -> int | None:
@@ -406,9 +437,24 @@ def mark_published(conn: Connection, landed: Sequence[tuple[int, int | None, int
     return conn.execute(queries.MARK_PUBLISHED, params).rowcount
 
 
-def has_unpublished_before(conn: Connection, outbox_id: int) -> bool:
-    """Whether an outbox row with a smaller id is still unpublished."""
-    return bool(conn.execute(queries.HAS_UNPUBLISHED_BEFORE, {"id": outbox_id}).scalar_one())
+def first_unpublished_before(
+    conn: Connection, low: int, outbox_id: int
+) -> tuple[int | None, Snapshot]:
+    """The first unpublished outbox row with an id from ``low`` up to ``outbox_id`` (excluded),
+    None when there is none, and the snapshot that says so."""
+    row = conn.execute(queries.FIRST_UNPUBLISHED_BEFORE, {"low": low, "id": outbox_id}).one()
+    first = None if row.first_id is None else int(row.first_id)
+    return first, Snapshot(int(row.snapshot_xmin), int(row.snapshot_xmax))
+
+
+def relay_low_water(conn: Connection) -> int:
+    """The relay's low-water mark: every outbox row with a smaller id is published."""
+    return int(conn.execute(queries.RELAY_LOW_WATER).scalar_one())
+
+
+def set_relay_low_water(conn: Connection, low_water: int) -> None:
+    """Move the relay's low-water mark up to ``low_water`` (never down)."""
+    conn.execute(queries.SET_RELAY_LOW_WATER, {"low_water": low_water})
 
 
 def record_publish_failures(conn: Connection, ids: Sequence[int]) -> int:

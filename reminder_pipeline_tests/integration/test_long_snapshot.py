@@ -217,3 +217,44 @@ def test_a_row_written_behind_the_floor_is_taken_by_a_full_sweep(engine, databas
             held.__exit__(None, None, None)
     assert swept.full_sweep and swept.counts.sent == 1
     assert reminders(engine, late)[0]["status"] == "Sent"
+
+
+UNPUBLISHED_INDEX = "ix_outbox_unpublished"
+
+
+def outbox_entries_read(conn: Connection) -> int:
+    """Entries of the index of unpublished outbox ids that this transaction's scans have read."""
+    return int(
+        conn.execute(
+            sa.text("SELECT pg_stat_get_xact_tuples_returned(CAST(:index AS regclass))"),
+            {"index": UNPUBLISHED_INDEX},
+        ).scalar_one()
+    )
+
+
+def test_the_relay_reads_from_its_low_water_mark_not_the_rows_published_before(
+    engine, database_url, publisher
+):
+    bulk_due(engine, 3000)
+    with held_snapshot(database_url):
+        first = cycle.run_cycle(engine, publisher, batch_size=500, max_batches=100)
+        assert first.counts.sent == first.relay.published == 3000
+        due_now(engine, 100)
+        written = cycle.run_cycle(engine, None)  # in the outbox, not yet published
+        assert written.counts.sent == 100 and written.outbox_unpublished == 100
+        with engine.connect() as conn:
+            low = repository.relay_low_water(conn)
+            before = outbox_entries_read(conn)
+            read = repository.unpublished(conn, 1000, low=low)
+            reading = outbox_entries_read(conn) - before
+            before = outbox_entries_read(conn)
+            older, _ = repository.first_unpublished_before(conn, low, read.messages[-1].id)
+            checking = outbox_entries_read(conn) - before
+            before = outbox_entries_read(conn)
+            lag = repository.outbox_lag(conn)
+            lagging = outbox_entries_read(conn) - before
+        assert len(read.messages) == lag.unpublished == 100 and older == read.messages[0].id
+        # The 100 unpublished entries, not the 3,000 published before (each read them all).
+        assert reading < 300 and checking < 300 and lagging < 300, (reading, checking, lagging)
+        relayed = cycle.run_cycle(engine, publisher)
+    assert relayed.relay.published == 100 and relayed.outbox_unpublished == 0
