@@ -160,17 +160,6 @@ LATENESS_BUCKETS_SINCE = text(
     """
 )
 
-# Pending rows whose DueAt is older than :cutoff (the design's "worker lags/hangs" alert); walks
-# the due query's partial index, so it stays cheap however many terminal rows there are.
-OVERDUE = text(
-    """
-    SELECT count(*) AS overdue,
-           EXTRACT(EPOCH FROM (CAST(:now AS timestamptz) - min(due_at))) AS oldest_due_age_seconds
-      FROM event_reminders
-     WHERE status = 'Pending' AND due_at < :cutoff
-    """
-)
-
 # When the cycles with errors of a recent window finished, newest first: the errors check walks
 # them back from now to see how long errors have gone on without a gap (the alert's rate window).
 ERROR_CYCLE_TIMES_SINCE = text(
@@ -183,14 +172,14 @@ ERROR_CYCLE_TIMES_SINCE = text(
 )
 
 # Rows held back by repeated failures (poison rows): Pending after :min_attempts or more failed
-# attempts. A row only fails once it was selected, i.e. due, so ``due_at < :now`` keeps the
-# read on the due query's partial index, over the due backlog only.
+# attempts, read on the poison rows' own partial index (``attempts > 0``, a handful of rows),
+# never the due index, whose oldest end a long snapshot fills with dead entries.
 POISON_ROWS = text(
     """
     SELECT count(*) AS poison_rows,
            EXTRACT(EPOCH FROM (CAST(:now AS timestamptz) - min(due_at))) AS oldest_due_age_seconds
       FROM event_reminders
-     WHERE status = 'Pending' AND due_at < :now AND attempts >= :min_attempts
+     WHERE status = 'Pending' AND attempts > 0 AND due_at < :now AND attempts >= :min_attempts
     """
 )
 

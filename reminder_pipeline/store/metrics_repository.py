@@ -11,7 +11,7 @@ from sqlalchemy.engine import Connection
 
 from ..domain.model import TOTALED_COUNTERS
 from . import metrics_queries as q
-from . import queries
+from . import queries, repository
 
 
 @dataclass(frozen=True)
@@ -233,19 +233,10 @@ def lateness_buckets_since(conn: Connection, since: datetime, size: int) -> list
     return [counts.get(i + 1, 0) for i in range(size)]
 
 
-@dataclass(frozen=True)
-class Overdue:
-    """Pending rows due before a cutoff, and the age of the oldest one."""
-
-    count: int
-    oldest_due_age_seconds: float | None
-
-
-def count_overdue(conn: Connection, cutoff: datetime, now: datetime) -> Overdue:
-    """Pending rows with ``due_at`` before ``cutoff``."""
-    row = conn.execute(q.OVERDUE, {"cutoff": cutoff, "now": now}).one()
-    age = row.oldest_due_age_seconds
-    return Overdue(int(row.overdue), None if age is None else float(age))
+def count_overdue(conn: Connection, cutoff: datetime, now: datetime) -> repository.Backlog:
+    """Pending rows with ``due_at`` before ``cutoff``, the oldest one's age at ``now`` (the
+    backlog's statement, with its own bound)."""
+    return repository.backlog(conn, now, due_before=cutoff)
 
 
 def error_cycle_times_since(conn: Connection, since: datetime) -> list[datetime]:

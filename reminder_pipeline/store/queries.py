@@ -422,10 +422,11 @@ FIRST_PENDING_FROM = text(
     """
 )
 
-# Backlog: due Pending rows not yet processed, and the age of the oldest one. Counted from the due
-# scan's floor (every row behind it was taken, but poison rows, counted from their own index), so
-# its cost does not grow with the rows dispatched behind the floor however long a snapshot keeps
-# their entries; with no floor yet, from the oldest end.
+# Backlog: Pending rows due before :due_before not yet processed, and the age of the oldest one at
+# :as_of (the cycle's backlog: both AsOf; the overdue check's: due before now less 5 minutes, aged
+# at now). Counted from the due scan's floor (every row behind it was taken, but poison rows,
+# counted from their own index), so its cost does not grow with the rows dispatched behind the
+# floor however long a snapshot keeps their entries; with no floor yet, from the oldest end.
 BACKLOG = text(
     """
     WITH floor AS (
@@ -437,18 +438,19 @@ BACKLOG = text(
     due AS (
         SELECT r.due_at
           FROM event_reminders r
-         WHERE r.status = 'Pending' AND r.due_at < :as_of
+         WHERE r.status = 'Pending' AND r.due_at < :due_before
            AND (r.due_at, r.id) >= ((SELECT due_at FROM floor),
                                     (SELECT CAST(reminder_id AS uuid) FROM floor))
         UNION ALL
         SELECT r.due_at
           FROM event_reminders r
-         WHERE r.status = 'Pending' AND r.attempts > 0 AND r.due_at < :as_of
+         WHERE r.status = 'Pending' AND r.attempts > 0 AND r.due_at < :due_before
            AND (r.due_at, r.id) < ((SELECT due_at FROM floor),
                                    (SELECT CAST(reminder_id AS uuid) FROM floor))
     )
     SELECT count(*) AS backlog,
-           EXTRACT(EPOCH FROM (:as_of - min(due_at))) AS oldest_due_age_seconds
+           EXTRACT(EPOCH FROM (CAST(:as_of AS timestamptz) - min(due_at)))
+               AS oldest_due_age_seconds
       FROM due
     """
 )

@@ -351,9 +351,11 @@ def database_clock(conn: Connection) -> datetime:
     return value
 
 
-def backlog(conn: Connection, as_of: datetime) -> Backlog:
-    """Due Pending rows not yet processed at ``as_of``."""
-    row = conn.execute(queries.BACKLOG, {"as_of": as_of}).one()
+def backlog(conn: Connection, as_of: datetime, due_before: datetime | None = None) -> Backlog:
+    """Pending rows due before ``due_before`` (by default ``as_of``) not yet processed, and the
+    oldest one's age at ``as_of``."""
+    params = {"as_of": as_of, "due_before": as_of if due_before is None else due_before}
+    row = conn.execute(queries.BACKLOG, params).one()
     age = row.oldest_due_age_seconds
     return Backlog(
         count=int(row.backlog), oldest_due_age_seconds=None if age is None else float(age)

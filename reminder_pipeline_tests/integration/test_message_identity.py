@@ -61,11 +61,16 @@ def test_every_copy_carries_the_same_message_id_and_payload(engine, publisher, k
         )
     second = cycle.run_cycle(engine, publisher)
     assert second.counts.sent == 1 and second.run_id != first.run_id
-    # ... and lost the second row's published mark: the relay publishes it again.
+    # ... and lost the second row's published mark, with every commit after it (the relay's
+    # low-water mark, written after the marks, among them): the relay publishes it again.
     with engine.begin() as conn:
-        conn.execute(
-            sa.text("UPDATE outbox SET published_at = NULL WHERE reminder_id = :id"),
+        lost_mark = conn.execute(
+            sa.text("UPDATE outbox SET published_at = NULL WHERE reminder_id = :id RETURNING id"),
             {"id": ids[1]},
+        ).scalar_one()
+        conn.execute(
+            sa.text("UPDATE outbox_relay_position SET low_water = least(low_water, :id)"),
+            {"id": lost_mark},
         )
     assert publish_outbox(engine, publisher).published == 1
     # An operator re-publishes the day.
