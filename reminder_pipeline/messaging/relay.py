@@ -238,24 +238,33 @@ class OutboxRelay:
             else:
                 self._keeper = keeper
                 self._low = LowWater(repository.relay_low_water(conn))
-                try:
-                    self._from_outbox(conn, deadline, seen=set())
-                finally:
-                    self._leave_low_water(conn)
+                self._from_outbox(conn, deadline, seen=set())
+                self._leave_low_water(conn)
         return self.result
 
     def _leave_low_water(self, conn: Connection) -> None:
-        """Where the next relay's reads start, written at the end of a pass (it only moves up).
+        """Where the next relay's reads start, written at the end of a pass that did not fail (it
+        only moves up; after a failed one the next relay starts from the last mark written).
 
         What the pass's last reads proposed is settled first by one more look from the mark (the
         rows the pass published last: a batch or two), so the next pass does not read them again.
         """
-        with suppress(DBAPIError):  # a lost session: the next relay starts from the last mark
+        if conn.invalidated or (self._keeper is not None and self._keeper.error is not None):
+            return  # the session is gone, and the lock with it: the next holder writes it
+        try:
             if self._low.pending:
                 clean_to = max(upto for upto, _ in self._low.pending)
                 older, snapshot = repository.first_unpublished_before(conn, self._low.low, clean_to)
                 self._low.saw(snapshot, clean_to if older is None else older)
             repository.set_relay_low_water(conn, self._low.low)
+        except DBAPIError as error:  # the pass's work is done; the next relay reads a little more
+            event(
+                log,
+                logging.WARNING,
+                "relay low-water mark not moved",
+                run_id=self._run_id,
+                error_kind=type(error.orig or error).__name__,
+            )
 
     def _busy(self, conn: Connection) -> None:
         self.result.busy = True
@@ -335,10 +344,8 @@ class OutboxRelay:
                     return
                 self._keeper = keeper
                 self._low = LowWater(repository.relay_low_water(conn))
-                try:
-                    self._publish_handed_over(conn, deadline)
-                finally:
-                    self._leave_low_water(conn)
+                self._publish_handed_over(conn, deadline)
+                self._leave_low_water(conn)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the dispatcher's thread by finish()
             self._error = exc
         finally:
