@@ -5,7 +5,10 @@ is no in-process state: counters and histograms are ``totals + SUM(detail)`` ove
 ledger (:mod:`.ledger`, written by every dispatch run), and the gauges are read live from the
 reminder and outbox tables (backlog, poison rows, outbox lag). So every Dagster run (a
 short-lived process) counts, parallel dispatchers add up, and an exporter restart loses nothing:
-a counter only ever grows.
+a counter only ever grows. Who holds back vacuum and what it costs the dispatcher are read from
+PostgreSQL's own views (pg_stat_activity and its kin, the cumulative statistics of the due and
+unpublished indexes and their tables): those counters are the server's, reset with its
+statistics.
 
 Each scrape is a handful of index-backed statements in one short read-only REPEATABLE READ
 transaction (one snapshot: a ledger roll-up moving rows between the two tables cannot be seen
@@ -76,6 +79,18 @@ FORECAST_PEAK_DUE = DISPATCH_PREFIX + "forecast_peak_due"
 FORECAST_PEAK_TIME = DISPATCH_PREFIX + "forecast_peak_timestamp_seconds"
 FORECAST_CAPACITY = DISPATCH_PREFIX + "forecast_capacity_per_run"
 DAEMON_HEARTBEAT_AGE = DISPATCH_PREFIX + "daemon_heartbeat_age_seconds"
+# Who holds back vacuum and what it costs the dispatcher (docs/runbooks/reminder-dispatch.md,
+# "An old snapshot holds back vacuum"; the vacuum_horizon check).
+OLDEST_SNAPSHOT_AGE = DISPATCH_PREFIX + "oldest_snapshot_age_seconds"
+OLDEST_SNAPSHOT_XMIN_AGE = DISPATCH_PREFIX + "oldest_snapshot_xmin_age"
+OLDEST_SNAPSHOT_HOLDER = DISPATCH_PREFIX + "oldest_snapshot_holder_info"
+INDEX_SCANS = DISPATCH_PREFIX + "index_scans_total"
+INDEX_ENTRIES_READ = DISPATCH_PREFIX + "index_entries_read_total"
+INDEX_ENTRIES_FETCHED = DISPATCH_PREFIX + "index_entries_fetched_total"
+INDEX_SIZE = DISPATCH_PREFIX + "index_size_bytes"
+TABLE_LIVE_ROWS = DISPATCH_PREFIX + "table_live_rows"
+TABLE_DEAD_ROWS = DISPATCH_PREFIX + "table_dead_rows"
+TABLE_LAST_VACUUM = DISPATCH_PREFIX + "table_last_vacuum_timestamp_seconds"
 UP = DISPATCH_PREFIX + "up"
 RECONNECTS = DISPATCH_PREFIX + "database_reconnects_total"
 SCRAPE_DURATION = DISPATCH_PREFIX + "scrape_duration_seconds"
@@ -106,7 +121,19 @@ DISPATCH_METRIC_NAMES: tuple[str, ...] = (
     FORECAST_PEAK_DUE,
     FORECAST_PEAK_TIME,
     FORECAST_CAPACITY,
+    OLDEST_SNAPSHOT_AGE,
+    OLDEST_SNAPSHOT_XMIN_AGE,
+    OLDEST_SNAPSHOT_HOLDER,
+    INDEX_SCANS,
+    INDEX_ENTRIES_READ,
+    INDEX_ENTRIES_FETCHED,
+    INDEX_SIZE,
+    TABLE_LIVE_ROWS,
+    TABLE_DEAD_ROWS,
+    TABLE_LAST_VACUUM,
 )
+#: Served only while something holds back the database's xmin horizon (one series: the oldest).
+WHILE_HELD_METRIC_NAMES: tuple[str, ...] = (OLDEST_SNAPSHOT_HOLDER,)
 #: Served besides those when the exporter is given Dagster's daemon heartbeats (DaemonHeartbeats).
 HEARTBEAT_METRIC_NAMES: tuple[str, ...] = (DAEMON_HEARTBEAT_AGE,)
 
@@ -134,6 +161,12 @@ class Snapshot:
     forecast: forecast.Forecast
     #: The session holding the relay lock (None: nobody), docs/design.md "The relay's lock".
     relay_lock: metrics_repository.RelayLockHolder | None = None
+    #: Who holds back vacuum, oldest first, and since when.
+    horizon: metrics_repository.VacuumHorizon | None = None
+    #: The due index's and the outbox's unpublished index's read statistics and sizes.
+    index_reads: tuple[metrics_repository.IndexReads, ...] = ()
+    #: Live and dead rows and the last vacuum of event_reminders and outbox.
+    table_dead_rows: tuple[metrics_repository.TableDeadRows, ...] = ()
 
 
 def read_snapshot(engine: Engine, now: datetime | None = None) -> Snapshot:
@@ -162,6 +195,9 @@ def read_snapshot(engine: Engine, now: datetime | None = None) -> Snapshot:
             ),
             forecast.read(conn),
             metrics_repository.relay_lock_holder(conn),
+            metrics_repository.vacuum_horizon(conn, now),
+            tuple(metrics_repository.index_reads(conn)),
+            tuple(metrics_repository.table_dead_rows(conn)),
         )
 
 
@@ -306,6 +342,7 @@ def families(snapshot: Snapshot) -> list[Metric]:
             value=ahead.capacity_per_run,
         ),
     ]
+    out += _vacuum_families(snapshot)
     # Absent until a cycle has ever succeeded: the liveness rule treats absence as "not live".
     if t.last_success_at is not None:
         out.append(
@@ -316,6 +353,89 @@ def families(snapshot: Snapshot) -> list[Metric]:
             )
         )
     return out
+
+
+def _vacuum_families(snapshot: Snapshot) -> list[Metric]:
+    """Who holds back vacuum (the oldest holder only: one series), and what it costs the due scan
+    and the relay, from PostgreSQL's cumulative statistics (nothing scanned)."""
+    horizon = snapshot.horizon
+    out: list[Metric] = [
+        GaugeMetricFamily(
+            OLDEST_SNAPSHOT_AGE,
+            "How long the oldest snapshot in the database has held back vacuum (its xmin "
+            "horizon): the oldest holder's transaction age where pg_stat_activity shows it, at "
+            "least since the first metrics-ledger row written after its xmin; 0 if none.",
+            value=0.0 if horizon is None else horizon.age_seconds,
+        ),
+        GaugeMetricFamily(
+            OLDEST_SNAPSHOT_XMIN_AGE,
+            "How many transactions old the database's xmin horizon is (age() of the oldest "
+            "holder's xmin, shown for every role); 0 if none.",
+            value=0 if horizon is None else horizon.xmin_age,
+        ),
+    ]
+    oldest = None if horizon is None else horizon.oldest
+    if oldest is not None:
+        holder = GaugeMetricFamily(
+            OLDEST_SNAPSHOT_HOLDER,
+            "The oldest holder of the xmin horizon (a session, walsender, prepared transaction "
+            "or replication slot; the last two name their gid or slot in application_name); "
+            "empty labels are hidden (another role's, without pg_read_all_stats).",
+            labels=["kind", "pid", "application_name", "client_addr", "state"],
+        )
+        holder.add_metric(
+            [
+                oldest.kind,
+                "" if oldest.pid is None else str(oldest.pid),
+                oldest.application_name or "",
+                oldest.client_addr or "",
+                oldest.state or "",
+            ],
+            1,
+        )
+        out.append(holder)
+    scans = CounterMetricFamily(
+        INDEX_SCANS, "Index scans started on the index (pg_stat_user_indexes).", labels=["index"]
+    )
+    read = CounterMetricFamily(
+        INDEX_ENTRIES_READ,
+        "Index entries its scans returned (idx_tup_read): rate over the scans' rate is entries "
+        "read per scan.",
+        labels=["index"],
+    )
+    fetched = CounterMetricFamily(
+        INDEX_ENTRIES_FETCHED,
+        "Live rows fetched through the index (idx_tup_fetch): entries read and not fetched are "
+        "mostly dead ones a snapshot keeps, stepped over.",
+        labels=["index"],
+    )
+    size = GaugeMetricFamily(INDEX_SIZE, "Size of the index on disk.", labels=["index"])
+    for index in snapshot.index_reads:
+        scans.add_metric([index.index], index.scans)
+        read.add_metric([index.index], index.entries_read)
+        fetched.add_metric([index.index], index.entries_fetched)
+        size.add_metric([index.index], index.size_bytes)
+    live = GaugeMetricFamily(
+        TABLE_LIVE_ROWS, "Live row versions (pg_stat_user_tables, estimated).", labels=["table"]
+    )
+    dead = GaugeMetricFamily(
+        TABLE_DEAD_ROWS,
+        "Dead row versions not yet removed by vacuum (estimated); they stay while a snapshot "
+        "older than them is held.",
+        labels=["table"],
+    )
+    vacuumed = GaugeMetricFamily(
+        TABLE_LAST_VACUUM,
+        "When VACUUM (by hand or autovacuum) last ran on the table; 0 if never since the "
+        "statistics were reset.",
+        labels=["table"],
+    )
+    for table in snapshot.table_dead_rows:
+        live.add_metric([table.table], table.live_rows)
+        dead.add_metric([table.table], table.dead_rows)
+        at = table.last_vacuum_at
+        vacuumed.add_metric([table.table], 0.0 if at is None else at.timestamp())
+    return [*out, scans, read, fetched, size, live, dead, vacuumed]
 
 
 class LedgerCollector(Collector):

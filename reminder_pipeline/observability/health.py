@@ -29,6 +29,7 @@ RUNBOOK_LATENESS = RUNBOOK_DISPATCH + "#lateness-slo-burn"
 RUNBOOK_CLOCK_SKEW = RUNBOOK_DISPATCH + "#clock-skew"
 RUNBOOK_COMING_PEAK = RUNBOOK_DISPATCH + "#coming-peak-over-one-runs-capacity"
 RUNBOOK_STUCK_RELAY = RUNBOOK_OUTBOX + "#stuck-relay"
+RUNBOOK_VACUUM = RUNBOOK_DISPATCH + "#an-old-snapshot-holds-back-vacuum"
 
 #: No successful cycle for longer than this: the dispatcher is not running (design: > 5 min).
 LIVENESS_SECONDS = 300.0
@@ -51,6 +52,19 @@ RELAY_STUCK_SECONDS = 30.0
 #: The design's delivery SLO: SentAt - DueAt at p95 within 2 minutes, over this window.
 LATENESS_SLO_SECONDS = 120.0
 LATENESS_WINDOW = timedelta(minutes=15)
+#: A snapshot held longer than this holds back vacuum long enough to cost the dispatcher: every
+#: reminder dispatched (and message published) since keeps a dead index entry that a scan from
+#: the oldest end reads (the figures measured: docs/runbooks/reminder-dispatch.md, "An old
+#: snapshot holds back vacuum"). Reports and pg_dump of the shared database run that long;
+#: batches, scrapes and the calendar's own requests never do. The vacuum_horizon check warns
+#: past it.
+SNAPSHOT_OLD_SECONDS = 15 * 60.0
+#: The dispatcher slows when its cycles' median duration over the last SLOWING_WINDOW is above
+#: SLOWING_FACTOR times their median over SLOWING_BASELINE (the ledger's duration histogram, as
+#: the alert compares the two rates): with an old snapshot, the check's error.
+SLOWING_WINDOW = timedelta(minutes=10)
+SLOWING_BASELINE = timedelta(hours=6)
+SLOWING_FACTOR = 2.0
 
 Metadata = dict[str, float | int | str | None]
 
@@ -378,7 +392,166 @@ def coming_peak(engine: Engine, now: datetime) -> HealthCheck:
     )
 
 
-CHECKS = (liveness, overdue, errors, outbox_backlog, lateness_slo, clock_skew, coming_peak)
+#: The watched indexes as the vacuum_horizon check's metadata names them.
+_INDEX_FIGURES = {
+    metrics_repository.DUE_INDEX: "due_index",
+    metrics_repository.UNPUBLISHED_INDEX: "unpublished_index",
+}
+
+
+def _vacuum_cost_metadata(
+    reads: list[metrics_repository.IndexReads], tables: list[metrics_repository.TableDeadRows]
+) -> Metadata:
+    """What the held horizon costs: the watched indexes' reads (cumulative since PostgreSQL's
+    statistics were reset: the exporter's counters give them per second) and sizes, the watched
+    tables' dead rows and last vacuum."""
+    figures: Metadata = {}
+    for index in reads:
+        name = _INDEX_FIGURES.get(index.index, index.index)
+        per_scan = index.entries_per_scan
+        figures |= {
+            f"{name}_scans": index.scans,
+            f"{name}_entries_read": index.entries_read,
+            f"{name}_entries_fetched": index.entries_fetched,
+            f"{name}_entries_read_per_scan": None if per_scan is None else round(per_scan, 1),
+            f"{name}_size_bytes": index.size_bytes,
+        }
+    for table in tables:
+        at = table.last_vacuum_at
+        figures |= {
+            f"{table.table}_dead_rows": table.dead_rows,
+            f"{table.table}_live_rows": table.live_rows,
+            f"{table.table}_last_vacuum_at": None if at is None else at.isoformat(),
+        }
+    return figures
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return None if moment is None else moment.isoformat()
+
+
+_HOLDER_FIELDS = (
+    "oldest_snapshot_holder",
+    "holder_kind",
+    "holder_pid",
+    "holder_application_name",
+    "holder_client_addr",
+    "holder_state",
+    "holder_xact_start",
+    "holder_query_start",
+    "holder_xmin_age",
+    "holder_age_seconds",
+)
+
+
+def _holder_figures(horizon: metrics_repository.VacuumHorizon) -> Metadata:
+    """The oldest holder of the xmin horizon, field by field (None: nothing holds it)."""
+    h = horizon.oldest
+    values = (
+        (None,) * len(_HOLDER_FIELDS)
+        if h is None
+        else (
+            h.describe(),
+            h.kind,
+            h.pid,
+            h.application_name,
+            h.client_addr,
+            h.state,
+            _iso(h.xact_start),
+            _iso(h.query_start),
+            h.xmin_age,
+            _round(h.age_seconds),
+        )
+    )
+    fields: Metadata = dict(zip(_HOLDER_FIELDS, values, strict=True))
+    return {
+        **fields,
+        "horizon_held_by": _iso(horizon.held_by),
+        "holders_listed": len(horizon.holders),
+    }
+
+
+def vacuum_horizon(engine: Engine, now: datetime) -> HealthCheck:
+    """No snapshot older than 15 minutes holds back vacuum (a warning naming its holder), and
+    none while the dispatcher slows (an error)."""
+    size = len(ledger.DURATION_BUCKETS) + 1
+    with engine.connect() as conn:
+        horizon = metrics_repository.vacuum_horizon(conn, now)
+        reads = metrics_repository.index_reads(conn)
+        tables = metrics_repository.table_dead_rows(conn)
+        recent = metrics_repository.duration_buckets_since(conn, now - SLOWING_WINDOW, size)
+        baseline = metrics_repository.duration_buckets_since(conn, now - SLOWING_BASELINE, size)
+    recent_p50 = ledger.quantile(0.5, recent, ledger.DURATION_BUCKETS)
+    baseline_p50 = ledger.quantile(0.5, baseline, ledger.DURATION_BUCKETS)
+    ratio = None if recent_p50 is None or not baseline_p50 else recent_p50 / baseline_p50
+    slowing = ratio is not None and ratio > SLOWING_FACTOR
+    age = horizon.age_seconds
+    held = age > SNAPSHOT_OLD_SECONDS
+    holder = horizon.oldest
+    due = next((r for r in reads if r.index == metrics_repository.DUE_INDEX), None)
+    per_scan = None if due is None else due.entries_per_scan
+    cost = (
+        f"; the due index reads {per_scan:,.0f} entries per scan on average, {due.size_bytes:,} "
+        "bytes"
+        if due is not None and per_scan is not None
+        else ""
+    )
+    window = f"{SLOWING_WINDOW.total_seconds() / 60:.0f} min"
+    base = f"{SLOWING_BASELINE.total_seconds() / 3600:.0f} h"
+    pace = (
+        f"cycle median {recent_p50:.2f} s over the last {window}, {ratio:.1f}x its {base} median"
+        if recent_p50 is not None and ratio is not None
+        else f"no cycle in the last {window}"
+    )
+    if holder is None:
+        description = "Nothing holds back vacuum."
+    elif not held:
+        description = (
+            f"Oldest snapshot {age:,.0f} s old (limit {SNAPSHOT_OLD_SECONDS:.0f} s): "
+            f"{holder.describe()}."
+        )
+    else:
+        description = (
+            f"A snapshot {age / 60:,.0f} min old holds back vacuum: {holder.describe()}. "
+            + (
+                f"The dispatcher slows meanwhile ({pace}){cost}. "
+                if slowing
+                else f"The dispatcher keeps its pace ({pace}){cost}. "
+            )
+            + "Find the holder and whether it may be ended: runbook, "
+            "'An old snapshot holds back vacuum'."
+        )
+    return HealthCheck(
+        name="vacuum_horizon",
+        passed=not held,
+        description=description,
+        metadata={
+            "oldest_snapshot_age_seconds": round(age, 1),
+            "oldest_snapshot_xmin_age": horizon.xmin_age,
+            "threshold_seconds": SNAPSHOT_OLD_SECONDS,
+            **_holder_figures(horizon),
+            "cycle_duration_p50_seconds": _round(recent_p50, 3),
+            "cycle_duration_p50_baseline_seconds": _round(baseline_p50, 3),
+            "slowdown_ratio": _round(ratio, 2),
+            "slowdown_factor": SLOWING_FACTOR,
+            **_vacuum_cost_metadata(reads, tables),
+            "runbook_url": RUNBOOK_VACUUM,
+        },
+        severity="ERROR" if held and slowing else "WARN",
+        runbook_url=RUNBOOK_VACUUM,
+    )
+
+
+CHECKS = (
+    liveness,
+    overdue,
+    errors,
+    outbox_backlog,
+    lateness_slo,
+    clock_skew,
+    coming_peak,
+    vacuum_horizon,
+)
 
 _MIN = 60.0
 
@@ -423,12 +596,21 @@ ASSERTIONS: dict[str, tuple[str, str]] = {
         "ahead of the peak).",
         RUNBOOK_COMING_PEAK,
     ),
+    "vacuum_horizon": (
+        f"No snapshot older than {SNAPSHOT_OLD_SECONDS / _MIN:.0f} minutes holds back vacuum on "
+        "the calendar's database (a warning naming its holder: pid, application, client, state, "
+        "since when; see the runbook before ending it), and none while the dispatcher slows "
+        f"(its cycles' median duration over {SLOWING_WINDOW.total_seconds() / _MIN:.0f} minutes "
+        f"above {SLOWING_FACTOR:.0f}x their {SLOWING_BASELINE.total_seconds() / 3600:.0f}-hour "
+        "median: an error).",
+        RUNBOOK_VACUUM,
+    ),
 }
 
 
 def evaluate(engine: Engine, now: datetime | None = None) -> list[HealthCheck]:
     """Every check, in a fixed order: liveness, overdue, errors, outbox, lateness, clock skew,
-    the coming peak.
+    the coming peak, the vacuum horizon.
 
     ``now`` defaults to the database's clock, the one the ledger's rows are stamped with: the
     host that evaluates the checks may run fast or slow (docs/design.md, "One clock").

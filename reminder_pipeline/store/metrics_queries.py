@@ -189,29 +189,36 @@ POISON_ROWS = text(
 # While any of them is older than a dead row version, VACUUM can neither remove that version nor
 # its index entries, and no index scan can mark them dead: a scan that starts behind them visits
 # each one (docs/runbooks/reminder-dispatch.md, "An old snapshot holds back vacuum"). This
-# session is left out, and so are autovacuum workers (a VACUUM's own snapshot holds back no
-# other). ``xmin_age`` is in transactions (``age()``); ``age_seconds`` from the transaction's
-# start, NULL where it is not known (a slot) or hidden (another role's session without
-# pg_read_all_stats shows its pid, application name and xmin only).
+# session is left out, and so are autovacuum workers and the server's other processes (no user:
+# a VACUUM's own snapshot holds back no other). ``xmin_age`` is in transactions (``age()``);
+# ``age_seconds`` from the transaction's start to :now (the caller's database clock; NULL: the
+# statement's), NULL where it is not known (a slot, a walsender) or hidden.
+#
+# Another role's session, without pg_read_all_stats, shows only its pid, user, database,
+# application name and xids: its ``backend_type`` is NULL too, so it is told from the server's
+# own processes by having a user (``usesysid``: client backends, walsenders and background
+# workers have one), and a walsender by its pid in pg_stat_replication.
 SNAPSHOT_HOLDERS = text(
     """
+    WITH clock AS (SELECT coalesce(CAST(:now AS timestamptz), clock_timestamp()) AS now)
     SELECT h.kind, h.pid, h.application_name, h.client_addr, h.state, h.xact_start,
            h.query_start, h.xmin_age, h.age_seconds
       FROM (
-        SELECT CASE WHEN a.backend_type = 'walsender' THEN 'walsender' ELSE 'session' END AS kind,
+        SELECT CASE WHEN r.pid IS NOT NULL THEN 'walsender' ELSE 'session' END AS kind,
                a.pid, a.application_name, host(a.client_addr) AS client_addr, a.state,
                a.xact_start, a.query_start,
                GREATEST(age(a.backend_xmin), age(a.backend_xid)) AS xmin_age,
-               EXTRACT(EPOCH FROM (clock_timestamp() - a.xact_start)) AS age_seconds
-          FROM pg_stat_activity a
+               EXTRACT(EPOCH FROM (clock.now - a.xact_start)) AS age_seconds
+          FROM clock, pg_stat_activity a
+          LEFT JOIN pg_stat_replication r ON r.pid = a.pid
          WHERE (a.backend_xmin IS NOT NULL OR a.backend_xid IS NOT NULL)
            AND a.pid <> pg_backend_pid()
-           AND a.backend_type <> 'autovacuum worker'
-           AND (a.datname = current_database() OR a.backend_type = 'walsender')
+           AND a.usesysid IS NOT NULL
+           AND (a.datname = current_database() OR r.pid IS NOT NULL)
         UNION ALL
         SELECT 'prepared transaction', NULL, p.gid, NULL, NULL, p.prepared, NULL,
-               age(p.transaction), EXTRACT(EPOCH FROM (clock_timestamp() - p.prepared))
-          FROM pg_prepared_xacts p
+               age(p.transaction), EXTRACT(EPOCH FROM (clock.now - p.prepared))
+          FROM clock, pg_prepared_xacts p
          WHERE p.database = current_database()
         UNION ALL
         SELECT 'replication slot', s.active_pid, s.slot_name, NULL,
@@ -221,5 +228,57 @@ SNAPSHOT_HOLDERS = text(
       ) AS h
      ORDER BY h.xmin_age DESC NULLS LAST, h.age_seconds DESC NULLS LAST
      LIMIT :limit
+    """
+)
+
+# When the horizon began at the latest, dated by the metrics ledger, whoever holds it: each
+# ledger row is inserted by a transaction of its own and stamped ``finished_at`` by that
+# statement, so a row whose transaction is younger than the horizon (``age(xmin) < :xmin_age``)
+# was written after the horizon's xmin was assigned, and the oldest such row's ``finished_at``
+# is a moment the horizon already held. With a cycle a minute that dates it to the minute where
+# pg_stat_activity hides the holder's start (another role's session, a slot, a walsender). Reads
+# the detail rows (a day's at most, as SUM_DETAIL does); NULL when no row is that young.
+LEDGER_ROW_AFTER_XMIN = text(
+    "SELECT min(finished_at) FROM dispatch_cycles WHERE age(xmin) < :xmin_age"
+)
+
+# What an old snapshot costs the due scan and the relay's reads, from PostgreSQL's cumulative
+# statistics (read from memory: no table or index is scanned). Per watched index: the scans
+# started on it, the entries they returned and the live rows fetched through them (an entry read
+# and not fetched is, on these partial indexes, a dead one stepped over: a row dispatched or
+# published while a snapshot kept its entry; or one an index-only scan needed no row for), and
+# its size on disk.
+INDEX_READS = text(
+    """
+    SELECT s.indexrelname AS index_name, s.relname AS table_name, s.idx_scan, s.idx_tup_read,
+           s.idx_tup_fetch, pg_relation_size(s.indexrelid) AS size_bytes
+      FROM pg_stat_user_indexes s
+     WHERE s.schemaname = current_schema() AND s.indexrelname = ANY(:names)
+     ORDER BY s.indexrelname
+    """
+)
+
+# Per watched table: live and dead row versions as PostgreSQL counts them, and when VACUUM (by
+# hand or autovacuum) last ran on it. Dead rows that stay while vacuum runs are ones a snapshot
+# still needs ("dead but not yet removable" in autovacuum's log).
+TABLE_DEAD_ROWS = text(
+    """
+    SELECT relname AS table_name, n_live_tup, n_dead_tup,
+           GREATEST(last_vacuum, last_autovacuum) AS last_vacuum_at
+      FROM pg_stat_user_tables
+     WHERE schemaname = current_schema() AND relname = ANY(:names)
+     ORDER BY relname
+    """
+)
+
+# The cycle-duration histogram of a recent window (the vacuum_horizon check's "slowing": the
+# median of the last minutes against a longer run's, as the alert compares the two rates).
+DURATION_BUCKETS_SINCE = text(
+    """
+    SELECT u.i, sum(u.n) AS n
+      FROM dispatch_cycles c, unnest(c.duration_buckets) WITH ORDINALITY AS u(n, i)
+     WHERE c.finished_at >= :since
+     GROUP BY u.i
+     ORDER BY u.i
     """
 )

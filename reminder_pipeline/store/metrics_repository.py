@@ -12,6 +12,7 @@ from sqlalchemy.engine import Connection
 from ..domain.model import TOTALED_COUNTERS
 from . import metrics_queries as q
 from . import queries, repository
+from .tables import event_reminders, outbox
 
 
 @dataclass(frozen=True)
@@ -352,10 +353,30 @@ class SnapshotHolder:
     #: Seconds since its transaction began (None: not known, or hidden).
     age_seconds: float | None
 
+    def describe(self) -> str:
+        """``session pid 4711 ('nightly-report', client 10.0.0.7, idle in transaction, 1,234 s,
+        xmin 5,678 transactions old)``."""
+        parts = [f"'{self.application_name}'" if self.application_name is not None else "no name"]
+        if self.client_addr is not None:
+            parts.append(f"client {self.client_addr}")
+        if self.state is not None:
+            parts.append(self.state)
+        elif self.kind == "session":
+            parts.append("state hidden (no pg_read_all_stats)")
+        if self.age_seconds is not None:
+            parts.append(f"{self.age_seconds:,.0f} s")
+        if self.xmin_age is not None:
+            parts.append(f"xmin {self.xmin_age:,} transactions old")
+        pid = "" if self.pid is None else f" pid {self.pid}"
+        return f"{self.kind}{pid} ({', '.join(parts)})"
 
-def snapshot_holders(conn: Connection, limit: int = 5) -> list[SnapshotHolder]:
-    """Who holds back this database's xmin horizon, the oldest first (at most ``limit``)."""
-    rows = conn.execute(q.SNAPSHOT_HOLDERS, {"limit": limit}).all()
+
+def snapshot_holders(
+    conn: Connection, limit: int = 5, now: datetime | None = None
+) -> list[SnapshotHolder]:
+    """Who holds back this database's xmin horizon, the oldest first (at most ``limit``); ages
+    in seconds up to ``now`` (by default the database's clock as the statement runs)."""
+    rows = conn.execute(q.SNAPSHOT_HOLDERS, {"now": now, "limit": limit}).all()
     return [
         SnapshotHolder(
             kind=r.kind,
@@ -366,7 +387,132 @@ def snapshot_holders(conn: Connection, limit: int = 5) -> list[SnapshotHolder]:
             xact_start=r.xact_start,
             query_start=r.query_start,
             xmin_age=None if r.xmin_age is None else int(r.xmin_age),
-            age_seconds=None if r.age_seconds is None else float(r.age_seconds),
+            # A transaction begun after :now was read: 0, not a negative age.
+            age_seconds=None if r.age_seconds is None else max(float(r.age_seconds), 0.0),
         )
         for r in rows
     ]
+
+
+@dataclass(frozen=True)
+class VacuumHorizon:
+    """The database's xmin horizon: who holds it back, oldest first, and since when."""
+
+    holders: list[SnapshotHolder]
+    #: A moment the horizon already held, dated by the metrics ledger (None: no ledger row is
+    #: younger than it): LEDGER_ROW_AFTER_XMIN.
+    held_by: datetime | None
+    #: The database's clock the ages are measured to.
+    now: datetime
+
+    @property
+    def oldest(self) -> SnapshotHolder | None:
+        """The holder with the oldest xmin (None: nothing holds the horizon back)."""
+        return self.holders[0] if self.holders else None
+
+    @property
+    def xmin_age(self) -> int:
+        """How many transactions old the horizon is (0 when nothing holds it back)."""
+        oldest = self.oldest
+        return 0 if oldest is None or oldest.xmin_age is None else max(oldest.xmin_age, 0)
+
+    @property
+    def age_seconds(self) -> float:
+        """How long the horizon has been held back: the oldest holder's transaction age where
+        pg_stat_activity shows it, and at least since the ledger row that dates the horizon
+        (whichever is longer); 0 when nothing holds it back or neither is known."""
+        oldest = self.oldest
+        if oldest is None:
+            return 0.0
+        ages = [] if oldest.age_seconds is None else [oldest.age_seconds]
+        if self.held_by is not None:
+            ages.append(max((self.now - self.held_by).total_seconds(), 0.0))
+        return max(ages, default=0.0)
+
+
+def vacuum_horizon(conn: Connection, now: datetime, limit: int = 5) -> VacuumHorizon:
+    """Who holds back the xmin horizon and since when (run both reads in one transaction: the
+    ages in transactions are counted from the same latest transaction id)."""
+    holders = snapshot_holders(conn, limit, now)
+    oldest = holders[0].xmin_age if holders else None
+    held_by = None
+    if oldest is not None and oldest > 0:
+        held_by = conn.execute(q.LEDGER_ROW_AFTER_XMIN, {"xmin_age": oldest}).scalar_one()
+    return VacuumHorizon(holders, held_by, now)
+
+
+#: The due scan's index and the relay's (store/tables.py): while a snapshot is held, both keep an
+#: entry for every row dispatched (published) since it began, and a scan from their oldest end
+#: reads each one. Their tables are watched for dead rows and vacuum.
+DUE_INDEX = "ix_event_reminders_status_due_at"
+UNPUBLISHED_INDEX = "ix_outbox_unpublished"
+WATCHED_INDEXES = (DUE_INDEX, UNPUBLISHED_INDEX)
+WATCHED_TABLES = (event_reminders.name, outbox.name)
+
+
+@dataclass(frozen=True)
+class IndexReads:
+    """One index's cumulative read statistics (pg_stat_user_indexes) and its size."""
+
+    index: str
+    table: str
+    #: Index scans started on it.
+    scans: int
+    #: Index entries those scans returned (``idx_tup_read``).
+    entries_read: int
+    #: Live rows fetched through it (``idx_tup_fetch``): read and not fetched is, on these
+    #: partial indexes, mostly a dead entry stepped over.
+    entries_fetched: int
+    size_bytes: int
+
+    @property
+    def entries_per_scan(self) -> float | None:
+        """Entries read per scan since the statistics were reset (None: no scan)."""
+        return self.entries_read / self.scans if self.scans else None
+
+
+def index_reads(conn: Connection, names: Sequence[str] = WATCHED_INDEXES) -> list[IndexReads]:
+    """The watched indexes' read statistics, by name."""
+    rows = conn.execute(q.INDEX_READS, {"names": list(names)}).all()
+    return [
+        IndexReads(
+            index=r.index_name,
+            table=r.table_name,
+            scans=int(r.idx_scan or 0),
+            entries_read=int(r.idx_tup_read or 0),
+            entries_fetched=int(r.idx_tup_fetch or 0),
+            size_bytes=int(r.size_bytes or 0),
+        )
+        for r in rows
+    ]
+
+
+@dataclass(frozen=True)
+class TableDeadRows:
+    """One table's live and dead row versions (pg_stat_user_tables) and its last vacuum."""
+
+    table: str
+    live_rows: int
+    dead_rows: int
+    #: The last VACUUM, by hand or autovacuum (None: never since the statistics were reset).
+    last_vacuum_at: datetime | None
+
+
+def table_dead_rows(conn: Connection, names: Sequence[str] = WATCHED_TABLES) -> list[TableDeadRows]:
+    """The watched tables' row counts and last vacuum, by name."""
+    rows = conn.execute(q.TABLE_DEAD_ROWS, {"names": list(names)}).all()
+    return [
+        TableDeadRows(
+            table=r.table_name,
+            live_rows=int(r.n_live_tup or 0),
+            dead_rows=int(r.n_dead_tup or 0),
+            last_vacuum_at=r.last_vacuum_at,
+        )
+        for r in rows
+    ]
+
+
+def duration_buckets_since(conn: Connection, since: datetime, size: int) -> list[int]:
+    """Per-bucket cycle-duration counts of the cycles finished at or after ``since``."""
+    counts = {int(r.i): int(r.n) for r in conn.execute(q.DURATION_BUCKETS_SINCE, {"since": since})}
+    return [counts.get(i + 1, 0) for i in range(size)]

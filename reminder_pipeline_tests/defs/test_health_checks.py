@@ -44,6 +44,7 @@ NAMES = [
     "lateness_slo",
     "clock_skew",
     "coming_peak",
+    "vacuum_horizon",
 ]
 
 
@@ -101,6 +102,7 @@ def test_with_no_dispatch_ever_and_an_overdue_row_liveness_and_overdue_fail(
         "lateness_slo": True,
         "clock_skew": True,
         "coming_peak": True,
+        "vacuum_horizon": True,
     }
     overdue = checks["no_overdue_reminders"]
     assert overdue.severity is AssetCheckSeverity.ERROR

@@ -108,3 +108,23 @@ def test_every_rule_has_severity_text_and_an_existing_runbook_section():
         }
         assert not anchor or anchor in anchors, f"{rule['alert']}: no #{anchor} in {path}"
         assert f"`{rule['alert']}`" in text, f"{path} does not name {rule['alert']}"
+
+
+def test_the_old_snapshot_rule_is_the_vacuum_horizon_check():
+    [rule] = _rules("ReminderDispatchVacuumHeldBack")
+    expr = rule["expr"]
+    [age] = re.findall(r"oldest_snapshot_age_seconds\)\s*>\s*(\d+(?:\.\d+)?)", expr)
+    assert float(age) == health.SNAPSHOT_OLD_SECONDS
+    [factor] = re.findall(r">\s*(\d+(?:\.\d+)?)\s*\*\s*histogram_quantile", expr)
+    assert float(factor) == health.SLOWING_FACTOR
+    # The medians of the same histogram over the check's two windows: recent first, then baseline.
+    assert expr.count("histogram_quantile(0.5,") == 2
+    windows = re.findall(r"cycle_duration_seconds_bucket\[(\w+)\]", expr)
+    assert [timedelta(seconds=_seconds(w)) for w in windows] == [
+        health.SLOWING_WINDOW,
+        health.SLOWING_BASELINE,
+    ]
+    # Both at once, for a while: neither an old snapshot nor slow cycles alone pages.
+    assert "and on ()" in expr and _seconds(rule["for"]) > 0
+    assert rule["labels"]["severity"] == "critical"  # the check's ERROR
+    assert rule["annotations"]["runbook_url"] == health.RUNBOOK_VACUUM

@@ -509,6 +509,8 @@ def test_the_dashboard_has_the_background_jobs_row_and_its_panels():
         "Lateness p50 / p95 (SLO 120 s)",
         "Errors per minute",
         "Outbox lag",
+        "Oldest snapshot (holds back vacuum)",
+        "Due index: entries read per scan",
     ):
         assert by_title[title]["type"] == "timeseries", title
     lateness = by_title["Lateness p50 / p95 (SLO 120 s)"]

@@ -36,6 +36,7 @@ def test_a_fresh_system_is_not_live_and_otherwise_clean(engine):
         "lateness_slo",
         "clock_skew",
         "coming_peak",
+        "vacuum_horizon",
     ]
     assert not checks["dispatch_liveness"].passed
     assert checks["dispatch_liveness"].metadata["seconds_since_last_success"] is None
