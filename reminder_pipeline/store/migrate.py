@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 from alembic import command
@@ -25,11 +27,33 @@ def alembic_config(connection: Connection) -> Config:
     return config
 
 
+#: Serialises migration runs (several processes starting at once): a session-level advisory
+#: lock, since an autocommit block commits the migration's transaction mid-way.
+MIGRATION_LOCK_KEY = 7263001
+#: What a DBA sees in pg_stat_activity.application_name while a migration runs.
+APPLICATION_NAME = "reminder-pipeline migration"
+
+
+@contextlib.contextmanager
+def _migration_session(engine: Engine) -> Iterator[Connection]:
+    """A session of its own for one migration run, named, bounded for long statements, holding
+    the migration lock; the session (and the lock with it) ends on the way out.
+
+    Each migration runs in its own transaction except its autocommit blocks
+    (:mod:`.migrations.online_ddl`), so a failure half-way leaves ``alembic_version`` at the last
+    completed revision and a second run finishes the job.
+    """
+    with engine.connect() as connection, migration_bounds(connection):
+        connection.exec_driver_sql(f"SET application_name = '{APPLICATION_NAME}'")
+        connection.exec_driver_sql(f"SELECT pg_advisory_lock({MIGRATION_LOCK_KEY})")
+        connection.commit()  # the lock and the settings are the session's; Alembic begins anew
+        yield connection
+        connection.commit()
+
+
 def upgrade(engine: Engine, revision: str = "head") -> None:
     """Migrate the database forward to ``revision``; a no-op when already there."""
-    with engine.begin() as connection, migration_bounds(connection):
-        # Serialise concurrent upgrades (several processes starting at once).
-        connection.exec_driver_sql("SELECT pg_advisory_xact_lock(7263001)")
+    with _migration_session(engine) as connection:
         command.upgrade(alembic_config(connection), revision)
 
 
@@ -40,11 +64,10 @@ class BadRevision(ValueError):
 def downgrade(engine: Engine, revision: str) -> None:
     """Migrate the database back to ``revision``; a bad one raises :class:`BadRevision`.
 
-    Alembic resolves the target before it runs a step, and the whole downgrade is one
-    transaction: a refused revision changed nothing.
+    Alembic resolves the target before it runs a step: a refused revision changed nothing.
     """
     try:
-        with engine.begin() as connection, migration_bounds(connection):
+        with _migration_session(engine) as connection:
             command.downgrade(alembic_config(connection), revision)
     except (CommandError, RevisionError) as error:
         raise BadRevision(" ".join(str(error).split()) or type(error).__name__) from None
