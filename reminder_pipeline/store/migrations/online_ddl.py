@@ -105,11 +105,21 @@ def run_ddl(statement: str, *, table: str, lock: str = ACCESS_EXCLUSIVE) -> None
     """Run ``statement`` (which takes ``lock`` on ``table``) in its own transaction under a short
     lock_timeout, retried with back-off; :class:`LockNotGranted` if every attempt times out."""
     holder: dict[str, object] = {}
+    words = " ".join(statement.split()[:2])
     with _autocommit() as conn, _lock_timeout(conn, LOCK_TIMEOUT_MS):
         pause = BACKOFF_SECONDS
+        started = time.monotonic()
         for attempt in range(1, ATTEMPTS + 1):
             try:
                 conn.exec_driver_sql(statement)
+                event(
+                    log,
+                    logging.INFO,
+                    "migration step: done",
+                    step=f"{words} {table}",
+                    attempts=attempt,
+                    seconds=round(time.monotonic() - started, 3),
+                )
                 return
             except sa.exc.OperationalError as error:
                 if not isinstance(error.orig, errors.LockNotAvailable):
@@ -131,7 +141,6 @@ def run_ddl(statement: str, *, table: str, lock: str = ACCESS_EXCLUSIVE) -> None
             )
             time.sleep(pause)
             pause = min(pause * 2, BACKOFF_MAX_SECONDS)
-    words = " ".join(statement.split()[:2])
     raise LockNotGranted(
         f"{words} {table}: its {_MODE_WORDS.get(lock, lock)} lock on {table} was not granted "
         f"within {LOCK_TIMEOUT_MS} ms in {ATTEMPTS} attempts; {_describe(holder)}; the migration "
