@@ -57,7 +57,7 @@ class Write:
 
 
 def _seeded_event(n: int) -> uuid.UUID:
-    """Event ``n`` of the seeded calendar (``benchmarks/_seed.py``: ``md5('event' || n)::uuid``)."""
+    """Event ``n`` as ``benchmarks/_seed.py`` made it (``md5('event' || n)::uuid``)."""
     return uuid.UUID(hashlib.md5(f"event{n}".encode()).hexdigest())
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import logging
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,9 +14,14 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.script.revision import RevisionError
 from alembic.util.exc import CommandError
+from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 
-from .engine import migration_bounds
+from ..logs import event
+from .engine import MIGRATION_STATEMENT_TIMEOUT_MS, migration_bounds
+from .migrations.online_ddl import LockNotGranted
+
+log = logging.getLogger(__name__)
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -32,6 +39,20 @@ def alembic_config(connection: Connection) -> Config:
 MIGRATION_LOCK_KEY = 7263001
 #: What a DBA sees in pg_stat_activity.application_name while a migration runs.
 APPLICATION_NAME = "reminder-pipeline migration"
+#: How often a run waiting for another one tries the migration lock again, and for how long.
+LOCK_POLL_SECONDS = 0.5
+LOCK_WAIT_SECONDS = MIGRATION_STATEMENT_TIMEOUT_MS / 1000
+
+TRY_MIGRATION_LOCK = text("SELECT pg_try_advisory_lock(:key)")
+# The session holding the migration lock: another migration run.
+MIGRATION_LOCK_HOLDER = text(
+    """
+    SELECT l.pid, a.application_name
+      FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+     WHERE l.locktype = 'advisory' AND l.classid = 0 AND l.objid = :key AND l.granted
+       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+    """
+)
 
 
 @contextlib.contextmanager
@@ -45,10 +66,34 @@ def _migration_session(engine: Engine) -> Iterator[Connection]:
     """
     with engine.connect() as connection, migration_bounds(connection):
         connection.exec_driver_sql(f"SET application_name = '{APPLICATION_NAME}'")
-        connection.exec_driver_sql(f"SELECT pg_advisory_lock({MIGRATION_LOCK_KEY})")
-        connection.commit()  # the lock and the settings are the session's; Alembic begins anew
+        connection.commit()
+        _take_migration_lock(connection)
         yield connection
         connection.commit()
+
+
+def _take_migration_lock(connection: Connection) -> None:
+    """Take the migration lock, trying again while another run holds it.
+
+    Not ``pg_advisory_lock``: a session blocked in it holds a snapshot, which the other run's
+    ``CREATE INDEX CONCURRENTLY`` waits for while that run holds the lock (a deadlock the server
+    ends by failing one of them). Between tries this session is in no transaction.
+    """
+    deadline = time.monotonic() + LOCK_WAIT_SECONDS
+    holder = None
+    while not connection.execute(TRY_MIGRATION_LOCK, {"key": MIGRATION_LOCK_KEY}).scalar():
+        if holder is None:
+            row = connection.execute(MIGRATION_LOCK_HOLDER, {"key": MIGRATION_LOCK_KEY}).first()
+            holder = f"pid {row.pid} ({row.application_name})" if row else "a session now gone"
+            event(log, logging.INFO, "waiting for another migration run", holder=holder)
+        connection.commit()
+        if time.monotonic() > deadline:
+            raise LockNotGranted(
+                f"the migration lock was held by another migration run ({holder}) for "
+                f"{LOCK_WAIT_SECONDS:.0f} s: nothing migrated; run it again once that one ended"
+            )
+        time.sleep(LOCK_POLL_SECONDS)
+    connection.commit()
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:

@@ -6,6 +6,9 @@
   holder (exit 1), the revision stays where it was, and a second run finishes.
 * A concurrent index build cancelled half-way leaves an INVALID index; the next run finds it,
   drops it and builds it again.
+* Two upgrades started together both succeed, one after the other: the one waiting for the
+  migration lock holds no snapshot that the other's concurrent index builds would wait for (a
+  session blocked in ``pg_advisory_lock`` does, and the server ended that deadlock by failing one).
 * From 0006 to head with rows present, stopped half-way (in 0009), the database stays at the
   last completed revision with that migration's first steps done; a second run finishes it at
   the declared schema (storage parameters included) with every row kept, and a third changes
@@ -186,6 +189,15 @@ def test_a_concurrent_build_cancelled_half_way_is_rebuilt_by_the_next_run(empty_
     migrate.upgrade(empty_engine)
     assert _index_valid(empty_engine, index) is True
     assert migrate.current_revision(empty_engine) == migrate.head_revision()
+
+
+def test_two_upgrades_started_together_both_succeed_one_after_the_other(empty_engine):
+    with ThreadPoolExecutor(2) as pool:
+        upgrades = [pool.submit(migrate.upgrade, empty_engine) for _ in range(2)]
+        for upgrade in upgrades:
+            upgrade.result(timeout=PATIENCE_SECONDS)
+    assert migrate.current_revision(empty_engine) == migrate.head_revision()
+    assert schema_differences(empty_engine) == []
 
 
 #: A small calendar at 0006: events with a reminder each, some already dispatched (Sent, with an
