@@ -19,7 +19,8 @@ which writer moved a reminder out of Pending.
 Runs on a live calendar (``online_ddl``): the columns are nullable (no table rewrite), added in
 one statement under a short lock_timeout with retries; the indexes are built CONCURRENTLY, so
 the calendar's writes never wait for a build. Run again after a failure half-way, it finishes
-the job (an index a failed build left invalid is built again).
+the job (an index a failed build left invalid is built again; a valid one of the same name, as
+one built by hand beforehand, is kept).
 
 Revision ID: 0007
 Revises: 0006
