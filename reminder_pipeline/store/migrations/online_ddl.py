@@ -71,23 +71,28 @@ _MODE_WORDS = {
 }
 
 # The session holding a lock on :relation that :modes conflict with, oldest transaction first,
-# and how many such sessions there are. (pg_blocking_pids answers only while a session waits;
-# the step has stopped waiting when this runs.) Another role's session shows its pid, application
-# name and backend type; its state and transaction start only to a role with pg_read_all_stats.
+# and how many sessions hold one. (pg_blocking_pids answers only while a session waits; the step
+# has stopped waiting when this runs.) Another role's session shows its pid, application name and
+# backend type; its state and transaction start only to a role with pg_read_all_stats. A
+# prepared transaction holds its locks with no pid.
 LOCK_HOLDER = sa.text(
     """
-    SELECT a.pid, a.application_name, a.backend_type, a.state, l.mode,
-           floor(EXTRACT(EPOCH FROM (clock_timestamp() - a.xact_start)))::int AS xact_seconds,
-           count(*) OVER () AS holders
-      FROM pg_locks l
-      JOIN pg_stat_activity a ON a.pid = l.pid
-     WHERE l.locktype = 'relation'
-       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-       AND l.relation = to_regclass(:relation)
-       AND l.granted
-       AND l.mode = ANY (CAST(:modes AS text[]))
-       AND l.pid <> pg_backend_pid()
-     ORDER BY a.xact_start NULLS LAST, a.pid
+    SELECT h.*, count(*) OVER () AS holders
+      FROM (
+        SELECT DISTINCT ON (l.pid) l.pid, a.application_name, a.backend_type, a.state, l.mode,
+               floor(EXTRACT(EPOCH FROM (clock_timestamp() - a.xact_start)))::int AS xact_seconds,
+               a.xact_start
+          FROM pg_locks l
+          LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+         WHERE l.locktype = 'relation'
+           AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+           AND l.relation = to_regclass(:relation)
+           AND l.granted
+           AND l.mode = ANY (CAST(:modes AS text[]))
+           AND l.pid IS DISTINCT FROM pg_backend_pid()
+         ORDER BY l.pid, l.mode
+      ) AS h
+     ORDER BY h.xact_start NULLS LAST, h.pid
      LIMIT 1
     """
 )
@@ -215,13 +220,17 @@ def _lock_timeout(conn: Connection, milliseconds: int) -> Iterator[None]:
 def _holder(conn: Connection, relation: str, lock: str) -> dict[str, object]:
     """The session holding a lock on ``relation`` that ``lock`` waits for ({} when none is left)."""
     row = conn.execute(LOCK_HOLDER, {"relation": relation, "modes": CONFLICTS[lock]}).first()
-    return dict(row._mapping) if row is not None else {}
+    if row is None:
+        return {}
+    return {key: value for key, value in row._mapping.items() if key != "xact_start"}
 
 
 def _describe(holder: dict[str, object]) -> str:
     """The holder in a few words for the one-line error."""
     if not holder:
         return "no session held a conflicting lock any more when it was looked up"
+    if holder["pid"] is None:
+        return "held by a prepared transaction (pg_prepared_xacts: COMMIT or ROLLBACK PREPARED it)"
     details = [f'application "{holder["application_name"]}"', str(holder["backend_type"])]
     if holder.get("state"):
         details.append(str(holder["state"]))
