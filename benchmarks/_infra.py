@@ -104,13 +104,16 @@ class Servers:
 
 
 @contextlib.contextmanager
-def servers(keep_workdir: bool = False, stat_statements: bool = False) -> Iterator[Servers]:
+def servers(
+    keep_workdir: bool = False, stat_statements: bool = False, broker: bool = True
+) -> Iterator[Servers]:
     """Embedded PostgreSQL + broker in a temp dir on free ports, unless the environment names servers.
 
-    ``stat_statements`` loads pg_stat_statements in the embedded server (for profiling).
+    ``stat_statements`` loads pg_stat_statements in the embedded server (for profiling);
+    ``broker=False``: no broker (a benchmark of the database alone; ``bootstrap_servers`` empty).
     """
     workdir = Path(tempfile.mkdtemp(prefix="rp-bench-"))
-    pg = broker = None
+    pg = embedded = None
     try:
         admin_url = os.environ.get("DATABASE_URL")
         if admin_url:
@@ -133,19 +136,19 @@ def servers(keep_workdir: bool = False, stat_statements: bool = False) -> Iterat
                 pg.stop()
                 pg.start()
             admin_url = pg.url("postgres")
-        servers_ = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
-        if not servers_:
-            broker = EmbeddedBroker(state_dir=workdir / "broker", port=free_port())
-            progress(f"starting embedded broker on port {broker.port}")
-            servers_ = broker.start()
+        servers_ = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "")
+        if not servers_ and broker:
+            embedded = EmbeddedBroker(state_dir=workdir / "broker", port=free_port())
+            progress(f"starting embedded broker on port {embedded.port}")
+            servers_ = embedded.start()
         srv = Servers(admin_url, servers_, workdir, embedded=pg is not None)
         try:
             yield srv
         finally:
             srv.drop_all()
     finally:
-        if broker is not None:
-            broker.stop()
+        if embedded is not None:
+            embedded.stop()
         if pg is not None:
             pg.stop()
         if not keep_workdir:

@@ -140,6 +140,21 @@ def database_url(pg_admin_url: str, template_db: str) -> Iterator[str]:
 
 
 @pytest.fixture
+def empty_engine(pg_admin_url: str) -> Iterator[Engine]:
+    """An engine on an empty database of its own (no revision: the test migrates it itself)."""
+    name = f"rp_empty_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(_psycopg_dsn(pg_admin_url), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    engine = make_engine(
+        make_url(pg_admin_url).set(database=name).render_as_string(hide_password=False)
+    )
+    yield engine
+    engine.dispose()
+    with psycopg.connect(_psycopg_dsn(pg_admin_url), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
 def engine(database_url: str) -> Iterator[Engine]:
     """An engine on the test's own database."""
     engine = make_engine(database_url, pool_size=10)

@@ -142,6 +142,27 @@ def event_row(engine: Engine, event_id: uuid.UUID) -> dict[str, Any]:
         )
 
 
+def schema_differences(engine: Engine) -> list[Any]:
+    """How the database's schema differs from ``tables.py``: Alembic's comparison (columns, types,
+    indexes, constraints), then each table's storage parameters (``pg_class.reloptions``)."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+
+    from reminder_pipeline.store.tables import metadata
+
+    with engine.connect() as conn:
+        context = MigrationContext.configure(conn, opts={"compare_type": True})
+        found: list[Any] = list(compare_metadata(context, metadata))
+        inspector = sa.inspect(conn)
+        for name, table in metadata.tables.items():
+            declared = table.dialect_options["postgresql"]["with"] or {}
+            wanted = {key: str(value) for key, value in declared.items()}
+            stored = inspector.get_table_options(name).get("postgresql_with", {})
+            if stored != wanted:
+                found.append(("storage parameters", name, stored, wanted))
+    return found
+
+
 @dataclass
 class ReadMessage:
     """A message read back from the topic."""

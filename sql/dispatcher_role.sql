@@ -67,6 +67,21 @@ BEGIN
 END
 $$;
 
+-- Where the due scan and the relay's reads start (migration 0009 and later), when present: one
+-- row each, inserted by its first writer, then updated.
+DO $$
+DECLARE
+    t text;
+BEGIN
+    FOREACH t IN ARRAY ARRAY['due_scan_position', 'outbox_relay_position'] LOOP
+        IF to_regclass('public.' || t) IS NOT NULL THEN
+            EXECUTE format('REVOKE ALL ON %I FROM reminder_dispatcher', t);
+            EXECUTE format('GRANT SELECT, INSERT, UPDATE ON %I TO reminder_dispatcher', t);
+        END IF;
+    END LOOP;
+END
+$$;
+
 -- The metrics ledger (migration 0002 and later), when present.
 DO $$
 DECLARE

@@ -41,12 +41,14 @@ def exit_code(error: BaseException) -> int | None:
     from ..local.dagster_processes import OrchestratorError
     from ..local.servers import ServiceError
     from ..store.engine import DatabaseUnavailable
+    from ..store.migrations.online_ddl import LockNotGranted
 
     if isinstance(error, ConfigError):
         return EXIT_USAGE
     if isinstance(
         error,
         DatabaseUnavailable
+        | LockNotGranted
         | ServiceError
         | OrchestratorError
         | SchemaNotReady

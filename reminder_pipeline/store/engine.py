@@ -77,19 +77,22 @@ def make_engine(
 
 @contextlib.contextmanager
 def migration_bounds(connection: Connection) -> Iterator[None]:
-    """Inside a migration's transaction: its statements may run for
-    :data:`MIGRATION_STATEMENT_TIMEOUT_MS` (server and client side alike)."""
+    """For a migration's session: its statements may run for :data:`MIGRATION_STATEMENT_TIMEOUT_MS`
+    (server and client side alike), and the session ends on the way out.
+
+    The session's, not one transaction's: an autocommit block (``CREATE INDEX CONCURRENTLY``)
+    commits the migration's transaction and runs outside any. Ending the session leaves no pooled
+    connection with the long bound (nor whatever else the migration set on it).
+    """
     dbapi = connection.connection.dbapi_connection
-    connection.exec_driver_sql(f"SET LOCAL statement_timeout = {MIGRATION_STATEMENT_TIMEOUT_MS}")
-    if not isinstance(dbapi, pg_client.BoundedConnection):
-        yield
-        return
-    before = dbapi.read_timeout
-    dbapi.read_timeout = pg_client.read_bound(MIGRATION_STATEMENT_TIMEOUT_MS)
+    connection.exec_driver_sql(f"SET statement_timeout = {MIGRATION_STATEMENT_TIMEOUT_MS}")
+    if isinstance(dbapi, pg_client.BoundedConnection):
+        dbapi.read_timeout = pg_client.read_bound(MIGRATION_STATEMENT_TIMEOUT_MS)
     try:
         yield
     finally:
-        dbapi.read_timeout = before
+        connection.invalidate()
+        connection.rollback()  # the connection's own state: the next use starts a new session
 
 
 class DatabaseUnavailable(ConnectionError):

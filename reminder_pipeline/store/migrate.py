@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from alembic import command
@@ -10,9 +14,14 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.script.revision import RevisionError
 from alembic.util.exc import CommandError
+from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 
-from .engine import migration_bounds
+from ..logs import event
+from .engine import MIGRATION_STATEMENT_TIMEOUT_MS, migration_bounds
+from .migrations.online_ddl import LockNotGranted
+
+log = logging.getLogger(__name__)
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -25,11 +34,71 @@ def alembic_config(connection: Connection) -> Config:
     return config
 
 
+#: Serialises migration runs (several processes starting at once): a session-level advisory
+#: lock, since an autocommit block commits the migration's transaction mid-way.
+MIGRATION_LOCK_KEY = 7263001
+#: What a DBA sees in pg_stat_activity.application_name while a migration runs.
+APPLICATION_NAME = "reminder-pipeline migration"
+#: How often a run waiting for another one tries the migration lock again, and for how long.
+LOCK_POLL_SECONDS = 0.5
+LOCK_WAIT_SECONDS = MIGRATION_STATEMENT_TIMEOUT_MS / 1000
+
+TRY_MIGRATION_LOCK = text("SELECT pg_try_advisory_lock(:key)")
+# The session holding the migration lock: another migration run.
+MIGRATION_LOCK_HOLDER = text(
+    """
+    SELECT l.pid, a.application_name
+      FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+     WHERE l.locktype = 'advisory' AND l.classid = 0 AND l.objid = :key AND l.granted
+       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+    """
+)
+
+
+@contextlib.contextmanager
+def _migration_session(engine: Engine) -> Iterator[Connection]:
+    """A session of its own for one migration run, named, bounded for long statements, holding
+    the migration lock; the session (and the lock with it) ends on the way out.
+
+    Each migration runs in its own transaction except its autocommit blocks
+    (:mod:`.migrations.online_ddl`), so a failure half-way leaves ``alembic_version`` at the last
+    completed revision and a second run finishes the job.
+    """
+    with engine.connect() as connection, migration_bounds(connection):
+        connection.exec_driver_sql(f"SET application_name = '{APPLICATION_NAME}'")
+        connection.commit()
+        _take_migration_lock(connection)
+        yield connection
+        connection.commit()
+
+
+def _take_migration_lock(connection: Connection) -> None:
+    """Take the migration lock, trying again while another run holds it.
+
+    Not ``pg_advisory_lock``: a session blocked in it holds a snapshot, which the other run's
+    ``CREATE INDEX CONCURRENTLY`` waits for while that run holds the lock (a deadlock the server
+    ends by failing one of them). Between tries this session is in no transaction.
+    """
+    deadline = time.monotonic() + LOCK_WAIT_SECONDS
+    holder = None
+    while not connection.execute(TRY_MIGRATION_LOCK, {"key": MIGRATION_LOCK_KEY}).scalar():
+        if holder is None:
+            row = connection.execute(MIGRATION_LOCK_HOLDER, {"key": MIGRATION_LOCK_KEY}).first()
+            holder = f"pid {row.pid} ({row.application_name})" if row else "a session now gone"
+            event(log, logging.INFO, "waiting for another migration run", holder=holder)
+        connection.commit()
+        if time.monotonic() > deadline:
+            raise LockNotGranted(
+                f"the migration lock was held by another migration run ({holder}) for "
+                f"{LOCK_WAIT_SECONDS:.0f} s: nothing migrated; run it again once that one ended"
+            )
+        time.sleep(LOCK_POLL_SECONDS)
+    connection.commit()
+
+
 def upgrade(engine: Engine, revision: str = "head") -> None:
     """Migrate the database forward to ``revision``; a no-op when already there."""
-    with engine.begin() as connection, migration_bounds(connection):
-        # Serialise concurrent upgrades (several processes starting at once).
-        connection.exec_driver_sql("SELECT pg_advisory_xact_lock(7263001)")
+    with _migration_session(engine) as connection:
         command.upgrade(alembic_config(connection), revision)
 
 
@@ -40,11 +109,10 @@ class BadRevision(ValueError):
 def downgrade(engine: Engine, revision: str) -> None:
     """Migrate the database back to ``revision``; a bad one raises :class:`BadRevision`.
 
-    Alembic resolves the target before it runs a step, and the whole downgrade is one
-    transaction: a refused revision changed nothing.
+    Alembic resolves the target before it runs a step: a refused revision changed nothing.
     """
     try:
-        with engine.begin() as connection, migration_bounds(connection):
+        with _migration_session(engine) as connection:
             command.downgrade(alembic_config(connection), revision)
     except (CommandError, RevisionError) as error:
         raise BadRevision(" ".join(str(error).split()) or type(error).__name__) from None

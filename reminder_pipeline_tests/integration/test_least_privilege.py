@@ -269,3 +269,22 @@ def test_dispatcher_role_cannot_rewrite_events(dispatcher_engine):
         dispatcher_engine.begin() as conn,
     ):
         conn.execute(sa.text("UPDATE calendar_events SET status = 'Cancelled'"))
+
+
+def test_dispatcher_role_reads_and_writes_the_scan_positions_and_deletes_nothing(
+    dispatcher_engine,
+):
+    with dispatcher_engine.connect() as conn:
+        rights = {
+            (table, right): conn.execute(
+                sa.text("SELECT has_table_privilege(current_user, :table, :right)"),
+                {"table": table, "right": right},
+            ).scalar_one()
+            for table in ("due_scan_position", "outbox_relay_position")
+            for right in ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE")
+        }
+    assert {key for key, granted in rights.items() if granted} == {
+        (table, right)
+        for table in ("due_scan_position", "outbox_relay_position")
+        for right in ("SELECT", "INSERT", "UPDATE")
+    }

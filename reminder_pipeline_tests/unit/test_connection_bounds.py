@@ -201,10 +201,14 @@ def test_each_session_carries_the_bounds_on_the_server_side(database_url: str) -
             assert shown == ["10", "5", "3", "25000", statement, idle], engine.dialect.driver
         with app.connect() as conn:
             assert conn.connection.dbapi_connection.read_timeout == 15.0  # type: ignore[union-attr]
-            # A migration's own, for its transaction only.
-            with conn.begin(), migration_bounds(conn):
+            # A migration's own, for its session (an autocommit block commits its transaction),
+            # which ends with the block: the next statement is a new session's, bounded as ever.
+            with migration_bounds(conn):
+                pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar()
+                conn.commit()
                 assert conn.exec_driver_sql("SHOW statement_timeout").scalar() == "1h"
                 assert conn.connection.dbapi_connection.read_timeout == 3605.0  # type: ignore[union-attr]
+            assert conn.exec_driver_sql("SELECT pg_backend_pid()").scalar() != pid
             assert conn.connection.dbapi_connection.read_timeout == 15.0  # type: ignore[union-attr]
             assert conn.exec_driver_sql("SHOW statement_timeout").scalar() == "10s"
     finally:

@@ -8,18 +8,25 @@
 * ``outbox.due_at`` (+ index): the re-publish back-fill finds a day's messages by DueAt.
 * ``time_zone_fallbacks`` in the metrics ledger: reminders sent with the fallback zone.
 
-The index is rebuilt in the migration's transaction (writes on ``event_reminders`` wait for
-it). On a very large table, build it first by hand with ``CREATE INDEX CONCURRENTLY
-ix_event_reminders_status_due_at_id ON event_reminders (due_at, id) WHERE status = 'Pending'``:
-this migration then only swaps the names.
+Runs on a live calendar (``online_ddl``): the columns are nullable or have a constant default
+(no table rewrite), added under a short lock_timeout with retries, a statement per table; the
+new due index is built CONCURRENTLY beside the old one, which is then dropped concurrently and
+the new one renamed (the due query has an index all along); ``outbox.due_at`` is back-filled
+once the column's lock is gone. Run again after a failure half-way, it finishes the job.
 
 Revision ID: 0003
 Revises: 0002
 Create Date: 2026-11-30
 """
 
-import sqlalchemy as sa
 from alembic import op
+
+from reminder_pipeline.store.migrations.online_ddl import (
+    SHARE_UPDATE_EXCLUSIVE,
+    create_index,
+    drop_index,
+    run_ddl,
+)
 
 revision = "0003"
 down_revision = "0002"
@@ -27,44 +34,65 @@ branch_labels = None
 depends_on = None
 
 DUE_INDEX = "ix_event_reminders_status_due_at"
-PENDING = sa.text("status = 'Pending'")
+PENDING = "status = 'Pending'"
 
 
 def upgrade() -> None:
-    op.add_column("event_reminders", sa.Column("reserved_by", sa.Text(), nullable=True))
-    op.add_column(
-        "event_reminders", sa.Column("reserved_until", sa.DateTime(timezone=True), nullable=True)
+    """Add the columns, rebuild the due index on (due_at, id), index the outbox's DueAt."""
+    run_ddl(
+        "ALTER TABLE event_reminders ADD COLUMN IF NOT EXISTS reserved_by text, "
+        "ADD COLUMN IF NOT EXISTS reserved_until timestamptz",
+        table="event_reminders",
     )
-    op.execute(
-        f"CREATE INDEX IF NOT EXISTS {DUE_INDEX}_id ON event_reminders (due_at, id) "
-        "WHERE status = 'Pending'"
-    )
-    op.drop_index(DUE_INDEX, table_name="event_reminders", postgresql_where=PENDING)
-    op.execute(f"ALTER INDEX {DUE_INDEX}_id RENAME TO {DUE_INDEX}")
+    # The name this migration's docstring once gave for building it by hand: such an index is used.
+    _replace_due_index(["due_at", "id"], beside=f"{DUE_INDEX}_id")
 
-    op.add_column("outbox", sa.Column("due_at", sa.DateTime(timezone=True), nullable=True))
+    run_ddl("ALTER TABLE outbox ADD COLUMN IF NOT EXISTS due_at timestamptz", table="outbox")
     op.execute(
         "UPDATE outbox o SET due_at = r.due_at FROM event_reminders r "
         "WHERE r.id = o.reminder_id AND o.due_at IS NULL"
     )
-    op.create_index("ix_outbox_due_at", "outbox", ["due_at"])
+    create_index("ix_outbox_due_at", "outbox", "due_at")
 
-    op.add_column(
-        "dispatch_cycles",
-        sa.Column("time_zone_fallbacks", sa.Integer(), server_default="0", nullable=False),
-    )
-    op.add_column(
-        "dispatch_metric_totals",
-        sa.Column("time_zone_fallbacks", sa.BigInteger(), server_default="0", nullable=False),
-    )
+    for table, kind in (("dispatch_cycles", "integer"), ("dispatch_metric_totals", "bigint")):
+        run_ddl(
+            f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS time_zone_fallbacks {kind} "
+            "NOT NULL DEFAULT 0",
+            table=table,
+        )
 
 
 def downgrade() -> None:
-    op.drop_column("dispatch_metric_totals", "time_zone_fallbacks")
-    op.drop_column("dispatch_cycles", "time_zone_fallbacks")
-    op.drop_index("ix_outbox_due_at", table_name="outbox")
-    op.drop_column("outbox", "due_at")
-    op.drop_index(DUE_INDEX, table_name="event_reminders", postgresql_where=PENDING)
-    op.create_index(DUE_INDEX, "event_reminders", ["due_at"], postgresql_where=PENDING)
-    op.drop_column("event_reminders", "reserved_until")
-    op.drop_column("event_reminders", "reserved_by")
+    """Drop them, and the due index back on (due_at) alone."""
+    for table in ("dispatch_metric_totals", "dispatch_cycles"):
+        run_ddl(f"ALTER TABLE {table} DROP COLUMN IF EXISTS time_zone_fallbacks", table=table)
+    drop_index("ix_outbox_due_at")
+    run_ddl("ALTER TABLE outbox DROP COLUMN IF EXISTS due_at", table="outbox")
+    _replace_due_index(["due_at"], beside=f"{DUE_INDEX}_due_at")
+    run_ddl(
+        "ALTER TABLE event_reminders DROP COLUMN IF EXISTS reserved_until, "
+        "DROP COLUMN IF EXISTS reserved_by",
+        table="event_reminders",
+    )
+
+
+def _replace_due_index(columns: list[str], beside: str) -> None:
+    """The due index on ``columns``: built as ``beside`` next to the one there, that one dropped,
+    ``beside`` renamed; nothing when the index already has them."""
+    current = (
+        op.get_bind()
+        .exec_driver_sql(
+            "SELECT array_agg(a.attname ORDER BY k.n) FROM pg_index i "
+            "CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, n) "
+            "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum "
+            f"WHERE i.indexrelid = to_regclass('{DUE_INDEX}')"
+        )
+        .scalar()
+    )
+    if current == columns:
+        return
+    create_index(beside, "event_reminders", ", ".join(columns), where=PENDING)
+    drop_index(DUE_INDEX)
+    run_ddl(
+        f"ALTER INDEX {beside} RENAME TO {DUE_INDEX}", table=beside, lock=SHARE_UPDATE_EXCLUSIVE
+    )

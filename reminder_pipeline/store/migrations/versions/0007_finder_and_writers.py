@@ -16,66 +16,53 @@ which writer moved a reminder out of Pending.
 * ``ix_calendar_events_owner_user_id``, ``ix_calendar_events_client_user_id`` (partial: events
   with a client) and ``ix_calendar_events_tenant_id``: ``--owner``, ``--client``, ``--tenant``.
 
-Both columns nullable: no table rewrite. The indexes are built in the migration's transaction
-(writes on the two tables wait for them). On a large calendar, build them first by hand with
-``CREATE INDEX CONCURRENTLY`` and the same names and columns: this migration then finds them
-and only adds the columns.
+Runs on a live calendar (``online_ddl``): the columns are nullable (no table rewrite), added in
+one statement under a short lock_timeout with retries; the indexes are built CONCURRENTLY, so
+the calendar's writes never wait for a build. Run again after a failure half-way, it finishes
+the job (an index a failed build left invalid is built again; a valid one of the same name, as
+one built by hand beforehand, is kept).
 
 Revision ID: 0007
 Revises: 0006
 Create Date: 2026-12-03
 """
 
-import sqlalchemy as sa
-from alembic import op
+from reminder_pipeline.store.migrations.online_ddl import create_index, drop_index, run_ddl
 
 revision = "0007"
 down_revision = "0006"
 branch_labels = None
 depends_on = None
 
-CLIENT = sa.text("client_user_id IS NOT NULL")
-SETTLED = sa.text("status <> 'Pending'")
+CLIENT = "client_user_id IS NOT NULL"
+SETTLED = "status <> 'Pending'"
 
 
 def upgrade() -> None:
-    """Add the columns and the indexes (unless built concurrently beforehand)."""
-    op.add_column("event_reminders", sa.Column("moved_by", sa.Text(), nullable=True))
-    op.add_column("event_reminders", sa.Column("moved_in_run", sa.Text(), nullable=True))
-    op.create_index(
-        "ix_event_reminders_settled_due_at",
-        "event_reminders",
-        ["due_at", "id"],
-        postgresql_where=SETTLED,
-        if_not_exists=True,
+    """Add the columns, then build the indexes concurrently."""
+    run_ddl(
+        "ALTER TABLE event_reminders ADD COLUMN IF NOT EXISTS moved_by text, "
+        "ADD COLUMN IF NOT EXISTS moved_in_run text",
+        table="event_reminders",
     )
-    op.create_index(
-        "ix_calendar_events_owner_user_id",
-        "calendar_events",
-        ["owner_user_id"],
-        if_not_exists=True,
+    create_index(
+        "ix_event_reminders_settled_due_at", "event_reminders", "due_at, id", where=SETTLED
     )
-    op.create_index(
-        "ix_calendar_events_client_user_id",
-        "calendar_events",
-        ["client_user_id"],
-        postgresql_where=CLIENT,
-        if_not_exists=True,
+    create_index("ix_calendar_events_owner_user_id", "calendar_events", "owner_user_id")
+    create_index(
+        "ix_calendar_events_client_user_id", "calendar_events", "client_user_id", where=CLIENT
     )
-    op.create_index(
-        "ix_calendar_events_tenant_id", "calendar_events", ["tenant_id"], if_not_exists=True
-    )
+    create_index("ix_calendar_events_tenant_id", "calendar_events", "tenant_id")
 
 
 def downgrade() -> None:
-    """Drop them."""
-    op.drop_index("ix_calendar_events_tenant_id", table_name="calendar_events")
-    op.drop_index(
-        "ix_calendar_events_client_user_id", table_name="calendar_events", postgresql_where=CLIENT
+    """Drop the indexes concurrently, then the columns."""
+    drop_index("ix_calendar_events_tenant_id")
+    drop_index("ix_calendar_events_client_user_id")
+    drop_index("ix_calendar_events_owner_user_id")
+    drop_index("ix_event_reminders_settled_due_at")
+    run_ddl(
+        "ALTER TABLE event_reminders DROP COLUMN IF EXISTS moved_in_run, "
+        "DROP COLUMN IF EXISTS moved_by",
+        table="event_reminders",
     )
-    op.drop_index("ix_calendar_events_owner_user_id", table_name="calendar_events")
-    op.drop_index(
-        "ix_event_reminders_settled_due_at", table_name="event_reminders", postgresql_where=SETTLED
-    )
-    op.drop_column("event_reminders", "moved_in_run")
-    op.drop_column("event_reminders", "moved_by")

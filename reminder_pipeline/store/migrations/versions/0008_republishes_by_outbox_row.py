@@ -5,16 +5,15 @@ The outbox purge deletes the re-publish records of the rows it purges in the sam
 Without an index that delete reads the whole of ``outbox_republishes`` for every purge batch,
 and a re-published day adds a record per message.
 
-Built in the migration's transaction; on a very large table build it first by hand with
-``CREATE INDEX CONCURRENTLY ix_outbox_republishes_outbox_id ON outbox_republishes
-(outbox_id)``: this migration then finds it and only records the revision.
+Built CONCURRENTLY (``online_ddl``): the purge and the back-fill's records never wait for it; run
+again after a failed build, it builds the index anew.
 
 Revision ID: 0008
 Revises: 0007
 Create Date: 2026-12-03
 """
 
-from alembic import op
+from reminder_pipeline.store.migrations.online_ddl import create_index, drop_index
 
 revision = "0008"
 down_revision = "0007"
@@ -25,10 +24,10 @@ INDEX = "ix_outbox_republishes_outbox_id"
 
 
 def upgrade() -> None:
-    """Create the index (unless an operator built it concurrently beforehand)."""
-    op.create_index(INDEX, "outbox_republishes", ["outbox_id"], if_not_exists=True)
+    """Build the index concurrently."""
+    create_index(INDEX, "outbox_republishes", "outbox_id")
 
 
 def downgrade() -> None:
-    """Drop it."""
-    op.drop_index(INDEX, table_name="outbox_republishes")
+    """Drop it concurrently."""
+    drop_index(INDEX)
