@@ -94,18 +94,6 @@ BEGIN
     END LOOP;
 END
 $$;
--- Where the due scan and the relay's reads start (migration 0009 and later), when present.
-DO $$
-DECLARE
-    t text;
-BEGIN
-    FOREACH t IN ARRAY ARRAY['due_scan_position', 'outbox_relay_position'] LOOP
-        IF to_regclass('public.' || t) IS NOT NULL THEN
-            EXECUTE format('GRANT SELECT, INSERT, UPDATE ON %I TO reminder_dispatcher', t);
-        END IF;
-    END LOOP;
-END
-$$;
 GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO reminder_dispatcher;
 
 -- The schema's revision: the dispatcher's commands refuse a database behind the code (they never
