@@ -2,7 +2,7 @@
 ``hot_standby_feedback`` holds one: ``BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM
 event_reminders;`` and then the transaction left open, idle, until it is released. While it is
 open its ``backend_xmin`` holds back the database's xmin horizon: no row version or index entry
-dead since it began can be removed or marked dead (../shared/POSTGRES-NOTES.md).
+dead since it began can be removed or marked dead.
 
 Used by ``benchmarks.shared_db`` (stack B's snapshot, held for the whole run) and by the soak's
 ``long_snapshot`` fault (``_soak_stack``).
