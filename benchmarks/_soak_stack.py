@@ -60,8 +60,16 @@ SLOW_DELAY_S = 0.1
 
 #: The silent faults are aimed at a tick (see Stack._aim_at_tick): they start this long before
 #: it, and count as holding it only if they last this long after it (a run's work, its publish).
+#: So is the long snapshot: held between two ticks, no dispatch would step over what it keeps.
 TICK_AIMED_KINDS = frozenset(
-    {"postgres_drop", "broker_drop", "dedup_drop", "postgres_stuck", "postgres_slow"}
+    {
+        "postgres_drop",
+        "broker_drop",
+        "dedup_drop",
+        "postgres_stuck",
+        "postgres_slow",
+        "long_snapshot",
+    }
 )
 TICK_LEAD_S = 2.0
 TICK_AFTER_S = 8.0
