@@ -144,6 +144,7 @@ class Sample:
     batches: int = 0
     max_lateness_s: float | None = None
     backlog_at_end: int | None = None  # due Pending at the end of the cycle (its own count)
+    oldest_due_s: float | None = None  # how long the oldest of those had been due
     left_due: int | None = None  # Pending and due before the cycle's AsOf, right after it
     due_calls: int = 0  # executions of the due statement
     due_ms: float | None = None  # its mean server time
@@ -233,6 +234,8 @@ class Stack:
             late = report.get("max_lateness_seconds")
             sample.max_lateness_s = None if late is None else float(late)
             sample.backlog_at_end = report.get("backlog_remaining")
+            oldest = report.get("oldest_due_age_seconds")
+            sample.oldest_due_s = None if oldest is None else round(float(oldest), 1)
         with self.engine.connect() as conn:
             after = Counters.read(conn, self.dispatcher_role)
             self._statements(sample, before, after)
