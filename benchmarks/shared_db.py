@@ -291,10 +291,11 @@ def tables(report: dict) -> str:
     b = {x["minute"]: x for x in report["stacks"]["B"]}
     a = {x["minute"]: x for x in report["stacks"].get("A", [])}
     phases = [(p["minutes"], p["rate_per_s"]) for p in report["phases"]]
+    tail = f", then {report['tail_minutes']} min with nothing fed" if report["tail_minutes"] else ""
     lines = [
         f"benchmarks.shared_db on {report['started_utc']} UTC, {report['cpus']} CPUs, "
         f"{report['wall_s']} s, load {' '.join(map(str, report['load_average']))}: "
-        f"{_phases_text(phases)}, then {report['tail_minutes']} min with nothing fed; a dispatch "
+        f"{_phases_text(phases)}{tail}; a dispatch "
         f"every {report['interval_s']} s on each stack; B beside a REPEATABLE READ snapshot held "
         "from the start" + (" (stack B only: --single)" if report["single"] else ""),
         "",
