@@ -105,17 +105,24 @@ class Servers:
 
 @contextlib.contextmanager
 def servers(
-    keep_workdir: bool = False, stat_statements: bool = False, broker: bool = True
+    keep_workdir: bool = False,
+    stat_statements: bool = False,
+    broker: bool = True,
+    *,
+    own: bool = False,
+    settings: tuple[str, ...] = (),
 ) -> Iterator[Servers]:
     """Embedded PostgreSQL + broker in a temp dir on free ports, unless the environment names servers.
 
     ``stat_statements`` loads pg_stat_statements in the embedded server (for profiling);
     ``broker=False``: no broker (a benchmark of the database alone; ``bootstrap_servers`` empty).
+    ``settings`` are more ``postgresql.conf`` lines for it; ``own``: embedded servers even when
+    ``DATABASE_URL`` / ``KAFKA_BOOTSTRAP_SERVERS`` name others (a benchmark of two stacks).
     """
     workdir = Path(tempfile.mkdtemp(prefix="rp-bench-"))
     pg = embedded = None
     try:
-        admin_url = os.environ.get("DATABASE_URL")
+        admin_url = None if own else os.environ.get("DATABASE_URL")
         if admin_url:
             admin_url = (
                 make_url(admin_url)
@@ -126,17 +133,20 @@ def servers(
             pg = EmbeddedPostgres(data_dir=workdir / "pg" / "data", port=free_port())
             progress(f"starting embedded PostgreSQL on port {pg.port}")
             pg.start()
+            lines = list(settings)
             if stat_statements:
+                lines += [
+                    "shared_preload_libraries = 'pg_stat_statements'",
+                    "pg_stat_statements.track = all",
+                ]
+            if lines:
                 conf = pg.data_dir / "postgresql.conf"
                 with conf.open("a") as f:
-                    f.write(
-                        "\nshared_preload_libraries = 'pg_stat_statements'\n"
-                        "pg_stat_statements.track = all\n"
-                    )
+                    f.write("\n" + "\n".join(lines) + "\n")
                 pg.stop()
                 pg.start()
             admin_url = pg.url("postgres")
-        servers_ = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "")
+        servers_ = "" if own else os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "")
         if not servers_ and broker:
             embedded = EmbeddedBroker(state_dir=workdir / "broker", port=free_port())
             progress(f"starting embedded broker on port {embedded.port}")

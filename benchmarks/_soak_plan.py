@@ -1,7 +1,7 @@
 """The soak's fault plan: a pure function of ``seed`` and ``minutes`` (no clock, no servers).
 
 Every kind is injected ``max(1, minutes // 15)`` times (twice in a 30-minute run), except the
-failover, once per run whatever its length; in a seeded order. Durations are the 30-minute run's,
+failover and the long snapshot, once per run whatever its length; in a seeded order. Durations are the 30-minute run's,
 scaled by ``minutes / 30`` for shorter runs (never below a floor that still makes the fault a
 fault). The faults are laid out one after another over the faulted span: each gets its own
 duration plus an equal share of the time left over, and starts early in that share, so no two
@@ -29,10 +29,12 @@ KINDS = (
     "failover",  # the primary killed with commits its replica never got; the replica promoted
     "broker_drop",  # every packet to and from the broker dropped
     "dedup_drop",  # every packet to and from the de-dup store's PostgreSQL dropped
+    "long_snapshot",  # a REPEATABLE READ snapshot held open on the application's database
 )
 
-#: Injected once per run, whatever its length (a run has one replica to promote).
-ONCE_PER_RUN = frozenset({"failover"})
+#: Injected once per run, whatever its length: a run has one replica to promote, and a snapshot
+#: held for several minutes takes a share of the run that a second one would take from the others.
+ONCE_PER_RUN = frozenset({"failover", "long_snapshot"})
 
 #: Kinds that drop packets (the failover silences the old primary's address so): the stack needs
 #: a network namespace of its own (root, iptables).
@@ -64,6 +66,8 @@ DOWN_SECONDS = {
     "failover": (10.0, 40.0, 3.0),
     "broker_drop": (30.0, 90.0, 5.0),
     "dedup_drop": (30.0, 90.0, 5.0),
+    # How long the snapshot is held: several minutes, as a report or a nightly pg_dump holds one.
+    "long_snapshot": (180.0, 360.0, 10.0),
 }
 
 #: The first fault comes this long after the workload starts (a normal tick or two first); the

@@ -36,6 +36,7 @@ from sqlalchemy.engine import make_url
 from reminder_pipeline.local.servers import EmbeddedBroker, EmbeddedPostgres, free_port
 
 from ._infra import Servers, progress
+from ._snapshot import HeldSnapshot
 from ._soak_plan import PACKET_DROP_KINDS
 from .consumer import dedup_database
 from .fault_proxy import FaultProxy, pg_url_via
@@ -59,8 +60,16 @@ SLOW_DELAY_S = 0.1
 
 #: The silent faults are aimed at a tick (see Stack._aim_at_tick): they start this long before
 #: it, and count as holding it only if they last this long after it (a run's work, its publish).
+#: So is the long snapshot: held between two ticks, no dispatch would step over what it keeps.
 TICK_AIMED_KINDS = frozenset(
-    {"postgres_drop", "broker_drop", "dedup_drop", "postgres_stuck", "postgres_slow"}
+    {
+        "postgres_drop",
+        "broker_drop",
+        "dedup_drop",
+        "postgres_stuck",
+        "postgres_slow",
+        "long_snapshot",
+    }
 )
 TICK_LEAD_S = 2.0
 TICK_AFTER_S = 8.0
@@ -383,6 +392,43 @@ class Stack:
             self.consumer = self._spawn_consumer()
             self._held.discard("consumer")
         record.detail = f"SIGKILLed, restarted after {down:.1f} s"
+
+    def _long_snapshot(self, record: FaultRecord, down: float, _deadline: float) -> None:
+        """A REPEATABLE READ snapshot on the application's database, held ``down`` s while the
+        load runs (a report, a nightly ``pg_dump``, a replica's ``hot_standby_feedback``): no row
+        version or index entry dead since it began can be removed, every due scan steps over
+        them; then released. Through the harness's proxy, which no fault touches."""
+        snapshot = HeldSnapshot(self.app_dsn, application_name="soak-long-snapshot")
+        seen = snapshot.take()
+        record.injected = True
+        state = None
+        try:
+            time.sleep(down)
+            with contextlib.suppress(psycopg.Error):
+                state = snapshot.state(self.app_dsn)
+        finally:
+            alive = snapshot.release()
+        sent = "?"
+        with (
+            contextlib.suppress(psycopg.Error),
+            psycopg.connect(self.app_dsn, autocommit=True, connect_timeout=10) as conn,
+        ):
+            row = conn.execute(
+                "SELECT count(*) FROM event_reminders WHERE status = 'Sent'"
+                " AND sent_at >= to_timestamp(%s)",
+                (record.started,),
+            ).fetchone()
+            sent = f"{int(row[0]):,}" if row else "?"
+        held = (
+            f", its xmin {state['xmin_age']:,} transactions old at the release"
+            if state and state.get("xmin_age") is not None
+            else ""
+        )
+        record.detail = (
+            f"a REPEATABLE READ snapshot (count(*) saw {seen:,} reminders) held {down:.1f} s"
+            f"{held}; {sent} reminders sent meanwhile"
+            + ("" if alive else "; its session had ended before the release")
+        )
 
     # --- faults on the network -----------------------------------------------------------------
 

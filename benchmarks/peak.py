@@ -104,11 +104,13 @@ def busiest(slots: list[Slot], count: int) -> list[Slot]:
     return [Slot(m, by_minute.get(m, 0)) for m in best]
 
 
+#: ``n`` events with one reminder each, due on the whole seconds of ``spread`` seconds from ``due``
+#: (60: every second of the minute).
 INSERT_DUE = """
 WITH ev AS (
     INSERT INTO calendar_events (id, tenant_id, owner_user_id, kind, start_at, time_zone)
     SELECT gen_random_uuid(), gen_random_uuid(), gen_random_uuid(), 'Meeting',
-           %(due)s + interval '15 minutes' + (g %% 60) * interval '1 second',
+           %(due)s + interval '15 minutes' + (g %% %(spread)s) * interval '1 second',
            (ARRAY['Europe/Moscow','Asia/Vladivostok','Europe/Kaliningrad',
                   'Asia/Yekaterinburg','Asia/Novosibirsk'])[1 + g %% 5]
       FROM generate_series(1, %(n)s) AS g
@@ -139,10 +141,11 @@ SELECT (SELECT count(*) FROM cancelled), (SELECT count(*) FROM moved)
 """
 
 
-def feed(dsn: str, due: datetime, n: int, disturb: bool) -> tuple[int, int]:
-    """``n`` reminders due within the minute from ``due``; optionally cancel/reschedule 5 % each."""
+def feed(dsn: str, due: datetime, n: int, disturb: bool, spread_s: int = 60) -> tuple[int, int]:
+    """``n`` reminders due within the minute from ``due`` (spread over its whole seconds, or over
+    the first ``spread_s``); optionally cancel/reschedule 5 % each."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(INSERT_DUE, {"due": due, "n": n})
+        conn.execute(INSERT_DUE, {"due": due, "n": n, "spread": spread_s})
         if not disturb:
             return 0, 0
         row = conn.execute(DISTURB, {"due": due}).fetchone()

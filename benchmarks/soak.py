@@ -12,8 +12,9 @@ and :30) while the faults of a plan that depends only on S and N (``_soak_plan``
 a run worker SIGKILLed mid-drain, the daemon SIGKILLed and restarted, PostgreSQL restarted fast
 and immediate, the de-dup database restarted, the broker paused (SIGSTOP/SIGCONT), the consumer
 SIGKILLed and restarted; PostgreSQL's, the broker's and the de-dup store's packets dropped,
-PostgreSQL a stuck peer and slowed, a COMMIT cut before its answer, and once a failover to a
-replica that lost the last commits. Then it waits for the pipeline to drain and checks
+PostgreSQL a stuck peer and slowed, a COMMIT cut before its answer, once a failover to a
+replica that lost the last commits, and once a REPEATABLE READ snapshot held open for several
+minutes (``long_snapshot``: the xmin horizon held back while the load runs). Then it waits for the pipeline to drain and checks
 (``_soak_check``).
 
 Packet drops need a network namespace of its own: the command re-runs itself under ``unshare -n``

@@ -3,17 +3,22 @@ minutes (no servers, seconds), its checker judges synthetic outcomes as the docs
 fault window is not a proof; after a failover a re-send with the same payload is not a double),
 and a short seeded run against the real stack, every fault kind in it (packet drops in a network
 namespace of its own, a stuck and a slow PostgreSQL through the fault proxy, a cut commit, a
-failover to a replica that lost its last commits), keeps the invariants (nothing lost, nothing
-doubled, nothing sent after a cancel; no timing asserts)."""
+failover to a replica that lost its last commits, a snapshot held open while the load runs),
+keeps the invariants (nothing lost, nothing doubled, nothing sent after a cancel; no timing
+asserts)."""
 
 from __future__ import annotations
 
 import itertools
 import json
 import subprocess
+import threading
+import time
 import uuid
+from types import SimpleNamespace
 
 import pytest
+from sqlalchemy.engine import Engine, make_url
 
 from benchmarks import soak
 from benchmarks._soak_check import Row, Topic, check
@@ -28,8 +33,9 @@ from benchmarks._soak_plan import (
     needs_own_network,
     plan_faults,
 )
-from benchmarks._soak_stack import FaultRecord
+from benchmarks._soak_stack import FaultRecord, Stack
 from benchmarks.netns import require_netns
+from reminder_pipeline.store.metrics_repository import snapshot_holders
 
 from .helpers import run_benchmark
 
@@ -54,7 +60,8 @@ def test_every_kind_is_planned_often_enough_one_after_another_inside_the_run(
     # Twice in the 30-minute run; the failover once, whatever the length.
     counts = {k: sum(f.kind == k for f in faults) for k in KINDS}
     assert counts == {k: faults_per_kind(minutes, k) for k in KINDS}
-    assert counts["failover"] == 1 and counts["broker_drop"] == max(1, minutes // 15)
+    assert counts["failover"] == counts["long_snapshot"] == 1
+    assert counts["broker_drop"] == max(1, minutes // 15)
     # No planned fault starts before the one before it is over.
     for before, after in itertools.pairwise(faults):
         assert before.at_s + before.down_s <= after.at_s, (before, after)
@@ -67,6 +74,8 @@ def test_full_scale_durations_are_the_issues(seed: int) -> None:
     for kind in ("broker_pause", "postgres_drop", "broker_drop", "dedup_drop"):
         assert all(30 <= f.down_s <= 90 for f in faults if f.kind == kind), kind
     assert all(f.down_s == 60 for f in faults if f.kind == "postgres_slow")
+    # A snapshot held for several minutes, as a report or a nightly pg_dump holds one.
+    assert [180 <= f.down_s <= 360 for f in faults if f.kind == "long_snapshot"] == [True]
     short = plan_faults(seed, 3)
     floors = {k: DOWN_SECONDS[k][2] for k in PACKET_DROP_KINDS | {"broker_pause"}}
     assert all(f.down_s >= floors[f.kind] for f in short if f.kind in floors)
@@ -76,7 +85,7 @@ def test_a_cut_commit_takes_both_outcomes_in_turn() -> None:
     cuts = [f.variant for f in plan_faults(26, 30) if f.kind == "cut_commit"]
     assert sorted(cuts) == ["server_commits", "server_rolls_back"]
     assert all(f.variant == "" for f in plan_faults(26, 30) if f.kind != "cut_commit")
-    assert frozenset({"failover"}) == ONCE_PER_RUN
+    assert frozenset({"failover", "long_snapshot"}) == ONCE_PER_RUN
 
 
 def _soak(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
@@ -194,7 +203,7 @@ def test_a_short_seeded_soak_loses_nothing_doubles_nothing_sends_nothing_cancell
     # Every kind was injected (a run worker may not be caught mid-drain), the failover once.
     injected = {k: n for k, n in report["faults_by_kind"].items() if n}
     assert set(injected) >= set(KINDS) - {"worker_kill"}, report["faults_not_injected"]
-    assert injected["failover"] == 1
+    assert injected["failover"] == injected["long_snapshot"] == 1
     assert all("held_no_reminder" in entry for entry in report["fault_log"])
     assert proc.returncode == 0
 
@@ -216,3 +225,27 @@ def test_an_armed_kind_is_never_the_last_fault() -> None:
     for seed in (*range(100), 4242):
         for minutes in (3, 30):
             assert plan_faults(seed, minutes)[-1].kind not in ARMED_KINDS, (seed, minutes)
+
+
+def test_a_long_snapshot_holds_back_the_horizon_while_it_lasts_then_lets_go(
+    database_url: str, engine: Engine
+) -> None:
+    # The fault alone, on a database of its own (the whole soak runs it among the others).
+    dsn = make_url(database_url).set(drivername="postgresql").render_as_string(hide_password=False)
+    stack = SimpleNamespace(app_dsn=dsn)
+    record = FaultRecord("long_snapshot", 0.0, started=time.time())
+    fault = threading.Thread(target=Stack._long_snapshot, args=(stack, record, 3.0, 0.0))
+    fault.start()
+
+    def holders() -> list[str | None]:
+        with engine.connect() as conn:
+            return [h.application_name for h in snapshot_holders(conn)]
+
+    deadline = time.time() + 2.5
+    while "soak-long-snapshot" not in holders() and time.time() < deadline:
+        time.sleep(0.1)
+    assert "soak-long-snapshot" in holders()  # what the exporter's query sees
+    fault.join(30)
+    assert record.injected
+    assert "REPEATABLE READ snapshot" in record.detail and "held 3.0 s" in record.detail
+    assert "soak-long-snapshot" not in holders()

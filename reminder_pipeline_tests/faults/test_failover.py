@@ -228,7 +228,7 @@ def test_a_failover_that_loses_commits_costs_copies_and_nothing_else(
     time.sleep(max(0.0, tick.timestamp() - 8 - time.time()))
     with psycopg.connect(stack.app_dsn()) as conn:  # one transaction: no tick sees half of it
         due = tick - timedelta(seconds=68)
-        conn.execute(INSERT_DUE, {"due": due, "n": BURST})
+        conn.execute(INSERT_DUE, {"due": due, "n": BURST, "spread": 60})
         row = conn.execute(DISTURB, {"due": due}).fetchone()
     assert row is not None
     figures["cancelled"], figures["moved"] = int(row[0]), int(row[1])
