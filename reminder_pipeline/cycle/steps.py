@@ -18,7 +18,7 @@ from ..logs import Journal
 from ..messaging.relay import OutboxSpans, Publisher, RelayResult, publish_rows
 from ..observability import ledger, tracing
 from ..observability.ledger import CLOCK_SKEW_WARN_SECONDS
-from ..store import repository
+from ..store import outbox_repository, repository
 from ..store.repository import ScanPosition
 from .batch import batch_failed, report_batch, write_batch
 from .clock import as_of_or_now, read_clock
@@ -252,8 +252,8 @@ def finish(
         )
     elif publisher_error is not None:
         with engine.connect() as conn:
-            waiting = repository.outbox_lag(conn).unpublished
-            ours = repository.count_unpublished_in(conn, written.outbox.spans)
+            waiting = outbox_repository.outbox_lag(conn).unpublished
+            ours = outbox_repository.count_unpublished_in(conn, written.outbox.spans)
         relay.merge(RelayResult(failed=waiting, last_error=publisher_error, left=ours))
         journal.event(
             logging.ERROR,
@@ -265,7 +265,7 @@ def finish(
         )
     with engine.connect() as conn:
         left = repository.backlog(conn, repository.database_clock(conn))
-        lag = repository.outbox_lag(conn)
+        lag = outbox_repository.outbox_lag(conn)
     counts.published = relay.published
     counts.publish_failed = relay.failed
     counts.duration_ms = int((time.time() - started) * 1000)

@@ -33,8 +33,9 @@ from sqlalchemy.exc import DBAPIError
 from ..config import DEFAULT_CYCLE_BUDGET_SECONDS
 from ..domain.model import ClaimedMessage
 from ..logs import event
-from ..store import repository
+from ..store import outbox_repository
 from .kafka import DeliveryResult
+from .low_water import LowWater
 from .relay_lock import LockKeeper, lock_holder, lock_session
 
 log = logging.getLogger(__name__)
@@ -145,40 +146,6 @@ class OutboxSpans:
         return cls([(int(first), int(last)) for first, last in data])
 
 
-@dataclass
-class LowWater:
-    """The relay's low-water mark: every outbox row with a smaller id is published or was never
-    committed, so the relay's reads start here, not at the oldest end of the index of unpublished
-    ids, where a long snapshot keeps the entry of every row published since it began
-    (docs/design.md, "Where a scan starts").
-
-    A read on a snapshot proves that the ids from the mark up to its first unpublished row were
-    published, or invisible to it: a transaction still in flight may commit one of them later
-    (outbox ids are drawn when a batch writes, committed when it commits). So what a read proves
-    is a *proposal*; it moves the mark only once a later read's snapshot shows every transaction
-    in flight at the first one ended (its xmin has passed the first one's xmax), and only as far
-    as that later read, from the mark, found nothing unpublished: an id below the proposal was
-    drawn before the first snapshot, so by then it is committed, and seen, or never will be.
-    """
-
-    low: int = 0
-    #: (id the rows below were seen clean up to, xmax of the snapshot that saw it), oldest first.
-    pending: list[tuple[int, int]] = field(default_factory=list)
-
-    def saw(self, snapshot: repository.Snapshot, clean_to: int) -> None:
-        """A read from the mark on ``snapshot`` found nothing unpublished below ``clean_to``."""
-        certified = [upto for upto, xmax in self.pending if xmax <= snapshot.xmin]
-        if certified:
-            self.low = max(self.low, min(max(certified), clean_to))
-            self.pending = [(u, x) for u, x in self.pending if x > snapshot.xmin]
-        self.propose(clean_to, snapshot.xmax)
-
-    def propose(self, clean_to: int, xmax: int) -> None:
-        """Rows below ``clean_to`` were published or in flight at a snapshot with this xmax."""
-        if clean_to > self.low:
-            self.pending.append((clean_to, xmax))
-
-
 _DONE = object()
 
 
@@ -227,8 +194,8 @@ class OutboxRelay:
             lock_session(
                 conn,
                 lambda: (
-                    repository.try_relay_lock(conn)
-                    or repository.wait_relay_lock(conn, self._lock_wait_seconds)
+                    outbox_repository.try_relay_lock(conn)
+                    or outbox_repository.wait_relay_lock(conn, self._lock_wait_seconds)
                 ),
                 self._run_id,
             ) as keeper,
@@ -237,7 +204,7 @@ class OutboxRelay:
                 self._busy(conn)
             else:
                 self._keeper = keeper
-                self._low = LowWater(repository.relay_low_water(conn))
+                self._low = LowWater(outbox_repository.relay_low_water(conn))
                 self._from_outbox(conn, deadline, seen=set())
                 self._leave_low_water(conn)
         return self.result
@@ -254,9 +221,11 @@ class OutboxRelay:
         try:
             if self._low.pending:
                 clean_to = max(upto for upto, _ in self._low.pending)
-                older, snapshot = repository.first_unpublished_before(conn, self._low.low, clean_to)
+                older, snapshot = outbox_repository.first_unpublished_before(
+                    conn, self._low.low, clean_to
+                )
                 self._low.saw(snapshot, clean_to if older is None else older)
-            repository.set_relay_low_water(conn, self._low.low)
+            outbox_repository.set_relay_low_water(conn, self._low.low)
         except DBAPIError as error:  # the pass's work is done; the next relay reads a little more
             event(
                 log,
@@ -343,7 +312,7 @@ class OutboxRelay:
                     self._busy(conn)
                     return
                 self._keeper = keeper
-                self._low = LowWater(repository.relay_low_water(conn))
+                self._low = LowWater(outbox_repository.relay_low_water(conn))
                 self._publish_handed_over(conn, deadline)
                 self._leave_low_water(conn)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the dispatcher's thread by finish()
@@ -358,7 +327,7 @@ class OutboxRelay:
         """Wait for the lock, taking hand-overs meanwhile: nobody waits for a relay that may never
         get it (the queue's bound applies once the relay publishes)."""
         give_up = time.monotonic() + self._lock_wait_seconds
-        while not repository.try_relay_lock(conn):
+        while not outbox_repository.try_relay_lock(conn):
             if time.monotonic() >= give_up or self._stop.is_set():
                 return False
             with suppress(queue.Empty):
@@ -372,7 +341,7 @@ class OutboxRelay:
         # hand-over. Unbounded, the first pass chased the drain's new rows in the outbox while
         # the hand-overs queued up and held the drain back (a fresh producer's first delivery
         # takes 0.5-1 s).
-        up_to = repository.last_outbox_id(conn)
+        up_to = outbox_repository.last_outbox_id(conn)
         if up_to is not None and not self._from_outbox(conn, deadline, seen, up_to=up_to):
             return
         while (batch := self._next_publish()) is not _DONE:
@@ -387,7 +356,9 @@ class OutboxRelay:
                 batch = [m for m in batch if m.id > up_to and m.id not in seen]
             if not batch:
                 continue
-            older, snapshot = repository.first_unpublished_before(conn, self._low.low, batch[0].id)
+            older, snapshot = outbox_repository.first_unpublished_before(
+                conn, self._low.low, batch[0].id
+            )
             self._low.saw(snapshot, batch[0].id if older is None else older)
             if older is not None:
                 ok = self._from_outbox(conn, deadline, seen)  # older rows first: id order
@@ -451,7 +422,9 @@ class OutboxRelay:
         False after a failed delivery. ``seen`` collects the ids handed to the producer.
         """
         while time.monotonic() < deadline and not self._stop.is_set():
-            read = repository.unpublished(conn, self._batch_size, low=self._low.low, up_to=up_to)
+            read = outbox_repository.unpublished(
+                conn, self._batch_size, low=self._low.low, up_to=up_to
+            )
             self._low.saw(read.snapshot, read.clean_to)
             messages = read.messages
             if not messages:
@@ -472,14 +445,16 @@ class OutboxRelay:
         if self._on_acknowledged is not None:
             self._on_acknowledged(ok)
         landed = {r.outbox_id: r for r in results}
-        repository.mark_published(conn, [(i, landed[i].partition, landed[i].offset) for i in ok])
+        outbox_repository.mark_published(
+            conn, [(i, landed[i].partition, landed[i].offset) for i in ok]
+        )
         self.result.batches += 1
         self.result.published += len(ok)
         failed = len(messages) - len(ok)
         if not failed:
             return True
         acknowledged = set(ok)
-        repository.record_publish_failures(
+        outbox_repository.record_publish_failures(
             conn, [m.id for m in messages if m.id not in acknowledged]
         )
         self.result.failed += failed
@@ -555,7 +530,7 @@ def publish_rows(
         )
         result.merge(passed)
         with engine.connect() as conn:
-            result.left = repository.count_unpublished_in(conn, rows.spans)
+            result.left = outbox_repository.count_unpublished_in(conn, rows.spans)
         if (
             not result.left
             or not passed.busy
@@ -585,7 +560,7 @@ def publish_all(
 ) -> RelayResult:
     """The ``relay`` command: :func:`publish_rows` over every row unpublished when it starts."""
     with engine.connect() as conn:
-        newest = repository.last_outbox_id(conn)
+        newest = outbox_repository.last_outbox_id(conn)
     rows = OutboxSpans([] if newest is None else [(0, newest)])
     return publish_rows(
         engine,

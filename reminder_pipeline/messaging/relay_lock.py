@@ -21,7 +21,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, Engine
 
 from ..logs import event
-from ..store import metrics_repository, repository
+from ..store import metrics_repository, outbox_repository
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class LockKeeper:
                 if self._stopped.is_set():
                     return
                 try:
-                    repository.keep_relay_session(self._dbapi)
+                    outbox_repository.keep_relay_session(self._dbapi)
                 except Exception as exc:  # noqa: BLE001 - the session is gone: the relay is told
                     self.error = exc
                     return
@@ -89,7 +89,7 @@ def lock_session(
 ) -> Iterator[LockKeeper | None]:
     """Bound the session (the server's idle bound, the relay's name) and take the lock with
     ``take``; yield its keep-alive, or None when busy; let go of both at the end."""
-    repository.bound_relay_session(conn, RELAY_IDLE_SESSION_SECONDS, run_id or "-")
+    outbox_repository.bound_relay_session(conn, RELAY_IDLE_SESSION_SECONDS, run_id or "-")
     keeper: LockKeeper | None = None
     try:
         if take():
@@ -109,8 +109,8 @@ def _let_go(conn: Connection, keeper: LockKeeper | None, run_id: str | None) -> 
         return
     try:
         if keeper is not None:
-            repository.release_relay_lock(conn)
-        repository.unbound_relay_session(conn)
+            outbox_repository.release_relay_lock(conn)
+        outbox_repository.unbound_relay_session(conn)
     except sa_exc.DBAPIError as error:
         event(
             log,
@@ -153,7 +153,8 @@ def relay_lock(
         lock_session(
             conn,
             lambda: (
-                repository.try_relay_lock(conn) or repository.wait_relay_lock(conn, wait_seconds)
+                outbox_repository.try_relay_lock(conn)
+                or outbox_repository.wait_relay_lock(conn, wait_seconds)
             ),
             run_id,
         ) as keeper,

@@ -50,92 +50,41 @@ from sqlalchemy.engine import Engine
 from ..config import DEFAULT_METRICS_HOST, DOCS_DIR, Settings
 from ..domain.lateness import LATENESS_BUCKETS
 from ..logs import event
-from ..store import metrics_repository, repository
+from ..store import metrics_repository, outbox_repository, repository
 from . import forecast, ledger
+from .metric_names import (
+    BACKLOG_GAUGE,
+    BACKLOG_OLDEST_AGE,
+    CLOCK_SKEW,
+    CLOCK_SKEWED_CYCLES,
+    CYCLE_DURATION,
+    CYCLES,
+    DAEMON_HEARTBEAT_AGE,
+    DISPATCH_METRIC_NAMES,
+    ERRORS,
+    FORECAST_CAPACITY,
+    FORECAST_PEAK_DUE,
+    FORECAST_PEAK_TIME,
+    ITEMS,
+    LAST_SUCCESS,
+    LATENESS,
+    OUTBOX_LAG_GAUGE,
+    OUTBOX_UNPUBLISHED,
+    POISON_OLDEST_AGE,
+    POISON_ROWS_GAUGE,
+    PUBLISHED,
+    RECONNECTS,
+    RELAY_LOCK_SILENT,
+    SCRAPE_DURATION,
+    SKIP_LOCKED,
+    TIME_ZONE_FALLBACKS_COUNTER,
+    UP,
+)
 from .metrics_http import MetricsPortUnavailable, MetricsServer, serve_registry
+from .vacuum_figures import vacuum_families
 
 log = logging.getLogger(__name__)
 
-DISPATCH_PREFIX = "calendar_reminder_dispatch_"
-CYCLE_DURATION = DISPATCH_PREFIX + "cycle_duration_seconds"
-CYCLES = DISPATCH_PREFIX + "cycles_total"
-ITEMS = DISPATCH_PREFIX + "items_total"
-SKIP_LOCKED = DISPATCH_PREFIX + "skip_locked_total"
-ERRORS = DISPATCH_PREFIX + "errors_total"
-PUBLISHED = DISPATCH_PREFIX + "published_total"
-LATENESS = DISPATCH_PREFIX + "lateness_seconds"
-BACKLOG_GAUGE = DISPATCH_PREFIX + "backlog"
-BACKLOG_OLDEST_AGE = DISPATCH_PREFIX + "backlog_oldest_age_seconds"
-OUTBOX_UNPUBLISHED = DISPATCH_PREFIX + "outbox_unpublished"
-OUTBOX_LAG_GAUGE = DISPATCH_PREFIX + "outbox_lag_seconds"
-RELAY_LOCK_SILENT = DISPATCH_PREFIX + "relay_lock_holder_silent_seconds"
-LAST_SUCCESS = DISPATCH_PREFIX + "last_success_timestamp_seconds"
-POISON_ROWS_GAUGE = DISPATCH_PREFIX + "poison_rows"
-POISON_OLDEST_AGE = DISPATCH_PREFIX + "poison_oldest_age_seconds"
-TIME_ZONE_FALLBACKS_COUNTER = DISPATCH_PREFIX + "time_zone_fallbacks_total"
-CLOCK_SKEW = DISPATCH_PREFIX + "clock_skew_seconds"
-CLOCK_SKEWED_CYCLES = DISPATCH_PREFIX + "clock_skewed_cycles"
-FORECAST_PEAK_DUE = DISPATCH_PREFIX + "forecast_peak_due"
-FORECAST_PEAK_TIME = DISPATCH_PREFIX + "forecast_peak_timestamp_seconds"
-FORECAST_CAPACITY = DISPATCH_PREFIX + "forecast_capacity_per_run"
-DAEMON_HEARTBEAT_AGE = DISPATCH_PREFIX + "daemon_heartbeat_age_seconds"
-# Who holds back vacuum and what it costs the dispatcher (docs/runbooks/reminder-dispatch.md,
-# "An old snapshot holds back vacuum"; the vacuum_horizon check).
-OLDEST_SNAPSHOT_AGE = DISPATCH_PREFIX + "oldest_snapshot_age_seconds"
-OLDEST_SNAPSHOT_XMIN_AGE = DISPATCH_PREFIX + "oldest_snapshot_xmin_age"
-OLDEST_SNAPSHOT_HOLDER = DISPATCH_PREFIX + "oldest_snapshot_holder_info"
-INDEX_SCANS = DISPATCH_PREFIX + "index_scans_total"
-INDEX_ENTRIES_READ = DISPATCH_PREFIX + "index_entries_read_total"
-INDEX_ENTRIES_FETCHED = DISPATCH_PREFIX + "index_entries_fetched_total"
-INDEX_SIZE = DISPATCH_PREFIX + "index_size_bytes"
-TABLE_LIVE_ROWS = DISPATCH_PREFIX + "table_live_rows"
-TABLE_DEAD_ROWS = DISPATCH_PREFIX + "table_dead_rows"
-TABLE_LAST_VACUUM = DISPATCH_PREFIX + "table_last_vacuum_timestamp_seconds"
-UP = DISPATCH_PREFIX + "up"
-RECONNECTS = DISPATCH_PREFIX + "database_reconnects_total"
-SCRAPE_DURATION = DISPATCH_PREFIX + "scrape_duration_seconds"
-
-#: Every metric family the endpoint serves (the dashboard and the alert rules use only these).
-DISPATCH_METRIC_NAMES: tuple[str, ...] = (
-    CYCLE_DURATION,
-    CYCLES,
-    ITEMS,
-    SKIP_LOCKED,
-    ERRORS,
-    PUBLISHED,
-    LATENESS,
-    BACKLOG_GAUGE,
-    BACKLOG_OLDEST_AGE,
-    OUTBOX_UNPUBLISHED,
-    OUTBOX_LAG_GAUGE,
-    RELAY_LOCK_SILENT,
-    LAST_SUCCESS,
-    UP,
-    RECONNECTS,
-    SCRAPE_DURATION,
-    POISON_ROWS_GAUGE,
-    POISON_OLDEST_AGE,
-    TIME_ZONE_FALLBACKS_COUNTER,
-    CLOCK_SKEW,
-    CLOCK_SKEWED_CYCLES,
-    FORECAST_PEAK_DUE,
-    FORECAST_PEAK_TIME,
-    FORECAST_CAPACITY,
-    OLDEST_SNAPSHOT_AGE,
-    OLDEST_SNAPSHOT_XMIN_AGE,
-    OLDEST_SNAPSHOT_HOLDER,
-    INDEX_SCANS,
-    INDEX_ENTRIES_READ,
-    INDEX_ENTRIES_FETCHED,
-    INDEX_SIZE,
-    TABLE_LIVE_ROWS,
-    TABLE_DEAD_ROWS,
-    TABLE_LAST_VACUUM,
-)
-#: Served only while something holds back the database's xmin horizon (one series: the oldest).
-WHILE_HELD_METRIC_NAMES: tuple[str, ...] = (OLDEST_SNAPSHOT_HOLDER,)
-#: Served besides those when the exporter is given Dagster's daemon heartbeats (DaemonHeartbeats).
-HEARTBEAT_METRIC_NAMES: tuple[str, ...] = (DAEMON_HEARTBEAT_AGE,)
 
 #: Reads Dagster's daemon heartbeats: the newest heartbeat's epoch seconds per daemon type
 #: (``SCHEDULER``, ``SENSOR``, ...). The Dagster layer provides it (only defs/ imports Dagster).
@@ -154,7 +103,7 @@ class Snapshot:
 
     totals: metrics_repository.LedgerTotals
     backlog: repository.Backlog
-    outbox: repository.OutboxLag
+    outbox: outbox_repository.OutboxLag
     poison: metrics_repository.PoisonRows
     clock_skew: metrics_repository.ClockSkew
     #: The next 24 hours' busiest minute and one run's capacity (observability.forecast).
@@ -188,14 +137,14 @@ def read_snapshot(engine: Engine, now: datetime | None = None) -> Snapshot:
         return Snapshot(
             totals,
             repository.backlog(conn, now),
-            repository.outbox_lag(conn),
+            outbox_repository.outbox_lag(conn),
             metrics_repository.poison_summary(conn, now),
             metrics_repository.clock_skew_since(
                 conn, now - ledger.CLOCK_SKEW_WINDOW, ledger.CLOCK_SKEW_WARN_SECONDS
             ),
             forecast.read(conn),
             metrics_repository.relay_lock_holder(conn),
-            metrics_repository.vacuum_horizon(conn, now),
+            metrics_repository.read_vacuum_horizon(conn, now),
             tuple(metrics_repository.index_reads(conn)),
             tuple(metrics_repository.table_dead_rows(conn)),
         )
@@ -342,7 +291,7 @@ def families(snapshot: Snapshot) -> list[Metric]:
             value=ahead.capacity_per_run,
         ),
     ]
-    out += _vacuum_families(snapshot)
+    out += vacuum_families(snapshot.horizon, snapshot.index_reads, snapshot.table_dead_rows)
     # Absent until a cycle has ever succeeded: the liveness rule treats absence as "not live".
     if t.last_success_at is not None:
         out.append(
@@ -353,89 +302,6 @@ def families(snapshot: Snapshot) -> list[Metric]:
             )
         )
     return out
-
-
-def _vacuum_families(snapshot: Snapshot) -> list[Metric]:
-    """Who holds back vacuum (the oldest holder only: one series), and what it costs the due scan
-    and the relay, from PostgreSQL's cumulative statistics (nothing scanned)."""
-    horizon = snapshot.horizon
-    out: list[Metric] = [
-        GaugeMetricFamily(
-            OLDEST_SNAPSHOT_AGE,
-            "How long the oldest snapshot in the database has held back vacuum (its xmin "
-            "horizon): the oldest holder's transaction age where pg_stat_activity shows it, at "
-            "least since the first metrics-ledger row written after its xmin; 0 if none.",
-            value=0.0 if horizon is None else horizon.age_seconds,
-        ),
-        GaugeMetricFamily(
-            OLDEST_SNAPSHOT_XMIN_AGE,
-            "How many transactions old the database's xmin horizon is (age() of the oldest "
-            "holder's xmin, shown for every role); 0 if none.",
-            value=0 if horizon is None else horizon.xmin_age,
-        ),
-    ]
-    oldest = None if horizon is None else horizon.oldest
-    if oldest is not None:
-        holder = GaugeMetricFamily(
-            OLDEST_SNAPSHOT_HOLDER,
-            "The oldest holder of the xmin horizon (a session, walsender, prepared transaction "
-            "or replication slot; the last two name their gid or slot in application_name); "
-            "empty labels are hidden (another role's, without pg_read_all_stats).",
-            labels=["kind", "pid", "application_name", "client_addr", "state"],
-        )
-        holder.add_metric(
-            [
-                oldest.kind,
-                "" if oldest.pid is None else str(oldest.pid),
-                oldest.application_name or "",
-                oldest.client_addr or "",
-                oldest.state or "",
-            ],
-            1,
-        )
-        out.append(holder)
-    scans = CounterMetricFamily(
-        INDEX_SCANS, "Index scans started on the index (pg_stat_user_indexes).", labels=["index"]
-    )
-    read = CounterMetricFamily(
-        INDEX_ENTRIES_READ,
-        "Index entries its scans returned (idx_tup_read): rate over the scans' rate is entries "
-        "read per scan.",
-        labels=["index"],
-    )
-    fetched = CounterMetricFamily(
-        INDEX_ENTRIES_FETCHED,
-        "Live rows fetched through the index (idx_tup_fetch): entries read and not fetched are "
-        "mostly dead ones a snapshot keeps, stepped over.",
-        labels=["index"],
-    )
-    size = GaugeMetricFamily(INDEX_SIZE, "Size of the index on disk.", labels=["index"])
-    for index in snapshot.index_reads:
-        scans.add_metric([index.index], index.scans)
-        read.add_metric([index.index], index.entries_read)
-        fetched.add_metric([index.index], index.entries_fetched)
-        size.add_metric([index.index], index.size_bytes)
-    live = GaugeMetricFamily(
-        TABLE_LIVE_ROWS, "Live row versions (pg_stat_user_tables, estimated).", labels=["table"]
-    )
-    dead = GaugeMetricFamily(
-        TABLE_DEAD_ROWS,
-        "Dead row versions not yet removed by vacuum (estimated); they stay while a snapshot "
-        "older than them is held.",
-        labels=["table"],
-    )
-    vacuumed = GaugeMetricFamily(
-        TABLE_LAST_VACUUM,
-        "When VACUUM (by hand or autovacuum) last ran on the table; 0 if never since the "
-        "statistics were reset.",
-        labels=["table"],
-    )
-    for table in snapshot.table_dead_rows:
-        live.add_metric([table.table], table.live_rows)
-        dead.add_metric([table.table], table.dead_rows)
-        at = table.last_vacuum_at
-        vacuumed.add_metric([table.table], 0.0 if at is None else at.timestamp())
-    return [*out, scans, read, fetched, size, live, dead, vacuumed]
 
 
 class LedgerCollector(Collector):

@@ -15,9 +15,9 @@ from sqlalchemy.engine import Engine
 
 from ..domain.lateness import LATENESS_BUCKETS
 from ..messaging.relay_lock import RELAY_KEEPALIVE_SECONDS
-from ..store import metrics_repository, repository
+from ..store import metrics_repository, outbox_repository, repository
 from ..store.metrics_repository import POISON_MIN_ATTEMPTS
-from . import forecast, ledger
+from . import forecast, ledger, vacuum_figures
 
 RUNBOOK_DISPATCH = "docs/runbooks/reminder-dispatch.md"
 RUNBOOK_OUTBOX = "docs/runbooks/outbox-backlog.md"
@@ -229,7 +229,7 @@ def outbox_backlog(engine: Engine, now: datetime) -> HealthCheck:
     the lock while rows wait (named whenever rows wait or it is silent)."""
     del now  # the outbox lag is measured on the database clock, like the exporter's gauge
     with engine.connect() as conn:
-        lag = repository.outbox_lag(conn)
+        lag = outbox_repository.outbox_lag(conn)
         holder = metrics_repository.relay_lock_holder(conn)
     age = lag.oldest_unpublished_age_seconds or 0.0
     stuck = lag.unpublished > 0 and _silent(holder, RELAY_STUCK_SECONDS)
@@ -392,91 +392,12 @@ def coming_peak(engine: Engine, now: datetime) -> HealthCheck:
     )
 
 
-#: The watched indexes as the vacuum_horizon check's metadata names them.
-_INDEX_FIGURES = {
-    metrics_repository.DUE_INDEX: "due_index",
-    metrics_repository.UNPUBLISHED_INDEX: "unpublished_index",
-}
-
-
-def _vacuum_cost_metadata(
-    reads: list[metrics_repository.IndexReads], tables: list[metrics_repository.TableDeadRows]
-) -> Metadata:
-    """What the held horizon costs: the watched indexes' reads (cumulative since PostgreSQL's
-    statistics were reset: the exporter's counters give them per second) and sizes, the watched
-    tables' dead rows and last vacuum."""
-    figures: Metadata = {}
-    for index in reads:
-        name = _INDEX_FIGURES.get(index.index, index.index)
-        per_scan = index.entries_per_scan
-        figures |= {
-            f"{name}_scans": index.scans,
-            f"{name}_entries_read": index.entries_read,
-            f"{name}_entries_fetched": index.entries_fetched,
-            f"{name}_entries_read_per_scan": None if per_scan is None else round(per_scan, 1),
-            f"{name}_size_bytes": index.size_bytes,
-        }
-    for table in tables:
-        at = table.last_vacuum_at
-        figures |= {
-            f"{table.table}_dead_rows": table.dead_rows,
-            f"{table.table}_live_rows": table.live_rows,
-            f"{table.table}_last_vacuum_at": None if at is None else at.isoformat(),
-        }
-    return figures
-
-
-def _iso(moment: datetime | None) -> str | None:
-    return None if moment is None else moment.isoformat()
-
-
-_HOLDER_FIELDS = (
-    "oldest_snapshot_holder",
-    "holder_kind",
-    "holder_pid",
-    "holder_application_name",
-    "holder_client_addr",
-    "holder_state",
-    "holder_xact_start",
-    "holder_query_start",
-    "holder_xmin_age",
-    "holder_age_seconds",
-)
-
-
-def _holder_figures(horizon: metrics_repository.VacuumHorizon) -> Metadata:
-    """The oldest holder of the xmin horizon, field by field (None: nothing holds it)."""
-    h = horizon.oldest
-    values = (
-        (None,) * len(_HOLDER_FIELDS)
-        if h is None
-        else (
-            h.describe(),
-            h.kind,
-            h.pid,
-            h.application_name,
-            h.client_addr,
-            h.state,
-            _iso(h.xact_start),
-            _iso(h.query_start),
-            h.xmin_age,
-            _round(h.age_seconds),
-        )
-    )
-    fields: Metadata = dict(zip(_HOLDER_FIELDS, values, strict=True))
-    return {
-        **fields,
-        "horizon_held_by": _iso(horizon.held_by),
-        "holders_listed": len(horizon.holders),
-    }
-
-
 def vacuum_horizon(engine: Engine, now: datetime) -> HealthCheck:
     """No snapshot older than 15 minutes holds back vacuum (a warning naming its holder), and
     none while the dispatcher slows (an error)."""
     size = len(ledger.DURATION_BUCKETS) + 1
     with engine.connect() as conn:
-        horizon = metrics_repository.vacuum_horizon(conn, now)
+        horizon = metrics_repository.read_vacuum_horizon(conn, now)
         reads = metrics_repository.index_reads(conn)
         tables = metrics_repository.table_dead_rows(conn)
         recent = metrics_repository.duration_buckets_since(conn, now - SLOWING_WINDOW, size)
@@ -529,12 +450,12 @@ def vacuum_horizon(engine: Engine, now: datetime) -> HealthCheck:
             "oldest_snapshot_age_seconds": round(age, 1),
             "oldest_snapshot_xmin_age": horizon.xmin_age,
             "threshold_seconds": SNAPSHOT_OLD_SECONDS,
-            **_holder_figures(horizon),
+            **vacuum_figures.holder_figures(horizon),
             "cycle_duration_p50_seconds": _round(recent_p50, 3),
             "cycle_duration_p50_baseline_seconds": _round(baseline_p50, 3),
             "slowdown_ratio": _round(ratio, 2),
             "slowdown_factor": SLOWING_FACTOR,
-            **_vacuum_cost_metadata(reads, tables),
+            **vacuum_figures.vacuum_cost_metadata(reads, tables),
             "runbook_url": RUNBOOK_VACUUM,
         },
         severity="ERROR" if held and slowing else "WARN",

@@ -10,7 +10,7 @@ from sqlalchemy.engine import Engine
 from ..audit import audited, os_user
 from ..config import DEFAULT_RETENTION_HOURS
 from ..logs import RunLog
-from ..store import repository
+from ..store import outbox_repository
 
 OUTBOX_RETENTION = timedelta(hours=DEFAULT_RETENTION_HOURS)
 
@@ -42,7 +42,7 @@ def purge_published(
         outcome.message = "outbox purged"
         while time.monotonic() < deadline:
             with engine.begin() as conn:
-                deleted = repository.purge_published_outbox(
+                deleted = outbox_repository.purge_published_outbox(
                     conn, retention.total_seconds(), batch_size
                 )
             total += deleted

@@ -46,7 +46,7 @@ from ..domain.model import ClaimedMessage
 from ..logs import Journal, event
 from ..messaging.relay import Publisher
 from ..messaging.relay_lock import relay_lock
-from ..store import operator_repository, repository
+from ..store import operator_repository, outbox_repository
 from .outbox_retention import OUTBOX_RETENTION
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 #: The header added to every re-published message: the id of the run that re-published it.
 HEADER_REPUBLISHED_BY_RUN = "republished-by-run"
 
-#: Why a published message is not re-published (store/queries.py, SELECT_PUBLISHED_OF_DAY).
+#: Why a published message is not re-published (store/outbox_queries.py, SELECT_PUBLISHED_OF_DAY).
 STALE_REASONS = ("cancelled", "moved", "completed", "reminder_not_sent")
 
 DEFAULT_CHUNK_SIZE = 500
@@ -152,8 +152,8 @@ def republishable_days(
     with engine.connect() as conn:
         while day <= now.date():
             start, end = day_window(day)
-            sent = repository.sent_of_day(conn, start, end)
-            bounds = repository.republish_day_bounds(conn, start, end)
+            sent = outbox_repository.sent_of_day(conn, start, end)
+            bounds = outbox_repository.republish_day_bounds(conn, start, end)
             if bounds.published > 0 and bounds.published + bounds.unpublished >= sent:
                 days.append(day)
             day += timedelta(days=1)
@@ -218,8 +218,8 @@ def resend_day(
     with engine.connect() as conn:
         # Sent reminders first, outbox rows after: a cycle committing in between adds a Sent row
         # and its outbox row together, so only a purge can make the rows fewer.
-        sent = repository.sent_of_day(conn, start, end)
-        bounds = repository.republish_day_bounds(conn, start, end)
+        sent = outbox_repository.sent_of_day(conn, start, end)
+        bounds = outbox_repository.republish_day_bounds(conn, start, end)
     rows = bounds.published + bounds.unpublished
     if rows < sent:
         refused = RepublishRefused(
@@ -253,7 +253,7 @@ def resend_day(
     after = (bounds.first_id or 0) - 1
     while bounds.last_id is not None:
         with engine.connect() as conn:
-            chunk = repository.published_of_day(
+            chunk = outbox_repository.published_of_day(
                 conn, start, end, after_id=after, last_id=bounds.last_id, limit=chunk_size
             )
         if not chunk:

@@ -11,7 +11,7 @@ from sqlalchemy.engine import Connection
 
 from ..domain.model import TOTALED_COUNTERS
 from . import metrics_queries as q
-from . import queries, repository
+from . import outbox_queries, repository
 from .tables import event_reminders, outbox
 
 
@@ -311,9 +311,9 @@ class RelayLockHolder:
 
 def relay_lock_holder(conn: Connection) -> RelayLockHolder | None:
     """Who holds the relay lock in this database, None when nobody does."""
-    key = queries.RELAY_LOCK_KEY
+    key = outbox_queries.RELAY_LOCK_KEY
     row = conn.execute(
-        queries.RELAY_LOCK_HOLDER, {"classid": key >> 32, "objid": key & 0xFFFFFFFF}
+        outbox_queries.RELAY_LOCK_HOLDER, {"classid": key >> 32, "objid": key & 0xFFFFFFFF}
     ).first()
     if row is None:
         return None
@@ -430,7 +430,7 @@ class VacuumHorizon:
         return max(ages, default=0.0)
 
 
-def vacuum_horizon(conn: Connection, now: datetime, limit: int = 5) -> VacuumHorizon:
+def read_vacuum_horizon(conn: Connection, now: datetime, limit: int = 5) -> VacuumHorizon:
     """Who holds back the xmin horizon and since when (run both reads in one transaction: the
     ages in transactions are counted from the same latest transaction id)."""
     holders = snapshot_holders(conn, limit, now)

@@ -41,7 +41,7 @@ MIGRATION_LOCK_KEY = 7263001
 APPLICATION_NAME = "reminder-pipeline migration"
 #: How often a run waiting for another one tries the migration lock again, and for how long.
 LOCK_POLL_SECONDS = 0.5
-LOCK_WAIT_SECONDS = MIGRATION_STATEMENT_TIMEOUT_MS / 1000
+MIGRATION_LOCK_WAIT_SECONDS = MIGRATION_STATEMENT_TIMEOUT_MS / 1000
 
 TRY_MIGRATION_LOCK = text("SELECT pg_try_advisory_lock(:key)")
 # The session holding the migration lock: another migration run.
@@ -79,7 +79,7 @@ def _take_migration_lock(connection: Connection) -> None:
     ``CREATE INDEX CONCURRENTLY`` waits for while that run holds the lock (a deadlock the server
     ends by failing one of them). Between tries this session is in no transaction.
     """
-    deadline = time.monotonic() + LOCK_WAIT_SECONDS
+    deadline = time.monotonic() + MIGRATION_LOCK_WAIT_SECONDS
     holder = None
     while not connection.execute(TRY_MIGRATION_LOCK, {"key": MIGRATION_LOCK_KEY}).scalar():
         if holder is None:
@@ -90,7 +90,8 @@ def _take_migration_lock(connection: Connection) -> None:
         if time.monotonic() > deadline:
             raise LockNotGranted(
                 f"the migration lock was held by another migration run ({holder}) for "
-                f"{LOCK_WAIT_SECONDS:.0f} s: nothing migrated; run it again once that one ended"
+                f"{MIGRATION_LOCK_WAIT_SECONDS:.0f} s: nothing migrated; "
+                "run it again once that one ended"
             )
         time.sleep(LOCK_POLL_SECONDS)
     connection.commit()

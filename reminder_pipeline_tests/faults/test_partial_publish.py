@@ -22,7 +22,7 @@ import pytest
 from dagster import AssetCheckSeverity, instance_for_test
 
 from reminder_pipeline.defs.jobs import reminder_dispatch
-from reminder_pipeline.store import queries
+from reminder_pipeline.store import outbox_queries
 from reminder_pipeline_tests.defs.helpers import (
     instance_overrides,
     log_messages,
@@ -40,7 +40,7 @@ pytestmark = pytest.mark.server
 def relay_lock_held(database_url: str) -> Iterator[psycopg.Connection]:
     """Another session holding the relay lock until the block ends (or it unlocks itself)."""
     with psycopg.connect(psycopg_dsn(database_url), autocommit=True) as other:
-        other.execute("SELECT pg_advisory_lock(%s)", (queries.RELAY_LOCK_KEY,))
+        other.execute("SELECT pg_advisory_lock(%s)", (outbox_queries.RELAY_LOCK_KEY,))
         yield other
 
 
@@ -48,7 +48,7 @@ def waiting_for_the_lock(conn: psycopg.Connection) -> bool:
     """Whether a session waits for the relay lock (the dispatcher's relay, found it busy)."""
     row = conn.execute(
         "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = %s AND NOT granted",
-        (queries.RELAY_LOCK_KEY,),
+        (outbox_queries.RELAY_LOCK_KEY,),
     ).fetchone()
     return bool(row and row[0])
 
@@ -82,7 +82,7 @@ def test_a_dispatch_that_cannot_publish_exits_3_the_normal_case_0(engine, databa
         deadline = time.monotonic() + 60
         while not waiting_for_the_lock(other) and cli.is_alive() and time.monotonic() < deadline:
             time.sleep(0.1)
-        other.execute("SELECT pg_advisory_unlock(%s)", (queries.RELAY_LOCK_KEY,))
+        other.execute("SELECT pg_advisory_unlock(%s)", (outbox_queries.RELAY_LOCK_KEY,))
         cli.join(120)
     normal = done["result"]
     assert normal.returncode == 0, (normal.stdout, normal.stderr)  # type: ignore[attr-defined]

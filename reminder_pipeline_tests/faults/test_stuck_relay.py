@@ -26,7 +26,7 @@ from reminder_pipeline.messaging.kafka import KafkaPublisher
 from reminder_pipeline.messaging.relay import publish_outbox
 from reminder_pipeline.observability import health
 from reminder_pipeline.observability.exporter import read_snapshot
-from reminder_pipeline.store import queries
+from reminder_pipeline.store import outbox_queries
 from reminder_pipeline.store.engine import make_engine
 from reminder_pipeline_tests.support import bulk_due, outbox_rows, reminders, utcnow
 
@@ -47,7 +47,7 @@ def lock_held(engine: sa.Engine) -> bool:
                     "AND objid = :key AND database = (SELECT oid FROM pg_database "
                     "WHERE datname = current_database())"
                 ),
-                {"key": queries.RELAY_LOCK_KEY},
+                {"key": outbox_queries.RELAY_LOCK_KEY},
             ).scalar_one()
         )
 

@@ -16,7 +16,7 @@ from datetime import timedelta
 
 from reminder_pipeline import cycle
 from reminder_pipeline.messaging.relay import OutboxRelay
-from reminder_pipeline.store import queries, repository
+from reminder_pipeline.store import outbox_queries, outbox_repository, queries, repository
 
 from ..support import make_event, outbox_rows, reminders, utcnow
 
@@ -92,14 +92,14 @@ def test_an_older_unpublished_row_written_meanwhile_is_read_from_the_outbox_firs
 def test_with_another_relay_holding_the_lock_nothing_is_published_and_rows_stay(engine, publisher):
     _events(engine, 2)
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as other:
-        other.execute(queries.TRY_RELAY_LOCK, {"key": queries.RELAY_LOCK_KEY})
+        other.execute(outbox_queries.TRY_RELAY_LOCK, {"key": outbox_queries.RELAY_LOCK_KEY})
         relay = OutboxRelay(engine, publisher, lock_wait_seconds=0.2).start(
             deadline=time.monotonic() + 30
         )
         batch = cycle.dispatch_batch(engine, utcnow(), 1000)
         relay.hand_over(batch.messages)
         result = relay.finish(timeout=30)
-        other.execute(queries.RELAY_UNLOCK, {"key": queries.RELAY_LOCK_KEY})
+        other.execute(outbox_queries.RELAY_UNLOCK, {"key": outbox_queries.RELAY_LOCK_KEY})
     assert result.busy and result.published == 0
     # A stopped relay takes nothing more in memory (a drain through an outage or a busy lock
     # would otherwise keep every batch): the rows wait in the outbox.
@@ -179,7 +179,7 @@ def test_batches_queued_while_the_relay_publishes_go_out_in_one_round(
 def test_hand_overs_do_not_wait_while_the_relay_waits_for_the_lock(engine, publisher, kafka_reader):
     event_ids = _events(engine, 3)  # 6 due rows: 3 batches of 2
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as other:
-        other.execute(queries.TRY_RELAY_LOCK, {"key": queries.RELAY_LOCK_KEY})
+        other.execute(outbox_queries.TRY_RELAY_LOCK, {"key": outbox_queries.RELAY_LOCK_KEY})
         relay = OutboxRelay(engine, publisher, lock_wait_seconds=60).start(
             deadline=time.monotonic() + 120, max_queued=1
         )
@@ -190,7 +190,7 @@ def test_hand_overs_do_not_wait_while_the_relay_waits_for_the_lock(engine, publi
             handing.join(30)
             assert not handing.is_alive()  # the relay may never get the lock: nobody waits on it
             assert relay.queued == 3
-            other.execute(queries.RELAY_UNLOCK, {"key": queries.RELAY_LOCK_KEY})
+            other.execute(outbox_queries.RELAY_UNLOCK, {"key": outbox_queries.RELAY_LOCK_KEY})
         finally:
             result = relay.finish(timeout=60)
     assert result.published == 6 and not result.busy
@@ -205,7 +205,7 @@ def test_a_hand_over_another_relay_published_before_the_lock_came_is_not_publish
     # the lock; B's relay then published them again.
     _events(engine, 3)  # 6 due rows: 3 batches of 2
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as other:
-        other.execute(queries.TRY_RELAY_LOCK, {"key": queries.RELAY_LOCK_KEY})
+        other.execute(outbox_queries.TRY_RELAY_LOCK, {"key": outbox_queries.RELAY_LOCK_KEY})
         relay = OutboxRelay(engine, publisher, lock_wait_seconds=60).start(
             deadline=time.monotonic() + 120, max_queued=1
         )
@@ -214,8 +214,8 @@ def test_a_hand_over_another_relay_published_before_the_lock_came_is_not_publish
             for batch in batches:
                 relay.hand_over(batch)
             # The lock holder publishes the first batch (its marks are what a relay leaves).
-            repository.mark_published(other, [(m.id, 0, None) for m in batches[0]])
-            other.execute(queries.RELAY_UNLOCK, {"key": queries.RELAY_LOCK_KEY})
+            outbox_repository.mark_published(other, [(m.id, 0, None) for m in batches[0]])
+            other.execute(outbox_queries.RELAY_UNLOCK, {"key": outbox_queries.RELAY_LOCK_KEY})
         finally:
             result = relay.finish(timeout=60)
     assert result.published == 4 and not result.busy

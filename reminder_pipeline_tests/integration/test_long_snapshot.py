@@ -23,7 +23,7 @@ from sqlalchemy.engine import Connection, Engine, make_url
 
 from reminder_pipeline import cycle
 from reminder_pipeline.cycle.scan import FULL_SWEEP_SECONDS, scan_start
-from reminder_pipeline.store import repository
+from reminder_pipeline.store import outbox_repository, repository
 
 from ..support import POISON_KIND, bulk_due, make_due_event, reminders
 
@@ -243,15 +243,15 @@ def test_the_relay_reads_from_its_low_water_mark_not_the_rows_published_before(
         written = cycle.run_cycle(engine, None)  # in the outbox, not yet published
         assert written.counts.sent == 100 and written.outbox_unpublished == 100
         with engine.connect() as conn:
-            low = repository.relay_low_water(conn)
+            low = outbox_repository.relay_low_water(conn)
             before = outbox_entries_read(conn)
-            read = repository.unpublished(conn, 1000, low=low)
+            read = outbox_repository.unpublished(conn, 1000, low=low)
             reading = outbox_entries_read(conn) - before
             before = outbox_entries_read(conn)
-            older, _ = repository.first_unpublished_before(conn, low, read.messages[-1].id)
+            older, _ = outbox_repository.first_unpublished_before(conn, low, read.messages[-1].id)
             checking = outbox_entries_read(conn) - before
             before = outbox_entries_read(conn)
-            lag = repository.outbox_lag(conn)
+            lag = outbox_repository.outbox_lag(conn)
             lagging = outbox_entries_read(conn) - before
         assert len(read.messages) == lag.unpublished == 100 and older == read.messages[0].id
         # The 100 unpublished entries, not the 3,000 published before (each read them all).

@@ -32,7 +32,7 @@ from reminder_pipeline.operator_jobs.republish import (
     day_window,
     resend_day,
 )
-from reminder_pipeline.store import queries
+from reminder_pipeline.store import outbox_queries
 from reminder_pipeline_tests.support import (
     PublishedDays,
     outbox_rows,
@@ -170,7 +170,7 @@ def _waiting_for_relay_lock(engine) -> int:
                 "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = :key "
                 "AND NOT granted"
             ),
-            {"key": queries.RELAY_LOCK_KEY},
+            {"key": outbox_queries.RELAY_LOCK_KEY},
         ).scalar_one()
 
 
@@ -228,17 +228,21 @@ def test_the_day_is_read_through_indexes(engine):
     start, end = day_window((utcnow() - timedelta(days=3)).date())
     with engine.connect() as conn:
         bounds = conn.execute(
-            queries.REPUBLISH_DAY_BOUNDS, {"day_start": start, "day_end": end}
+            outbox_queries.REPUBLISH_DAY_BOUNDS, {"day_start": start, "day_end": end}
         ).one()
         plans = {
             name: conn.execute(
                 sa.text("EXPLAIN (FORMAT JSON) " + statement.text), params
             ).scalar_one()[0]["Plan"]
             for name, statement, params in (
-                ("bounds", queries.REPUBLISH_DAY_BOUNDS, {"day_start": start, "day_end": end}),
+                (
+                    "bounds",
+                    outbox_queries.REPUBLISH_DAY_BOUNDS,
+                    {"day_start": start, "day_end": end},
+                ),
                 (
                     "chunk",
-                    queries.SELECT_PUBLISHED_OF_DAY,
+                    outbox_queries.SELECT_PUBLISHED_OF_DAY,
                     {
                         "day_start": start,
                         "day_end": end,

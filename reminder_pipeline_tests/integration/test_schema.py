@@ -8,7 +8,7 @@ import uuid
 import pytest
 import sqlalchemy as sa
 
-from reminder_pipeline.store import migrate, queries
+from reminder_pipeline.store import migrate, outbox_queries, queries
 from reminder_pipeline.store.tables import metadata
 
 from ..support import make_due_event, reminders, schema_differences
@@ -106,7 +106,7 @@ def _fill_outbox(conn, rows: int, published_ago: str) -> None:
 
 def _purge_plan(conn, retention_hours: float) -> dict:
     """EXPLAIN ANALYZE of one purge call (rolled back: the test keeps its rows)."""
-    sql = queries.PURGE_PUBLISHED_OUTBOX.text
+    sql = outbox_queries.PURGE_PUBLISHED_OUTBOX.text
     sql = sql.replace(":retention_seconds", str(retention_hours * 3600)).replace(":limit", "1000")
     with conn.begin() as tx:
         [plan] = conn.exec_driver_sql("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql).scalar_one()

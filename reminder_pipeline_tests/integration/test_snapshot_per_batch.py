@@ -33,7 +33,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import make_url
 
 from reminder_pipeline import cycle
-from reminder_pipeline.store import queries
+from reminder_pipeline.store import outbox_queries
 
 from ..support import bulk_due
 
@@ -222,7 +222,7 @@ def test_no_dispatcher_session_holds_a_snapshot_past_a_batch_nor_the_relay_acros
     assert len(watched.looks) >= 2
     for look in watched.looks:
         [relay] = look.relay_sessions()
-        if relay["state"] == "active" and relay["query"] == queries.RELAY_KEEPALIVE:
+        if relay["state"] == "active" and relay["query"] == outbox_queries.RELAY_KEEPALIVE:
             continue
         assert relay["state"] == "idle", relay
         assert relay["xmin"] is None and relay["xid"] is None, relay

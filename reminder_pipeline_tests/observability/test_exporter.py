@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from reminder_pipeline import cycle
 from reminder_pipeline.local.servers import free_port
 from reminder_pipeline.observability import exporter as exp
-from reminder_pipeline.observability import ledger
+from reminder_pipeline.observability import ledger, metric_names
 from reminder_pipeline.observability.metrics_http import MetricsPortUnavailable
 
 from ..support import POISON_KIND, make_due_event, reminders
@@ -59,7 +59,7 @@ def test_scrape_after_real_cycles_serves_the_seed_metrics(engine, publisher, met
 
     # Every family, but the oldest snapshot's holder: nothing holds the horizon back now.
     assert result.sample_families() == set(exp.DISPATCH_METRIC_NAMES) - set(
-        exp.WHILE_HELD_METRIC_NAMES
+        metric_names.WHILE_HELD_METRIC_NAMES
     )
     assert result.value(exp.UP) == 1
     assert result.value(exp.ITEMS, result="sent") == 3

@@ -24,7 +24,7 @@ from sqlalchemy.engine import Engine, make_url
 from reminder_pipeline import cycle
 from reminder_pipeline.domain.model import CycleCounts
 from reminder_pipeline.observability import exporter as exp
-from reminder_pipeline.observability import health, ledger
+from reminder_pipeline.observability import health, ledger, metric_names
 from reminder_pipeline.store import metrics_repository, repository, tables
 from reminder_pipeline.store.engine import make_engine
 
@@ -75,16 +75,16 @@ def test_a_held_snapshot_is_named_by_the_exporter_and_the_check_which_warns_past
     engine, database_url, metrics
 ):
     quiet = scrape(metrics)
-    assert quiet.value(exp.OLDEST_SNAPSHOT_AGE) == 0
-    assert quiet.value(exp.OLDEST_SNAPSHOT_XMIN_AGE) == 0
-    assert exp.OLDEST_SNAPSHOT_HOLDER not in quiet.sample_families()
+    assert quiet.value(metric_names.OLDEST_SNAPSHOT_AGE) == 0
+    assert quiet.value(metric_names.OLDEST_SNAPSHOT_XMIN_AGE) == 0
+    assert metric_names.OLDEST_SNAPSHOT_HOLDER not in quiet.sample_families()
     check = health.vacuum_horizon(engine, _database_now(engine) + PAST_THRESHOLD)
     assert check.passed and check.description == "Nothing holds back vacuum."
 
     with held_snapshot(database_url) as pid:
         _transactions(engine)
         held = scrape(metrics)
-        [holder] = held.families[exp.OLDEST_SNAPSHOT_HOLDER].samples
+        [holder] = held.families[metric_names.OLDEST_SNAPSHOT_HOLDER].samples
         assert holder.value == 1
         assert holder.labels == {
             "kind": "session",
@@ -93,8 +93,8 @@ def test_a_held_snapshot_is_named_by_the_exporter_and_the_check_which_warns_past
             "client_addr": "127.0.0.1",
             "state": "idle in transaction",
         }
-        assert held.value(exp.OLDEST_SNAPSHOT_XMIN_AGE) >= 3
-        assert held.value(exp.OLDEST_SNAPSHOT_AGE) > 0
+        assert held.value(metric_names.OLDEST_SNAPSHOT_XMIN_AGE) >= 3
+        assert held.value(metric_names.OLDEST_SNAPSHOT_AGE) > 0
 
         with engine.connect() as conn:  # ages to the statement's clock, as the cycle reads it
             [first] = metrics_repository.snapshot_holders(conn, limit=1)
@@ -128,8 +128,8 @@ def test_a_held_snapshot_is_named_by_the_exporter_and_the_check_which_warns_past
         assert meta["event_reminders_live_rows"] is not None
 
     released = scrape(metrics)
-    assert released.value(exp.OLDEST_SNAPSHOT_AGE) == 0
-    assert exp.OLDEST_SNAPSHOT_HOLDER not in released.sample_families()
+    assert released.value(metric_names.OLDEST_SNAPSHOT_AGE) == 0
+    assert metric_names.OLDEST_SNAPSHOT_HOLDER not in released.sample_families()
     assert health.vacuum_horizon(engine, _database_now(engine) + PAST_THRESHOLD).passed
 
 
@@ -239,11 +239,14 @@ def _not_fetched(engine: Engine) -> int:
     families = {m.name: m for m in exp.families(exp.read_snapshot(engine))}
     samples = {
         (s.name, s.labels["index"]): s.value
-        for name in (exp.INDEX_ENTRIES_READ, exp.INDEX_ENTRIES_FETCHED)
+        for name in (metric_names.INDEX_ENTRIES_READ, metric_names.INDEX_ENTRIES_FETCHED)
         for s in families[name.removesuffix("_total")].samples
     }
     due = metrics_repository.DUE_INDEX
-    return int(samples[exp.INDEX_ENTRIES_READ, due] - samples[exp.INDEX_ENTRIES_FETCHED, due])
+    return int(
+        samples[metric_names.INDEX_ENTRIES_READ, due]
+        - samples[metric_names.INDEX_ENTRIES_FETCHED, due]
+    )
 
 
 def test_each_due_scan_reads_the_entries_a_held_snapshot_keeps(engine, database_url):
