@@ -1,8 +1,7 @@
 """The dispatcher's rules in plain Python: the test oracle the cycle is held to.
 
-The cycle reads each due row under its lock with the payload the database builds
-(``store/queries._PAYLOAD``) and gives it a verdict (``domain/plan.verdict``); nothing in a cycle
-runs what is here. This module describes the same rules once more, straight from the design and
+The cycle reads each due row under its lock and gives it a verdict and its message
+(``domain/plan.verdict``, ``domain/payload.py``); nothing in a cycle runs what is here. This module describes the same rules once more, straight from the design and
 the contract, so that the property tests (``integration/test_one_statement_batch.py``) can hold
 the cycle to them: the decision (send for a live event, skip otherwise, an unknown status
 included), the message (:func:`build_payload`), the fallback zone for a zone that is not
@@ -73,10 +72,6 @@ def decide_batch(reminders: Sequence[DueReminder]) -> list[Decision]:
     return [decide(r) for r in reminders]
 
 
-def _optional_id(value: object) -> str | None:
-    return None if value is None else str(value)
-
-
 def iso_utc(value: datetime) -> str:
     """ISO-8601 in UTC with a ``Z`` suffix; microseconds only when present."""
     if value.tzinfo is None:
@@ -89,30 +84,29 @@ def message_time_zone(name: str | None) -> str:
     return name if name is not None and time_zones.is_canonical(name) else time_zones.FALLBACK_ZONE
 
 
+def _attribute(field_name: str) -> str:
+    """The row's attribute a payload field is taken from: its name in snake case."""
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in field_name).lstrip("_")
+
+
 def build_payload(reminder: DueReminder) -> dict[str, Any]:
     """The contract v1 payload for ``reminder``; raises :class:`PayloadError` for a poison row.
 
+    Every property of the shipped schema, from the row's attribute of its name (the contract
+    says where each field comes from: ``ReminderId`` is the row's id, ``StartAt`` its event's
+    start): a time in ISO-8601 UTC, the time zone the event's when canonical, else the fallback.
     Only identifiers, times and the kind are read: the event's title, description and location
     are not part of :class:`DueReminder` at all, so they cannot leak into a message.
     """
     if reminder.start_at is None:
         raise PayloadError("StartAt is missing or outside the representable range")
-    if reminder.offset_minutes is None or reminder.offset_minutes < 0:
-        raise PayloadError("OffsetMinutes is negative or missing")
-    if not reminder.kind:
-        raise PayloadError("Kind is empty")
-    payload: dict[str, Any] = {
-        "ReminderId": str(reminder.reminder_id),
-        "EventId": str(reminder.event_id),
-        "TenantId": str(reminder.tenant_id),
-        "OwnerUserId": str(reminder.owner_user_id),
-        "ClientUserId": _optional_id(reminder.client_user_id),
-        "Kind": reminder.kind,
-        "StartAt": iso_utc(reminder.start_at),
-        "TimeZone": message_time_zone(reminder.time_zone),
-        "OffsetMinutes": int(reminder.offset_minutes),
-        "AppointmentId": _optional_id(reminder.appointment_id),
-    }
+    payload: dict[str, Any] = {}
+    for name in contract.schema()["properties"]:
+        value = getattr(reminder, _attribute(name))
+        if isinstance(value, datetime):
+            value = iso_utc(value)
+        payload[name] = value
+    payload["TimeZone"] = message_time_zone(reminder.time_zone)
     try:
         validate_with_schema(payload)
     except contract.ContractViolation as exc:

@@ -5,26 +5,26 @@ relay_outbox`` (the op names). Each is one plain call here, taking and returning
 (:mod:`.records`), so a step re-executed from the UI in another process reads them back:
 
 * :func:`start` - the cycle's settings and clock, the database's (``cycle started``);
-* :func:`reserve` - step 1 as an op: due rows reserved for the run in a short transaction of their
+* :func:`select` - step 1 as an op: due rows reserved for the run in a short transaction of their
   own, so concurrent runs take disjoint batches;
-* :func:`preview` - step 2 as an op: the reserved rows' event status, send or skip (a preview);
+* :func:`decide` - step 2 as an op: the reserved rows' event status, send or skip (a preview);
 * :func:`write` - step 3: lock and re-read, decide on that state, write set-based; then, while
   rows are due and the budget lasts, go on draining (each batch one transaction);
-* :func:`finish` - step 4: publish what is unpublished, measure the backlog, record the cycle
+* :func:`relay` - step 4: publish what is unpublished, measure the backlog, record the cycle
   (``cycle completed``, the metrics ledger);
 * :func:`run_cycle` - all of it in one process (CLI, demo, tests).
 
 Underneath, one batch in the caller's transaction (:mod:`.batch`), every batch by one route
-(rows locked and read once with the payload SQL builds, each row's verdict decided in Python,
-one write): :func:`lock_due_batch` (``FOR UPDATE SKIP LOCKED``), :func:`write_batch` (lock and
-read the candidates, decide, write), :func:`dispatch_batch` (a drain's batch: the due rows
-locked, decided and written in one transaction, logged after commit); and :func:`drain`
-(:mod:`.drain`), batch after batch.
+(rows locked and read once, each row's verdict and message decided in Python, one write):
+:func:`lock_due` and :func:`lock_candidates` (``FOR UPDATE SKIP LOCKED``), :func:`write_rows`
+(decide and write), :func:`dispatch_batch` (a drain's batch: the due rows locked, decided and
+written in one transaction, logged after commit); and :func:`drain` (:mod:`.drain`), batch after
+batch.
 """
 
 from ..domain.writers import WRITER_DAGSTER, WRITER_IN_PROCESS, cli_writer
 from ..observability.ledger import CLOCK_SKEW_WARN_SECONDS
-from .batch import dispatch_batch, lock_due_batch, report_batch, write_batch
+from .batch import dispatch_batch, lock_candidates, lock_due, report_batch, write_rows
 from .clock import (
     as_of_or_now,
     check_as_of_on_database,
@@ -46,11 +46,11 @@ from .steps import (
     MIN_RELAY_SECONDS,
     RESERVATION_SECONDS,
     backlog_left,
+    decide,
     fail,
-    finish,
-    preview,
-    reserve,
+    relay,
     run_cycle,
+    select,
     start,
     write,
 )
@@ -74,18 +74,19 @@ __all__ = [
     "check_as_of_on_database",
     "cli_writer",
     "database_now",
+    "decide",
     "dispatch_batch",
     "drain",
     "fail",
-    "finish",
-    "lock_due_batch",
+    "lock_candidates",
+    "lock_due",
     "now_utc",
-    "preview",
     "read_clock",
+    "relay",
     "report_batch",
-    "reserve",
     "run_cycle",
+    "select",
     "start",
     "write",
-    "write_batch",
+    "write_rows",
 ]

@@ -1,29 +1,27 @@
 """One batch in the caller's transaction: lock and read the due rows once, decide, write once.
 
 The route of every batch (docs/design.md, "One route for a batch"): one statement locks and
-reads the rows (``FOR UPDATE SKIP LOCKED``) with the payload the database builds from each;
-Python gives each row its verdict (:func:`~reminder_pipeline.domain.plan.verdict`: send, send
-with the fallback zone, skip, poison); one statement writes the verdicts. Only a refusal of the
-database's own (SQLSTATE class 22 or 23) is found row by row. The writing step of a Dagster run
-locks and reads its reserved candidates in its own transaction and decides on *that* state. Log
-lines and span events of a batch are emitted after its transaction committed: nothing but
-database work happens while its rows are locked.
+reads the rows (``FOR UPDATE SKIP LOCKED``: :func:`lock_due` for a drain's batch,
+:func:`lock_candidates` for a run's reserved rows); Python gives each row its verdict and builds
+its message (:func:`~reminder_pipeline.domain.plan.verdict`: send, send with the fallback zone,
+skip, poison); one statement writes the verdicts (:func:`write_rows`). Only a refusal of the
+database's own (SQLSTATE class 22 or 23) is found row by row. Log lines and span events of a
+batch are emitted after its transaction committed: nothing but database work happens while its
+rows are locked.
 """
 
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-import orjson
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from ..domain import contract
-from ..domain.model import ClaimedMessage, PoisonRow, ReminderStatus
+from ..domain.model import ClaimedMessage, DueReminder, PoisonRow, ReminderStatus
 from ..domain.plan import Verdict, message_headers, verdict
 from ..domain.writers import WRITER_IN_PROCESS
 from ..logs import Journal
@@ -47,11 +45,11 @@ def batch_failed(error: BaseException) -> str:
     return "batch rolled back"
 
 
-def lock_due_batch(
+def lock_due(
     conn: Connection, as_of: datetime, batch_size: int, start: ScanPosition | None = None
 ) -> Selection:
-    """A batch's selection: due Pending rows (``due_at < as_of``), oldest first from ``start``,
-    locked FOR UPDATE SKIP LOCKED and read once, each with its payload.
+    """A drain's selection: due Pending rows (``due_at < as_of``), oldest first from ``start``,
+    locked FOR UPDATE SKIP LOCKED and read once, each with its event's fields.
 
     ``start``: where the scan starts in the due index (the position the batch before it reached);
     by default where a cycle would start now (:func:`.scan.scan_start`). The locks last as long as
@@ -64,46 +62,22 @@ def lock_due_batch(
     return Selection(as_of, batch_size, due.rows, due.skipped_locked, due.next_from)
 
 
-def write_batch(
+def lock_candidates(
+    conn: Connection, ids: Sequence[str], as_of: datetime, reserved_by: str | None
+) -> Selection:
+    """A run's writing step's selection: its candidates that are still Pending, due and not
+    another run's (``reserved_by``: the run that reserved them), locked FOR UPDATE SKIP LOCKED and
+    read once, oldest first; ``skipped_locked`` the candidates still Pending that another
+    transaction holds, ``gone`` those no longer Pending or due."""
+    rows = repository.lock_candidates(conn, ids, as_of, reserved_by)
+    taken = {r.reminder_id for r in rows}
+    held = repository.count_still_pending(conn, [i for i in ids if i not in taken])
+    return Selection(as_of, len(ids), rows, held, gone=len(ids) - len(rows) - held)
+
+
+def write_rows(
     conn: Connection,
-    candidate_ids: Sequence[str | uuid.UUID],
-    as_of: datetime,
-    *,
-    run_id: str | None = None,
-    reserved_by: str | None = None,
-    held: Sequence[repository.LockedRow] | None = None,
-    now: datetime | None = None,
-    writer: str = WRITER_IN_PROCESS,
-) -> BatchOutcome:
-    """A batch's write in ``conn``'s transaction: lock and read the candidates, decide, write.
-
-    The design's rule: the candidates are locked here (FOR UPDATE SKIP LOCKED) and read with
-    their event once; only what is still Pending and due, and not reserved by another run, is
-    decided, on *that* state, and written by the one write every batch is written by
-    (:func:`write_locked_rows`). ``reserved_by``: the run whose reservation the candidates may
-    carry (the run that selected them). ``held``: the candidates as :func:`lock_due_batch` locked
-    and read them *in this same transaction*; nothing can have changed them since, so they are
-    not read again. ``writer``: who moves the rows (``moved_by``, in run ``run_id``;
-    domain/writers.py). Infrastructure errors propagate: the caller's transaction rolls back
-    whole.
-    """
-    ids = [str(i) for i in candidate_ids]  # a selection stored by an older version held UUIDs
-    if held is not None and [r.reminder_id for r in held] == ids:
-        locked = list(held)
-    else:
-        locked = repository.lock_candidates(conn, ids, as_of, reserved_by)
-    taken = {r.reminder_id for r in locked}
-    missing = [i for i in ids if i not in taken]
-    outcome = write_locked_rows(conn, locked, as_of, run_id=run_id, now=now, writer=writer)
-    outcome.selected = len(ids)
-    outcome.skipped_locked = repository.count_still_pending(conn, missing)
-    outcome.gone = len(missing) - outcome.skipped_locked
-    return outcome
-
-
-def write_locked_rows(
-    conn: Connection,
-    locked: Sequence[repository.LockedRow],
+    rows: Sequence[DueReminder],
     as_of: datetime,
     *,
     run_id: str | None = None,
@@ -112,47 +86,49 @@ def write_locked_rows(
 ) -> BatchOutcome:
     """Decide every row this transaction locked and read, then write the batch once.
 
-    Each row's verdict comes from what the lock read (:func:`~reminder_pipeline.domain.plan.
-    verdict`); poison rows stay Pending with a back-off (:func:`repository.record_poison`). The
-    write runs in a savepoint: when the database refuses it for a row's data (SQLSTATE class
-    22/23), each row is written alone (and rolled back) to find the refused ones, which join the
-    poison rows, and the rest is written. Every other error propagates.
+    Each row's verdict and message come from what the lock read
+    (:func:`~reminder_pipeline.domain.plan.verdict`); poison rows stay Pending with a back-off
+    (:func:`repository.record_poison`). The write runs in a savepoint: when the database refuses
+    it for a row's data (SQLSTATE class 22/23), each row is written alone (and rolled back) to
+    find the refused ones, which join the poison rows, and the rest is written. Every other error
+    propagates. ``writer`` moves the rows (``moved_by``, in run ``run_id``; domain/writers.py).
     """
-    headers = _headers(run_id)
-    outcome = BatchOutcome(selected=len(locked))
+    headers = message_headers("", run_id, tracing.trace_headers())
+    outcome = BatchOutcome(selected=len(rows))
     writes: list[tuple[str, str | None]] = []
-    poison: list[tuple[repository.LockedRow, str]] = []
-    fallbacks: list[repository.LockedRow] = []
-    loads = orjson.loads
-    for row in locked:
-        payload = row.payload
-        decided = verdict(row.event_status, None if payload is None else loads(payload))
-        chosen = decided.verdict
-        if chosen is Verdict.SEND:
-            writes.append((row.reminder_id, payload))
-        elif chosen is Verdict.SKIP:
+    poison: list[tuple[DueReminder, str]] = []
+    fallbacks: list[DueReminder] = []
+    for row in rows:
+        decided = verdict(row)
+        if decided.verdict is Verdict.SKIP:
             writes.append((row.reminder_id, None))
-        elif chosen is Verdict.SEND_FALLBACK_ZONE:
-            writes.append((row.reminder_id, orjson.dumps(decided.payload).decode()))
-            fallbacks.append(row)
-        else:
+        elif decided.verdict is Verdict.POISON:
             poison.append((row, decided.error or ""))
-    restated = [r.reminder_id for r in fallbacks]
-    written = _write(conn, as_of, writes, headers, run_id, writer, now, poison, locked, restated)
-    sent = ReminderStatus.SENT
-    for row in locked:
+        else:
+            writes.append((row.reminder_id, decided.text))
+            if decided.verdict is Verdict.SEND_FALLBACK_ZONE:
+                fallbacks.append(row)
+    messages = dict(writes)
+    written = _apply_verdicts(conn, as_of, writes, headers, run_id, writer, now, poison, rows)
+    for row in rows:
         moved = written.get(row.reminder_id)
         if moved is None:
             continue
-        if moved.status != sent:
+        if moved.status != ReminderStatus.SENT:
             outcome.skipped.append(row)
             continue
         outcome.sent.append(row)
         outcome.lateness.observe(moved.lateness_seconds)
-        # The stored text is the text the read returned, unless the cycle changed the payload.
-        text = row.payload if moved.payload is None else moved.payload
-        outcome.messages.append(_message(row.event_id, moved, text or "", headers))
-    outcome.time_zone_fallbacks = [r.reminder for r in fallbacks if r.reminder_id in written]
+        outcome.messages.append(
+            ClaimedMessage(
+                moved.outbox_id or 0,
+                contract.TOPIC,
+                row.event_id,
+                messages[row.reminder_id] or "",
+                {**headers, contract.HEADER_REMINDER_ID: row.reminder_id},
+            )
+        )
+    outcome.time_zone_fallbacks = [r for r in fallbacks if r.reminder_id in written]
     outcome.outbox_rows = len(outcome.messages)
     outcome.poison = [
         PoisonRow(r.reminder_id, r.event_id, r.tenant_id, error) for r, error in poison
@@ -161,7 +137,7 @@ def write_locked_rows(
     return outcome
 
 
-def _write(
+def _apply_verdicts(
     conn: Connection,
     as_of: datetime,
     writes: list[tuple[str, str | None]],
@@ -169,14 +145,13 @@ def _write(
     run_id: str | None,
     writer: str,
     now: datetime | None,
-    poison: list[tuple[repository.LockedRow, str]],
-    locked: Sequence[repository.LockedRow],
-    restated: Sequence[str],
+    poison: list[tuple[DueReminder, str]],
+    rows: Sequence[DueReminder],
 ) -> dict[str, repository.WrittenRow]:
     """The batch's one write; rows the database refuses (class 22/23) are found row by row,
     added to ``poison`` and left out."""
 
-    def write(verdicts: list[tuple[str, str | None]]) -> dict[str, repository.WrittenRow]:
+    def statement(verdicts: list[tuple[str, str | None]]) -> dict[str, repository.WrittenRow]:
         return repository.write_verdicts(
             conn,
             as_of,
@@ -185,7 +160,6 @@ def _write(
             headers=headers,
             moved_by=writer,
             moved_in_run=run_id,
-            restated=restated,
             now=now,
         )
 
@@ -193,17 +167,17 @@ def _write(
         return {}
     repository.set_savepoint(conn)  # left set when the write succeeds: COMMIT ends it
     try:
-        return write(writes)
+        return statement(writes)
     except sa.exc.DBAPIError as error:
         if repository.data_error(error) is None:
             raise
         repository.roll_back_to_savepoint(conn)
-    by_id = {r.reminder_id: r for r in locked}
+    by_id = {r.reminder_id: r for r in rows}
     refused: set[str] = set()
     for one in writes:
         alone = conn.begin_nested()
         try:
-            write([one])
+            statement([one])
         except sa.exc.DBAPIError as error:
             sqlstate = repository.data_error(error)
             if sqlstate is None:
@@ -212,25 +186,7 @@ def _write(
             refused.add(one[0])
             poison.append((by_id[one[0]], f"database rejected the row (SQLSTATE {sqlstate})"))
         alone.rollback()
-    return write([w for w in writes if w[0] not in refused])
-
-
-def _headers(run_id: str | None) -> dict[str, str]:
-    """The headers every message of the batch shares (its reminder-id is set per row)."""
-    return message_headers("", run_id, tracing.trace_headers())
-
-
-def _message(
-    event_id: str, row: repository.WrittenRow, payload: str, headers: dict[str, str]
-) -> ClaimedMessage:
-    """A written row's outbox message as the relay publishes it (``payload``: its stored text)."""
-    return ClaimedMessage(
-        row.outbox_id or 0,
-        contract.TOPIC,
-        event_id,
-        payload,
-        {**headers, contract.HEADER_REMINDER_ID: row.reminder_id},
-    )
+    return statement([w for w in writes if w[0] not in refused])
 
 
 def dispatch_batch(
@@ -243,17 +199,17 @@ def dispatch_batch(
     journal: Journal | None = None,
     writer: str = WRITER_IN_PROCESS,
 ) -> BatchOutcome:
-    """Select and write one batch in one transaction (locks held from select to commit): the due
-    rows from ``start`` locked and read once (:func:`lock_due_batch`), decided, written once
-    (:func:`write_locked_rows`). Its log lines and span events follow the commit; a batch that
-    rolls back logs that it did, and never "reminder sent". The outcome says where the next
-    batch's scan starts (``next_from``).
+    """A drain's batch in one transaction (locks held from select to commit): the due rows from
+    ``start`` locked and read once (:func:`lock_due`), decided and written once
+    (:func:`write_rows`). Its log lines and span events follow the commit; a batch that rolls back
+    logs that it did, and never "reminder sent". The outcome says where the next batch's scan
+    starts (``next_from``).
     """
     journal = journal or Journal()
     try:
         with engine.begin() as conn:
-            selection = lock_due_batch(conn, as_of, batch_size, start)
-            outcome = write_locked_rows(conn, selection.rows, as_of, run_id=run_id, writer=writer)
+            selection = lock_due(conn, as_of, batch_size, start)
+            outcome = write_rows(conn, selection.rows, as_of, run_id=run_id, writer=writer)
         outcome.skipped_locked = selection.skipped_locked
         outcome.next_from = selection.next_from
     except BaseException as error:

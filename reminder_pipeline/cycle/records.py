@@ -18,7 +18,7 @@ from ..domain.model import (
 )
 from ..messaging.relay import OutboxSpans, RelayResult
 from ..observability.ledger import CLOCK_SKEW_WARN_SECONDS
-from ..store.repository import SCAN_START, LockedRow, ScanPosition
+from ..store.repository import SCAN_START, ScanPosition
 from .scan import DueScan
 
 #: What a batch progress callback receives: the cycle's counts so far.
@@ -48,13 +48,8 @@ class Cycle:
 
     @classmethod
     def from_plain(cls, data: Mapping[str, Any]) -> Cycle:
-        """From :meth:`plain` (or from the ISO-8601 text a step output of an older version held;
-        one with no scan start starts at the oldest end)."""
-        as_of = data["as_of"]
-        if not isinstance(as_of, datetime):  # an older version's output held ISO-8601 text
-            as_of = datetime.fromisoformat(as_of)
-        scan_from = ScanPosition(*data.get("scan_from", SCAN_START))
-        return cls(**{**data, "as_of": as_of, "scan_from": scan_from})
+        """From :meth:`plain`."""
+        return cls(**{**data, "scan_from": ScanPosition(*data["scan_from"])})
 
     @property
     def scan(self) -> DueScan:
@@ -91,12 +86,12 @@ class Written:
 
     @classmethod
     def from_plain(cls, data: Mapping[str, Any]) -> Written:
-        """From :meth:`plain` (an older version's output has no ``outbox``)."""
+        """From :meth:`plain`."""
         return cls(
             data["run_id"],
             CycleCounts.from_plain(data["counts"]),
             RelayResult(**data["relay"]),
-            OutboxSpans.from_plain(data.get("outbox", [])),
+            OutboxSpans.from_plain(data["outbox"]),
         )
 
 
@@ -163,25 +158,21 @@ class CycleReport:
 
 @dataclass(frozen=True)
 class Selection:
-    """A batch's selection in the caller's transaction: the candidates, oldest first, locked and
-    read once (each with its payload)."""
+    """A batch's selection in the caller's transaction: the rows locked and read once, oldest
+    first, how many due rows others held, and where the next batch's scan starts."""
 
     as_of: datetime
     batch_size: int
-    rows: list[LockedRow]
+    rows: list[DueReminder]
     skipped_locked: int = 0
-    #: Where the next batch's scan starts (the furthest row this one took, else its start).
     next_from: ScanPosition = SCAN_START
-
-    @property
-    def candidates(self) -> list[DueReminder]:
-        """The candidates as read under their lock, oldest first."""
-        return [r.reminder for r in self.rows]
+    #: Candidates no longer Pending or due (sent, skipped or deleted since they were reserved).
+    gone: int = 0
 
     @property
     def ids(self) -> list[str]:
-        """Candidate reminder ids, oldest first."""
-        return [r.reminder.reminder_id for r in self.rows]
+        """The rows' reminder ids, oldest first."""
+        return [r.reminder_id for r in self.rows]
 
 
 class Moved(Protocol):
@@ -201,7 +192,7 @@ class Moved(Protocol):
 
 @dataclass
 class BatchOutcome:
-    """What one batch's write (:func:`~reminder_pipeline.cycle.batch.write_locked_rows`) did."""
+    """What one batch's write (:func:`~reminder_pipeline.cycle.batch.write_rows`) did."""
 
     sent: list[Moved] = field(default_factory=list)
     skipped: list[Moved] = field(default_factory=list)

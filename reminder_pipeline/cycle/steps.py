@@ -20,7 +20,7 @@ from ..observability import ledger, tracing
 from ..observability.ledger import CLOCK_SKEW_WARN_SECONDS
 from ..store import outbox_repository, repository
 from ..store.repository import ScanPosition
-from .batch import batch_failed, report_batch, write_batch
+from .batch import batch_failed, lock_candidates, report_batch, write_rows
 from .clock import as_of_or_now, read_clock
 from .drain import drain
 from .records import Cycle, CycleReport, Decisions, Progress, Written
@@ -87,10 +87,11 @@ def start(
     return cycle
 
 
-def reserve(
+def select(
     engine: Engine, cycle: Cycle, *, journal: Journal | None = None
 ) -> repository.Reservation:
-    """Step 1: the cycle's batch of due rows, reserved for its run (committed before returning)."""
+    """Step 1, select: the cycle's batch of due rows, reserved for its run (committed before
+    returning)."""
     with engine.begin() as conn:
         reserved = repository.reserve_due(
             conn, cycle.as_of, cycle.batch_size, cycle.run_id, RESERVATION_SECONDS, cycle.scan_from
@@ -105,10 +106,10 @@ def reserve(
     return reserved
 
 
-def preview(engine: Engine, ids: Sequence[str]) -> Decisions:
-    """Step 2: send or skip for each selected row, on its event status read without a lock (the
-    cycle's rule, :func:`~reminder_pipeline.domain.transitions.action_for`; a row gone since is a
-    skip)."""
+def decide(engine: Engine, ids: Sequence[str]) -> Decisions:
+    """Step 2, decide: send or skip for each selected row, on its event status read without a
+    lock (a preview: the cycle's rule, :func:`~reminder_pipeline.domain.transitions.action_for`; a
+    row gone since is a skip; step 3 decides again on what it reads under its lock)."""
     with engine.connect() as conn:
         statuses = repository.preview_event_statuses(conn, ids)
     decided = Decisions([], [])
@@ -131,7 +132,8 @@ def write(
     progress: Progress | None = None,
     writer: str = WRITER_DAGSTER,
 ) -> Written:
-    """Step 3: write the selected rows (re-locked and re-read); drain on if the cycle may.
+    """Step 3, write: the selected rows locked and read again, decided on that and written once;
+    then drain on if the cycle may.
 
     ``run_id`` is the run writing: it may differ from ``cycle.run_id`` when the step is
     re-executed from the UI, days later maybe; then the budget starts afresh, the rows reserved
@@ -151,14 +153,13 @@ def write(
     ):
         try:
             with engine.begin() as conn:
-                outcome = write_batch(
-                    conn,
-                    ids,
-                    cycle.as_of,
-                    run_id=run_id,
-                    reserved_by=cycle.run_id,
-                    writer=writer,
+                selection = lock_candidates(conn, ids, cycle.as_of, reserved_by=cycle.run_id)
+                outcome = write_rows(
+                    conn, selection.rows, cycle.as_of, run_id=run_id, writer=writer
                 )
+            outcome.selected = len(ids)
+            outcome.skipped_locked = selection.skipped_locked
+            outcome.gone = selection.gone
         except BaseException as error:
             journal.event(
                 logging.WARNING, batch_failed(error), run_id=run_id, error_kind=type(error).__name__
@@ -173,13 +174,13 @@ def write(
         outbox.add(m.id for m in outcome.messages)
         if progress is not None:
             progress(counts)
-        relay = RelayResult()
+        relayed = RelayResult()
         if (
             cycle.max_batches > 1
             and len(ids) >= cycle.batch_size
             and time.time() - started < cycle.budget_seconds
         ):
-            more, relay = drain(
+            more, relayed = drain(
                 engine,
                 cycle.as_of,
                 cycle.batch_size,
@@ -201,12 +202,12 @@ def write(
                 logging.INFO,
                 "batches written",
                 run_id=run_id,
-                **{**counts.counters(), "published": relay.published},
+                **{**counts.counters(), "published": relayed.published},
             )
         if own:
             leave_floor(engine, scan, cycle.as_of)
         tracing.set_attributes(**counts.as_dict())
-    return Written(run_id, counts, relay, outbox)
+    return Written(run_id, counts, relayed, outbox)
 
 
 def _plus(first: CycleCounts, more: CycleCounts) -> CycleCounts:
@@ -216,7 +217,7 @@ def _plus(first: CycleCounts, more: CycleCounts) -> CycleCounts:
     return total
 
 
-def finish(
+def relay(
     engine: Engine,
     cycle: Cycle,
     written: Written,
@@ -226,7 +227,7 @@ def finish(
     publisher_error: str | None = None,
     journal: Journal | None = None,
 ) -> CycleReport:
-    """Step 4: publish what the outbox holds, measure what is left, record the cycle.
+    """Step 4, relay: publish what the outbox holds, measure what is left, record the cycle.
 
     ``publisher_error``: why there is no publisher (the broker is unreachable): every
     unpublished row then counts as a failed publish. A broker outage is a publish failure, not a
@@ -244,17 +245,17 @@ def finish(
     own = written.run_id == run_id
     started = cycle.started_at if own else time.time()
     counts = written.counts if own else CycleCounts()
-    relay = RelayResult().merge(written.relay) if own else RelayResult()
+    result = RelayResult().merge(written.relay) if own else RelayResult()
     if publisher is not None:
         remaining = max(started + cycle.budget_seconds - time.time(), MIN_RELAY_SECONDS)
-        relay.merge(
+        result.merge(
             publish_rows(engine, publisher, written.outbox, budget_seconds=remaining, run_id=run_id)
         )
     elif publisher_error is not None:
         with engine.connect() as conn:
             waiting = outbox_repository.outbox_lag(conn).unpublished
             ours = outbox_repository.count_unpublished_in(conn, written.outbox.spans)
-        relay.merge(RelayResult(failed=waiting, last_error=publisher_error, left=ours))
+        result.merge(RelayResult(failed=waiting, last_error=publisher_error, left=ours))
         journal.event(
             logging.ERROR,
             "outbox publish failed; rows stay unpublished",
@@ -266,17 +267,17 @@ def finish(
     with engine.connect() as conn:
         left = repository.backlog(conn, repository.database_clock(conn))
         lag = outbox_repository.outbox_lag(conn)
-    counts.published = relay.published
-    counts.publish_failed = relay.failed
+    counts.published = result.published
+    counts.publish_failed = result.failed
     counts.duration_ms = int((time.time() - started) * 1000)
-    if relay.left and not relay.failed:  # a failed delivery is logged as such by the relay
+    if result.left and not result.failed:  # a failed delivery is logged as such by the relay
         journal.event(
             logging.WARNING,
             "partial publish: outbox rows of this run stay unpublished",
             run_id=run_id,
-            unpublished_of_run=relay.left,
-            relay_busy=relay.busy,
-            relay_lock_holder=relay.holder,
+            unpublished_of_run=result.left,
+            relay_busy=result.busy,
+            relay_lock_holder=result.holder,
         )
     journal.event(
         logging.INFO,
@@ -286,7 +287,7 @@ def finish(
         duration_ms=counts.duration_ms,
         backlog_remaining=left.count,
         outbox_unpublished=lag.unpublished,
-        unpublished_of_run=relay.left,
+        unpublished_of_run=result.left,
     )
     ledger.record_cycle(
         engine,
@@ -300,7 +301,7 @@ def finish(
         cycle.as_of,
         cycle.batch_size,
         counts,
-        relay,
+        result,
         left.count,
         left.oldest_due_age_seconds,
         lag.unpublished,
@@ -369,7 +370,7 @@ def run_cycle(
         outbox = OutboxSpans()
         scan = cycle.scan
         try:
-            counts, relay = drain(
+            counts, relayed = drain(
                 engine,
                 cycle.as_of,
                 batch_size,
@@ -385,10 +386,10 @@ def run_cycle(
                 scan=scan,
             )
             leave_floor(engine, scan, cycle.as_of)
-            report = finish(
+            report = relay(
                 engine,
                 cycle,
-                Written(cycle.run_id, counts, relay, outbox),
+                Written(cycle.run_id, counts, relayed, outbox),
                 run_id=cycle.run_id,
                 publisher=publisher,
                 journal=journal,

@@ -75,7 +75,7 @@ def select_due_batch(
         except ConfigError as error:
             # AsOf after the database's clock: the run config's one line, before any row is taken.
             raise Failure(description=f"{context.job_name} run config refused: {error}") from None
-        reserved = cycle.reserve(postgres.engine, started, journal=journal)
+        reserved = cycle.select(postgres.engine, started, journal=journal)
     return DueSelection(started, reserved.ids, reserved.skipped_locked, reserved.next_from)
 
 
@@ -90,7 +90,7 @@ def resolve_event_status(
 ) -> DecidedSelection:
     """Step 2: the decision per row; the writing step decides again on what it reads under lock."""
     selection = DueSelection.read(selection)
-    decided = cycle.preview(postgres.engine, selection.ids)
+    decided = cycle.decide(postgres.engine, selection.ids)
     context.log.info(
         f"preview: {len(decided.send)} to send, {len(decided.skip)} to skip "
         "(decided again under lock by transition_and_outbox)"
@@ -145,7 +145,7 @@ def relay_outbox(
     refuse_overridden_limits(context)
     step = WrittenCycle.read(written)
     with FoldingJournal(context.log) as journal:
-        report = cycle.finish(
+        report = cycle.relay(
             postgres.engine,
             step.cycle,
             step.written,

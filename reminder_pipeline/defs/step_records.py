@@ -7,20 +7,43 @@
 The fs_io_manager pickles each step's output, and a step re-executed from the UI, maybe after an
 upgrade, loads its parent run's. So a record pickles as its :meth:`plain` builtins (ids, counts,
 AsOf's datetime) and is rebuilt by ``from_plain``: a stored output names no field layout, only
-the loader. An output stored before these records (the same keys in a dict) is read too
-(:meth:`read`).
+the loader. An output stored by an older version is read too, here and only here (the core's
+records know only their own plain form): a dict with the same keys (:meth:`_StepRecord.read`),
+AsOf as ISO-8601 text, reminder ids as UUIDs, lateness as one float per row, no outbox spans, no
+scan start (:func:`_cycle`, :func:`_counts`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from datetime import datetime
 from typing import Any, Self
 
 from dagster import DagsterType
 
 from ..cycle import Cycle, Decisions, Written
-from ..store.repository import ScanPosition
+from ..domain.lateness import Lateness
+from ..store.repository import SCAN_START, ScanPosition
+
+
+def _cycle(data: Mapping[str, Any]) -> Cycle:
+    """A stored cycle, as an older version may have stored it: AsOf as ISO-8601 text (before
+    the records), no scan start (before issue 41: its scan starts at the oldest end)."""
+    as_of = data["as_of"]
+    if not isinstance(as_of, datetime):
+        as_of = datetime.fromisoformat(as_of)
+    scan = {"scan_from": list(data.get("scan_from", SCAN_START))}
+    return Cycle.from_plain({**data, "as_of": as_of, **scan})
+
+
+def _counts(data: Mapping[str, Any]) -> dict[str, Any]:
+    """Stored counts, as an older version may have stored them: lateness as one float per row
+    (before its summary)."""
+    data = dict(data)
+    if "lateness" not in data:
+        data["lateness"] = asdict(Lateness.of(data.pop("lateness_seconds", None) or ()))
+    return data
 
 
 class _StepRecord:
@@ -83,8 +106,8 @@ class DueSelection(_StepRecord):
     def from_plain(cls, data: Mapping[str, Any]) -> Self:
         after = data.get("after")
         return cls(
-            Cycle.from_plain(data["cycle"]),
-            list(data["ids"]),
+            _cycle(data["cycle"]),
+            [str(i) for i in data["ids"]],  # an older version stored UUIDs
             int(data["skipped_locked"]),
             None if after is None else ScanPosition(*after),
         )
@@ -124,7 +147,8 @@ class WrittenCycle(_StepRecord):
 
     @classmethod
     def from_plain(cls, data: Mapping[str, Any]) -> Self:
-        return cls(Cycle.from_plain(data["cycle"]), Written.from_plain(data))
+        written = {**data, "counts": _counts(data["counts"]), "outbox": data.get("outbox", [])}
+        return cls(_cycle(data["cycle"]), Written.from_plain(written))
 
 
 DUE_SELECTION = DueSelection.dagster_type(

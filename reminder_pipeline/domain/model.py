@@ -6,7 +6,7 @@ import uuid
 from dataclasses import dataclass, field, fields
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 from .lateness import Lateness
 
@@ -56,12 +56,14 @@ class EventOrigin(StrEnum):
     APPOINTMENT = "Appointment"
 
 
-@dataclass(frozen=True)
-class DueReminder:
-    """A due reminder row joined with the fields of its event the payload needs (no PII).
+class DueReminder(NamedTuple):
+    """A due reminder row as its batch locked and read it, with the fields of its event the
+    message needs (no PII): the one type of that shape, read from the columns of its fields'
+    names (store/repository.py). A tuple: a batch reads 1,000 of them.
 
     Ids are the canonical text of the database's uuid values (lower-case, hyphenated), as the
-    payload carries them.
+    payload carries them; ``start_at`` is None when it lies outside Python's range (the row is
+    then poison).
     """
 
     reminder_id: str
@@ -72,7 +74,7 @@ class DueReminder:
     appointment_id: str | None
     kind: str
     event_status: str
-    start_at: datetime
+    start_at: datetime | None
     time_zone: str
     offset_minutes: int
     due_at: datetime
@@ -190,13 +192,10 @@ class CycleCounts:
 
     @classmethod
     def from_plain(cls, data: dict[str, Any]) -> CycleCounts:
-        """From ``dataclasses.asdict`` of one; also a step output stored before the summary
-        (``lateness_seconds``, one float per row), so an old run's step can be re-executed."""
+        """From ``dataclasses.asdict`` of one."""
         data = dict(data)
         data.pop("max_lateness_seconds", None)
-        values = data.pop("lateness_seconds", None)
-        plain = data.pop("lateness", None)
-        lateness = Lateness.from_plain(plain) if plain is not None else Lateness.of(values or ())
+        lateness = Lateness.from_plain(data.pop("lateness"))
         return cls(**data, lateness=lateness)
 
     def as_dict(self) -> dict[str, int | float | None]:

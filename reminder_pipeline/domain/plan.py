@@ -1,14 +1,13 @@
 """A locked row's verdict (send, send with the fallback zone, skip, poison) and its headers.
 
-The cycle reads each due row once, under its lock, with the payload the database built from it
-(``store/queries._PAYLOAD``, the one implementation of the message); :func:`verdict` decides
-on that row what the batch's one write does with it (docs/design.md, "One route for a batch"):
-skip when its event is not live (:func:`~reminder_pipeline.domain.transitions.action_for`),
-else send its payload, with the fallback zone when the event's zone is not canonical, unless the
-payload breaks the contract (:func:`~reminder_pipeline.domain.contract.validate`): then the row
-is poison, left Pending with a back-off. Each of these rules is written here once; the tests'
-oracle (``reminder_pipeline_tests/oracle.py``) describes the whole in plain Python and a property
-test holds the cycle to it.
+The cycle reads each due row once, under its lock; :func:`verdict` decides on that row what the
+batch's one write does with it (docs/design.md, "One route for a batch"): skip when its event is
+not live (:func:`~reminder_pipeline.domain.transitions.action_for`), else send its message
+(:mod:`.payload`, built here, in Python, once), with the fallback zone when the event's zone is
+not canonical, unless it breaks the contract (:func:`~reminder_pipeline.domain.contract.validate`):
+then the row is poison, left Pending with a back-off. Each of these rules is written here once;
+the tests' oracle (``reminder_pipeline_tests/oracle.py``) describes the whole in plain Python and
+a property test holds the cycle to it.
 """
 
 from __future__ import annotations
@@ -16,10 +15,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
 
-from . import contract, time_zones
-from .model import Action
+from . import contract, payload, time_zones
+from .model import Action, DueReminder
 from .transitions import action_for
 
 
@@ -37,34 +35,34 @@ class Verdict(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class RowVerdict:
-    """A row's verdict; the payload to send when it is not the one read (a fallback zone's), or
-    why the row is poison (one line)."""
+    """A row's verdict: for a send, its message as the outbox stores it (``text``); for a poison
+    row, why (one line)."""
 
     verdict: Verdict
-    payload: dict[str, Any] | None = None
+    text: str | None = None
     error: str | None = None
 
 
 SKIP = RowVerdict(Verdict.SKIP)
-#: A send of the payload as read (a verdict given to most rows of a batch: one object for all).
-SEND = RowVerdict(Verdict.SEND)
 
 
-def verdict(event_status: str | None, payload: object) -> RowVerdict:
-    """The verdict on a row read under its lock: its event's status and the payload built from it
-    (the parsed JSON; a fallback zone is set in a copy, the verdict's payload)."""
-    if action_for(event_status) is Action.SKIP:
+def verdict(row: DueReminder) -> RowVerdict:
+    """The verdict on a row read under its lock: skip unless its event is live; else its message
+    (:mod:`.payload`), with the fallback zone when the event's is not canonical, unless it breaks
+    the contract (poison)."""
+    if action_for(row.event_status) is Action.SKIP:
         return SKIP
-    if not isinstance(payload, dict):
-        return RowVerdict(Verdict.POISON, error="breaks the contract: payload: is not an object")
-    canonical = time_zones.is_canonical(payload.get("TimeZone"))
+    message = payload.build(row)
+    canonical = time_zones.is_canonical(message["TimeZone"])
     if not canonical:
-        payload = {**payload, "TimeZone": time_zones.FALLBACK_ZONE}
+        message["TimeZone"] = time_zones.FALLBACK_ZONE
     try:
-        contract.validate(payload)
+        contract.validate(message)
     except contract.ContractViolation as violation:
         return RowVerdict(Verdict.POISON, error=f"breaks the contract: {violation}")
-    return SEND if canonical else RowVerdict(Verdict.SEND_FALLBACK_ZONE, payload)
+    return RowVerdict(
+        Verdict.SEND if canonical else Verdict.SEND_FALLBACK_ZONE, payload.text(message)
+    )
 
 
 def message_headers(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from datetime import datetime
 from operator import itemgetter
 from typing import Any, NamedTuple
@@ -24,37 +24,6 @@ from .tables import calendar_events, event_reminders
 
 POISON_BACKOFF_BASE_SECONDS = 30
 POISON_BACKOFF_CAP_SECONDS = 3600
-
-
-class LockedRow(NamedTuple):
-    """A due row this transaction locked and read once: its :class:`DueReminder` fields, then
-    the payload the database built from it (None only when the row could not be read into one,
-    which never happens for a row taken).
-
-    Each field is read from the column of its name (:func:`_by_name`); a tuple, because a batch
-    reads 1,000 rows and a field of a tuple is read at the cost of an index, where a row's
-    column by name costs ten times that. Its :class:`DueReminder` is built when asked for.
-    """
-
-    reminder_id: str
-    event_id: str
-    tenant_id: str
-    owner_user_id: str
-    client_user_id: str | None
-    appointment_id: str | None
-    kind: str
-    event_status: str
-    start_at: datetime
-    time_zone: str
-    offset_minutes: int
-    due_at: datetime
-    attempts: int
-    payload: str | None
-
-    @property
-    def reminder(self) -> DueReminder:
-        """The row as a :class:`DueReminder`, field by field."""
-        return DueReminder(**{name: getattr(self, name) for name in DUE_FIELDS})
 
 
 class ScanPosition(NamedTuple):
@@ -91,18 +60,9 @@ class DueBatch:
     """Due rows locked by the caller's transaction, oldest first, the rows others held, and where
     the next batch's scan starts."""
 
-    rows: list[LockedRow]
+    rows: list[DueReminder]
     skipped_locked: int
     next_from: ScanPosition = SCAN_START
-
-    @property
-    def reminders(self) -> list[DueReminder]:
-        """The locked rows' reminders, oldest first."""
-        return [r.reminder for r in self.rows]
-
-
-#: DueReminder's fields: the names of the columns a due row is read from.
-DUE_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(DueReminder))
 
 
 def _by_name(
@@ -115,27 +75,28 @@ def _by_name(
     return lambda row: get(row)
 
 
-def _locked_rows(result: sa.CursorResult[Any]) -> tuple[list[LockedRow], Sequence[Any]]:
-    """The due rows of a lock-and-read statement, and its raw rows (for the counts they carry)."""
-    locked = _by_name(result, LockedRow._fields)
+def _due_reminders(result: sa.CursorResult[Any]) -> tuple[list[DueReminder], Sequence[Any]]:
+    """The due rows of a lock-and-read statement, each read from the columns of its fields'
+    names, and the statement's raw rows (for the counts a selection carries on each)."""
+    fields_of = _by_name(result, DueReminder._fields)
     rows = result.all()
-    make = LockedRow._make
-    # A batch that locked nothing still returns one row, for its count of rows held elsewhere.
-    read = [make(locked(r)) for r in rows]
-    return [r for r in read if r.reminder_id is not None], rows
+    make = DueReminder._make
+    # A selection that took nothing answers one row all the same: its count of rows held
+    # elsewhere, with no reminder (a NULL id).
+    return [make(fields_of(r)) for r in rows if r.reminder_id is not None], rows
 
 
 def select_due_for_update_skip_locked(
     conn: Connection, as_of: datetime, batch_size: int, start: ScanPosition = SCAN_START
 ) -> DueBatch:
     """Lock and read up to ``batch_size`` due Pending rows, oldest first from ``start`` (and poison
-    rows due again behind it), with their payloads, skipping rows locked elsewhere (how many:
-    ``skipped_locked``, exact)."""
+    rows due again behind it), each with its event's fields, skipping rows locked elsewhere (how
+    many: ``skipped_locked``, exact)."""
     result = conn.execute(
         queries.SELECT_DUE_FOR_UPDATE_SKIP_LOCKED,
         {"as_of": as_of, "batch_size": batch_size, **scan_params(start)},
     )
-    locked, rows = _locked_rows(result)
+    locked, rows = _due_reminders(result)
     first = rows[0] if rows else None
     skipped = int(first.skipped_locked) if first is not None else 0
     return DueBatch(locked, skipped, _next(first, start))
@@ -217,16 +178,16 @@ def first_pending_from(
 
 def lock_candidates(
     conn: Connection, ids: Sequence[str], as_of: datetime, reserved_by: str | None = None
-) -> list[LockedRow]:
+) -> list[DueReminder]:
     """Lock and read the given candidates that are still Pending, due and not another run's,
-    with their payloads, oldest first."""
+    each with its event's fields, oldest first."""
     if not ids:
         return []
     result = conn.execute(
         queries.LOCK_CANDIDATES_SKIP_LOCKED,
         {"ids": list(ids), "as_of": as_of, "reserved_by": reserved_by},
     )
-    return _locked_rows(result)[0]
+    return _due_reminders(result)[0]
 
 
 def preview_event_statuses(conn: Connection, ids: Sequence[str]) -> dict[str, str]:
@@ -269,15 +230,12 @@ def roll_back_to_savepoint(conn: Connection) -> None:
 
 class WrittenRow(NamedTuple):
     """One reminder a batch's write moved out of Pending, with its outbox row if Sent (read by
-    column name, like :class:`LockedRow`)."""
+    column name)."""
 
     reminder_id: str
     status: str
     lateness_seconds: float | None
     outbox_id: int | None
-    #: The message as stored, for the rows the write was asked to restate (None for the others:
-    #: their stored text is the text the read returned).
-    payload: str | None
 
 
 def write_verdicts(
@@ -289,17 +247,15 @@ def write_verdicts(
     headers: dict[str, str],
     moved_by: str,
     moved_in_run: str | None,
-    restated: Sequence[str] = (),
     now: datetime | None = None,
 ) -> dict[str, WrittenRow]:
     """Write a batch's verdicts in one statement (WRITE_VERDICTS): ``verdicts`` are (reminder id,
-    payload) of rows this transaction holds locked, a payload for a send, None for a skip. Each
-    moved row records ``moved_by`` (the writer) and ``moved_in_run`` (its run id). ``restated``:
-    the sends whose stored text comes back (payloads the caller changed). Returns the rows that
-    moved, by reminder id. Errors propagate (:func:`data_error`)."""
-    # The payloads are JSON text already (the database's, or orjson's for a fallback zone): the
-    # object is joined, not encoded again. Ids are uuids' canonical text: nothing to escape.
-    document = ",".join(f'"{reminder_id}":{payload or "null"}' for reminder_id, payload in verdicts)
+    message) of rows this transaction holds locked, the message's text for a send, None for a
+    skip. Each moved row records ``moved_by`` (the writer) and ``moved_in_run`` (its run id).
+    Returns the rows that moved, by reminder id. Errors propagate (:func:`data_error`)."""
+    # The messages are JSON text already (domain/payload.py): the object is joined, not encoded
+    # again. Ids are uuids' canonical text: nothing to escape.
+    document = ",".join(f'"{reminder_id}":{text or "null"}' for reminder_id, text in verdicts)
     result = conn.execute(
         queries.WRITE_VERDICTS,
         {
@@ -310,7 +266,6 @@ def write_verdicts(
             "headers": orjson.dumps(headers).decode(),
             "moved_by": moved_by,
             "moved_in_run": moved_in_run,
-            "restated": list(restated),
         },
     )
     written = _by_name(result, WrittenRow._fields)

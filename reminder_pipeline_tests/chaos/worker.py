@@ -46,14 +46,14 @@ def main() -> int:
         run_id = f"chaos-{uuid.uuid4()}"
         as_of = cycle.now_utc()
         with engine.begin() as conn:
-            selection = cycle.lock_due_batch(conn, as_of, args.batch_size)
+            selection = cycle.lock_due(conn, as_of, args.batch_size)
             crash("after_select")
-            oracle.decide_batch(selection.candidates)
+            oracle.decide_batch(selection.rows)
             crash("after_decide")
-            cycle.write_batch(conn, selection.ids, as_of, run_id=run_id, held=selection.rows)
-            if selection.candidates:
+            cycle.write_rows(conn, selection.rows, as_of, run_id=run_id)
+            if selection.rows:
                 crash("before_commit")
-        if selection.candidates:
+        if selection.rows:
             crash("after_commit")
         publish_outbox(
             engine,

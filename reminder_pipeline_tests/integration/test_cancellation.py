@@ -55,8 +55,8 @@ CHILD = textwrap.dedent(
     honour_stop_signals()  # as the command line's entry point does, first thing
     engine = make_engine(sys.argv[1])
     with engine.begin() as conn:
-        selection = cycle.lock_due_batch(conn, cycle.now_utc(), 200)
-        cycle.write_batch(conn, selection.ids, selection.as_of)
+        selection = cycle.lock_due(conn, cycle.now_utc(), 200)
+        cycle.write_rows(conn, selection.rows, selection.as_of)
         print("written", len(selection.ids), flush=True)
         sys.stdin.readline()  # stopped here: inside the transaction, before commit
     """

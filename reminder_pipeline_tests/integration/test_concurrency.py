@@ -58,12 +58,12 @@ def test_rows_locked_by_another_instance_are_skipped_and_counted(engine):
     events = [make_due_event(engine, minutes_overdue=m) for m in (5, 4, 3, 2, 1)]
     as_of = utcnow()
     with engine.begin() as holder:
-        held = cycle.lock_due_batch(holder, as_of, 2)  # the two oldest stay locked
-        assert len(held.candidates) == 2
+        held = cycle.lock_due(holder, as_of, 2)  # the two oldest stay locked
+        assert len(held.rows) == 2
         other = cycle.dispatch_batch(engine, as_of, 5)
         assert len(other.sent) == 3
         assert other.skipped_locked == 2
-        cycle.write_batch(holder, held.ids, as_of)
+        cycle.write_rows(holder, held.rows, as_of)
     assert all(reminders(engine, e)[0]["status"] == "Sent" for e in events)
     assert len(outbox_rows(engine)) == 5
 
@@ -72,15 +72,16 @@ def test_cancel_committed_between_read_and_write_wins(engine):
     event_id = make_due_event(engine)
     as_of = utcnow()
     with engine.begin() as conn:  # the selecting step, its own transaction (as a Dagster op)
-        selection = cycle.lock_due_batch(conn, as_of, 200)
-    assert len(selection.candidates) == 1
-    assert oracle.decide_batch(selection.candidates)[0].action.value == "send"
+        selection = cycle.lock_due(conn, as_of, 200)
+    assert len(selection.rows) == 1
+    assert oracle.decide_batch(selection.rows)[0].action.value == "send"
 
     cancel_event(engine, event_id)  # commits before the writing step
 
-    with engine.begin() as conn:
-        outcome = cycle.write_batch(conn, selection.ids, as_of)
-    assert outcome.sent == [] and outcome.gone == 1
+    with engine.begin() as conn:  # the writing step: the candidates locked and read again
+        again = cycle.lock_candidates(conn, selection.ids, as_of, reserved_by=None)
+        outcome = cycle.write_rows(conn, again.rows, as_of)
+    assert outcome.sent == [] and again.gone == 1
     assert reminders(engine, event_id)[0]["status"] == "Skipped"
     assert outbox_rows(engine) == []
 
@@ -89,11 +90,12 @@ def test_status_change_without_cascade_is_re_read_under_lock(engine):
     event_id = make_due_event(engine)
     as_of = utcnow()
     with engine.begin() as conn:
-        selection = cycle.lock_due_batch(conn, as_of, 200)
+        selection = cycle.lock_due(conn, as_of, 200)
     with engine.begin() as conn:  # cancelled, but its rows were left Pending (replay)
         conn.execute(sa.update(calendar_events).values(status="Cancelled"))
     with engine.begin() as conn:
-        outcome = cycle.write_batch(conn, selection.ids, as_of)
+        again = cycle.lock_candidates(conn, selection.ids, as_of, reserved_by=None)
+        outcome = cycle.write_rows(conn, again.rows, as_of)
     assert [r.reminder_id for r in outcome.skipped] == selection.ids
     assert reminders(engine, event_id)[0]["status"] == "Skipped"
     assert outbox_rows(engine) == []
@@ -143,13 +145,13 @@ def test_dispatcher_first_then_cancel_sends_once_and_cancel_waits(engine):
     event_id = make_due_event(engine)
     as_of = utcnow()
     with engine.begin() as conn:
-        selection = cycle.lock_due_batch(conn, as_of, 200)
+        selection = cycle.lock_due(conn, as_of, 200)
         canceller = threading.Thread(target=cancel_event, args=(engine, event_id))
         canceller.start()
         assert _wait_for_lock_wait(engine), (
             "the cancel cascade should wait for the dispatcher's lock"
         )
-        cycle.write_batch(conn, selection.ids, as_of)
+        cycle.write_rows(conn, selection.rows, as_of)
     canceller.join(timeout=30)
     assert not canceller.is_alive()
     # The dispatcher committed first: the reminder went out, the cancel followed (accepted window).

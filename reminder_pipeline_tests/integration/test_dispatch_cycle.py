@@ -121,9 +121,7 @@ def test_partial_failure_excludes_the_poison_row_and_commits_the_rest(engine, pu
     assert cycle.run_cycle(engine, publisher).counts.failed == 0
     later = after["next_attempt_at"] + timedelta(seconds=1)
     with engine.begin() as conn:
-        retry = cycle.write_batch(
-            conn, cycle.lock_due_batch(conn, later, 200).ids, later, now=later
-        )
+        retry = cycle.write_rows(conn, cycle.lock_due(conn, later, 200).rows, later, now=later)
     assert [p.reminder_id for p in retry.poison] == [str(poison_row["id"])]
     assert reminders(engine, poison)[0]["attempts"] == 2
 
@@ -253,13 +251,16 @@ def test_the_schema_refuses_unknown_statuses(engine):
 
 
 def test_a_selection_holding_uuid_objects_is_written_and_counted_as_text_ids(engine):
-    """A step re-executed from the UI after an upgrade loads a selection pickled with uuid.UUIDs."""
+    """A step re-executed from the UI after an upgrade loads a selection pickled with uuid.UUIDs:
+    the Dagster edge reads them as text ids (defs/step_records.py), and the write takes them."""
+    from reminder_pipeline.defs.step_records import DueSelection
+
     event_id = make_due_event(engine)
     [row] = reminders(engine, event_id)
-    as_of = utcnow()
-    with engine.begin() as conn:
-        outcome = cycle.write_batch(conn, [uuid.UUID(str(row["id"]))], as_of)
-    assert [r.reminder_id for r in outcome.sent] == [str(row["id"])]
-    assert (outcome.skipped_locked, outcome.gone) == (0, 0)
+    started = cycle.start("run-older", engine=engine, batch_size=200)
+    older = {"cycle": started.plain(), "ids": [uuid.UUID(str(row["id"]))], "skipped_locked": 0}
+    selection = DueSelection.read(older)
+    written = cycle.write(engine, selection.cycle, selection.ids, run_id="run-again")
+    assert written.counts.sent == 1 and written.counts.skipped_locked == 0
     [out] = outbox_rows(engine)
     assert out["reminder_id"] == row["id"]

@@ -85,14 +85,14 @@ def test_rows_held_by_another_transaction_are_counted_exactly(engine):
 def test_a_run_reservation_keeps_its_rows_from_other_selections_until_its_write(engine):
     _tied_due(engine, 300)
     run = cycle.start("run-a", engine=engine, batch_size=200)
-    reserved = cycle.reserve(engine, run)
+    reserved = cycle.select(engine, run)
     assert len(reserved.ids) == 200 and reserved.skipped_locked == 0
     # Another instance, selecting meanwhile, takes the other 100 and counts the reserved ones.
     other = cycle.dispatch_batch(engine, utcnow(), 200)
     assert len(other.sent) == 100 and other.skipped_locked == 200
     assert not {r.reminder_id for r in other.sent} & set(reserved.ids)
     # Another run's selection finds nothing free and counts the reservation as held.
-    assert cycle.reserve(engine, cycle.start("run-b", engine=engine, batch_size=200)).ids == []
+    assert cycle.select(engine, cycle.start("run-b", engine=engine, batch_size=200)).ids == []
     written = cycle.write(engine, run, reserved.ids, run_id="run-a")
     assert written.counts.sent == 200 and written.counts.skipped_locked == 0
     assert {r["status"] for r in reminders(engine)} == {"Sent"}
@@ -108,7 +108,7 @@ def test_a_run_reservation_keeps_its_rows_from_other_selections_until_its_write(
 
 def test_the_reservation_of_a_run_that_died_expires_by_itself(engine):
     _tied_due(engine, 10)
-    dead = cycle.reserve(engine, cycle.start("run-dead", engine=engine, batch_size=10))
+    dead = cycle.select(engine, cycle.start("run-dead", engine=engine, batch_size=10))
     assert len(dead.ids) == 10
     assert cycle.dispatch_batch(engine, utcnow(), 10).sent == []
     with engine.begin() as conn:  # RESERVATION_SECONDS later
@@ -119,7 +119,7 @@ def test_the_reservation_of_a_run_that_died_expires_by_itself(engine):
 def test_a_write_never_takes_rows_another_run_reserved(engine):
     _tied_due(engine, 5)
     mine = cycle.start("run-mine", engine=engine, batch_size=5)
-    ids = cycle.reserve(engine, mine).ids
+    ids = cycle.select(engine, mine).ids
     with engine.begin() as conn:  # my reservation lapsed; another run took the rows meanwhile
         conn.execute(
             sa.text(

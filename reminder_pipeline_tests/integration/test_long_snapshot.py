@@ -106,7 +106,7 @@ def test_the_next_cycle_reads_none_of_the_rows_dispatched_before_it(engine, data
             start = scan_start(conn)
             assert not start.full_sweep  # a snapshot older than the floor is open
             before = entries_read(conn)
-            selection = cycle.lock_due_batch(conn, as_of, 200)
+            selection = cycle.lock_due(conn, as_of, 200)
             selected = entries_read(conn) - before
             conn.rollback()
         with engine.begin() as conn:
@@ -132,9 +132,9 @@ def test_batch_after_batch_each_scan_starts_where_the_last_stopped(engine, datab
         for _ in range(10):
             with engine.begin() as conn:
                 before = entries_read(conn)
-                selection = cycle.lock_due_batch(conn, as_of, 200, start)
+                selection = cycle.lock_due(conn, as_of, 200, start)
                 reads.append(entries_read(conn) - before)
-                cycle.write_batch(conn, selection.ids, as_of)
+                cycle.write_rows(conn, selection.rows, as_of)
             start = selection.next_from
     assert reads[-1] < 2 * 200 + 10, reads  # the 10th batch read its own 200, not 1,800 more
     assert max(reads) < 2 * 200 + 10, reads
@@ -162,7 +162,7 @@ def test_rows_a_dead_run_reserved_are_taken_once_the_reservation_ends(engine, da
     bulk_due(engine, 400)
     with held_snapshot(database_url):
         dead = cycle.start("run-dead", engine=engine, batch_size=100)
-        reserved = cycle.reserve(engine, dead).ids  # ... and the run dies before its write
+        reserved = cycle.select(engine, dead).ids  # ... and the run dies before its write
         first = cycle.run_cycle(engine, None, batch_size=100, max_batches=100)
         assert first.counts.sent == 300 and first.counts.skipped_locked >= 100
         with engine.begin() as conn:  # the reservation runs out

@@ -1,12 +1,14 @@
 """One route for a batch (docs/design.md): the rows locked and read once, every verdict known
 before the one write, held to the tests' oracle (``reminder_pipeline_tests/oracle.py``).
 
-The database builds each payload from the locked row (``store/queries._PAYLOAD``) and the cycle
-gives each row its verdict (``domain/plan.verdict``); the property test holds the two to the
-oracle's plan (``plan_batch``: the decision, ``build_payload``, the fallback zone, poison) over
-every event status the code knows and one it does not, canonical and non-canonical zones and
-each kind of poison row. The other tests show the odd rows set apart in the one write: nothing is
-lost, nothing is sent twice, and only a refusal of the database's own is found row by row.
+The cycle gives each locked row its verdict and builds its message in Python, once
+(``domain/plan.verdict``, ``domain/payload.py``); the property test holds both to the oracle's plan
+(``plan_batch``: the decision, ``build_payload``, the fallback zone, poison) over every event
+status the code knows and one it does not, canonical and non-canonical zones, any kind's
+characters and each kind of poison row, and holds the text handed to the relay to the outbox's
+own text of the message, byte for byte. The other tests show the odd rows set apart in the one
+write: nothing is lost, nothing is sent twice, and only a refusal of the database's own is found
+row by row.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from hypothesis import strategies as st
 
 from reminder_pipeline import cycle
 from reminder_pipeline.domain import time_zones
-from reminder_pipeline.domain.model import EventStatus
+from reminder_pipeline.domain.model import DueReminder, EventStatus
 from reminder_pipeline.store import repository
 from reminder_pipeline_tests import oracle
 from reminder_pipeline_tests.support import insert_as_another_writer
@@ -80,12 +82,12 @@ def _allow_unknown_statuses(engine: sa.Engine) -> None:
         conn.exec_driver_sql(f'ALTER TABLE calendar_events DROP CONSTRAINT "{name}"')
 
 
-def _locked(engine: sa.Engine, as_of: datetime) -> dict[str, repository.LockedRow]:
+def _locked(engine: sa.Engine, as_of: datetime) -> dict[str, DueReminder]:
     """The due rows as the batch reads them under its lock (then rolled back)."""
     with engine.connect() as conn:
         due = repository.select_due_for_update_skip_locked(conn, as_of, 1000).rows
         conn.rollback()
-    return {r.reminder.reminder_id: r for r in due}
+    return {r.reminder_id: r for r in due}
 
 
 def _outbox(engine: sa.Engine) -> dict[str, tuple[dict, dict]]:
@@ -127,7 +129,7 @@ def test_the_batch_decides_and_writes_exactly_what_the_oracle_plans(engine, batc
     as_of = cycle.now_utc()
     locked = _locked(engine, as_of)
     assert sorted(locked) == sorted(ids)
-    plan = oracle.plan_batch([r.reminder for r in locked.values()], run_id="run-1")
+    plan = oracle.plan_batch(list(locked.values()), run_id="run-1")
 
     outcome = cycle.dispatch_batch(engine, as_of, 500, run_id="run-1")
 

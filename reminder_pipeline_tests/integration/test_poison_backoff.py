@@ -43,9 +43,9 @@ def test_back_off_grows_exponentially_and_is_capped(engine):
     now = cycle.now_utc()
     for _ in range(10):
         with engine.begin() as conn:
-            selection = cycle.lock_due_batch(conn, now, 10)
-            assert len(selection.candidates) == 1
-            cycle.write_batch(conn, selection.ids, now, now=now)
+            selection = cycle.lock_due(conn, now, 10)
+            assert len(selection.rows) == 1
+            cycle.write_rows(conn, selection.rows, now, now=now)
         [row] = reminders(engine, event_id)
         waits.append((row["next_attempt_at"] - now).total_seconds())
         now = row["next_attempt_at"] + timedelta(seconds=1)

@@ -37,8 +37,8 @@ def test_restart_mid_cycle_rolls_back_the_batch_and_the_next_cycle_recovers(
 
     with pytest.raises(sa.exc.OperationalError):
         with engine.begin() as conn:
-            selection = cycle.lock_due_batch(conn, cycle.now_utc(), 200)
-            outcome = cycle.write_batch(conn, selection.ids, selection.as_of)
+            selection = cycle.lock_due(conn, cycle.now_utc(), 200)
+            outcome = cycle.write_rows(conn, selection.rows, selection.as_of)
             assert len(outcome.sent) == 3  # written, not committed
             server.stop()  # the server goes away before the commit
             server.start()

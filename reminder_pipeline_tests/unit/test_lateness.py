@@ -10,10 +10,11 @@ import json
 import pickle
 import random
 from dataclasses import asdict
+from datetime import UTC, datetime
 
 import pytest
 
-from reminder_pipeline.cycle.records import Written
+from reminder_pipeline.cycle.records import Cycle, Written
 from reminder_pipeline.domain.lateness import LATENESS_BUCKETS, Lateness, bucket_counts
 from reminder_pipeline.domain.model import CycleCounts
 from reminder_pipeline.messaging.relay import RelayResult
@@ -80,7 +81,10 @@ def test_a_step_output_stored_before_the_summary_is_still_read():
         },
         "relay": RelayResult().plain(),
     }
-    counts = Written.from_plain(old).counts
+    from reminder_pipeline.defs.step_records import WrittenCycle
+
+    cycle = Cycle("run-5", datetime(2026, 11, 30, 10, 0, tzinfo=UTC), 200)
+    counts = WrittenCycle.read({"cycle": cycle.plain(), **old}).written.counts  # the Dagster edge
     assert counts.sent == 3
     assert counts.lateness == Lateness.of([10.0, 20.0, 70.0])
     assert counts.max_lateness_seconds == 70.0
