@@ -8,7 +8,7 @@ import re
 import uuid
 from collections.abc import Callable
 from importlib import resources
-from typing import Any
+from typing import Any, NamedTuple
 
 TOPIC = "pin.calendar.reminder-due.v1"
 EVENT_TYPE = "pin.calendar.reminder-due"
@@ -56,9 +56,6 @@ REQUIRED_FIELDS: tuple[str, ...] = tuple(
     if name in _SCHEMA["required"] and "anyOf" not in _SCHEMA["properties"][name]
 )
 
-#: A field's check: None when the value is valid, else what it is not (one line, never the value).
-_Check = Callable[[object], str | None]
-
 
 def _resolve(spec: dict[str, Any]) -> dict[str, Any]:
     ref = spec.get("$ref")
@@ -68,55 +65,48 @@ def _resolve(spec: dict[str, Any]) -> dict[str, Any]:
     return resolved
 
 
-def _string_check(spec: dict[str, Any]) -> tuple[Callable[[object], bool], str]:
-    """A string rule (pattern or length bounds) and its name (the $def's title, else the bounds)."""
-    pattern = re.compile(spec["pattern"]) if "pattern" in spec else None
-    low, high = spec.get("minLength", 0), spec.get("maxLength", 2**31)
-    what = spec.get("title") or f"a string of {low}..{high} characters"
+class _Rule(NamedTuple):
+    """One property's rule as the schema states it: its type (``str`` or ``int``), bounds (a
+    string's length, an integer's value), a string's pattern, whether null is allowed, and what
+    the refusal says (one line, never the value)."""
 
-    def ok(value: object) -> bool:
-        return (
-            isinstance(value, str)
-            and low <= len(value) <= high
-            and (pattern is None or pattern.search(value) is not None)
-        )
-
-    return ok, what
+    name: str
+    nullable: bool
+    kind: type
+    low: int
+    high: int
+    search: Callable[[str], object] | None
+    message: str
 
 
-def _rule(spec: dict[str, Any]) -> tuple[Callable[[object], bool], str]:
-    """One property's rule from the schema's vocabulary (string, integer, a nullable one)."""
+def _rule(name: str, spec: dict[str, Any]) -> _Rule:
+    """A property's rule, read from the schema's vocabulary (string, integer, nullable)."""
     spec = _resolve(spec)
-    if "anyOf" in spec:
-        [inner] = [s for s in spec["anyOf"] if s != {"type": "null"}]
-        ok_inner, what = _rule(inner)
-        return (lambda v: v is None or ok_inner(v)), f"neither {what} nor null"
+    nullable = "anyOf" in spec
+    if nullable:
+        [spec] = [_resolve(s) for s in spec["anyOf"] if s != {"type": "null"}]
+    kind: type
     if spec["type"] == "string":
-        return _string_check(spec)
-    if spec["type"] == "integer":
-        low, high = spec["minimum"], spec["maximum"]
-        return (
-            lambda v: isinstance(v, int) and not isinstance(v, bool) and low <= v <= high
-        ), f"an integer in {low}..{high}"
-    raise NotImplementedError(f"schema type {spec['type']!r}")
+        low, high = spec.get("minLength", 0), spec.get("maxLength", 2**31)
+        search = re.compile(spec["pattern"]).search if "pattern" in spec else None
+        what, kind = spec.get("title") or f"a string of {low}..{high} characters", str
+    elif spec["type"] == "integer":
+        low, high, search = spec["minimum"], spec["maximum"], None
+        what, kind = f"an integer in {low}..{high}", int
+    else:
+        raise NotImplementedError(f"schema type {spec['type']!r} of {name}")
+    message = f"{name}: is neither {what} nor null" if nullable else f"{name}: is not {what}"
+    return _Rule(name, nullable, kind, low, high, search, message)
 
 
-def _check(name: str, spec: dict[str, Any]) -> _Check:
-    ok, what = _rule(spec)
-    message = f"{name}: is {what}" if what.startswith("neither") else f"{name}: is not {what}"
-    return lambda value: None if ok(value) else message
-
-
-_CHECKS: tuple[tuple[str, _Check], ...] = tuple(
-    (name, _check(name, spec)) for name, spec in _SCHEMA["properties"].items()
-)
+_RULES: tuple[_Rule, ...] = tuple(_rule(name, spec) for name, spec in _SCHEMA["properties"].items())
 _FIELD_SET = frozenset(PAYLOAD_FIELDS)
 
 
 def validate(payload: dict[str, Any]) -> None:
     """Raise :class:`ContractViolation` (one line, naming the field) unless ``payload`` is valid v1.
 
-    Each field's rule is compiled once from the shipped schema (its patterns, bounds and types; a
+    Each field's rule is read once from the shipped schema (its patterns, bounds and types; a
     bool is not an integer): it runs once per dispatched row, where a generic JSON Schema
     validator is slow (benchmarks/README.md). The tests' oracle reads the same schema through
     jsonschema and a property test keeps the two in agreement (unit/test_contract_check.py).
@@ -128,10 +118,19 @@ def validate(payload: dict[str, Any]) -> None:
         missing = [k for k in PAYLOAD_FIELDS if k not in payload]
         extra = sorted(str(k) for k in payload if k not in _FIELD_SET)
         raise ContractViolation(f"payload: missing {missing}, unexpected {extra}")
-    for name, check in _CHECKS:
-        error = check(payload[name])
-        if error is not None:
-            raise ContractViolation(error)
+    for name, nullable, kind, low, high, search, message in _RULES:
+        value: Any = payload[name]
+        cls = value.__class__
+        if value is None:
+            if nullable:
+                continue
+        elif (
+            cls is kind
+            and low <= (len(value) if kind is str else value) <= high
+            and (search is None or search(value) is not None)
+        ):
+            continue
+        raise ContractViolation(message)
 
 
 def name_based_uuid8(namespace: uuid.UUID, name: str) -> uuid.UUID:

@@ -17,55 +17,64 @@ holds the two equal).
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from json.encoder import encode_basestring
+from operator import attrgetter
 from typing import Any
 
 from . import contract
 from .model import DueReminder
+
+_ZERO = timedelta(0)
 
 
 def _snake(name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
 
-#: (payload field, the row's attribute it is read from), in the contract's order.
-SOURCES: tuple[tuple[str, str], ...] = tuple(
-    (name, _snake(name)) for name in contract.PAYLOAD_FIELDS
+#: The row's attribute each payload field is read from, in the contract's order.
+_ATTRIBUTES: tuple[str, ...] = tuple(_snake(name) for name in contract.PAYLOAD_FIELDS)
+_read = attrgetter(*_ATTRIBUTES)
+#: The fields that carry a time (the schema's ``utcTimestamp``).
+_TIMES: tuple[str, ...] = tuple(
+    name
+    for name, spec in contract.schema()["properties"].items()
+    if spec.get("$ref", "").endswith("/utcTimestamp")
 )
 #: The fields in the order PostgreSQL's ``jsonb`` keeps an object's keys: shorter first, then by
-#: their bytes.
+#: their bytes; and the object's text with a place for each value.
 _JSONB_ORDER: tuple[str, ...] = tuple(
     sorted(contract.PAYLOAD_FIELDS, key=lambda name: (len(name.encode()), name.encode()))
 )
-_KEYS = {name: encode_basestring(name) for name in contract.PAYLOAD_FIELDS}
+_TEMPLATE = "{" + ", ".join(f"{encode_basestring(name)}: %s" for name in _JSONB_ORDER) + "}"
 
 
 def utc_text(moment: datetime) -> str:
     """``2026-12-01T09:30:00Z``, with ``.ffffff`` only when it has microseconds."""
-    utc = moment.astimezone(UTC).replace(tzinfo=None)
-    return utc.isoformat(timespec="microseconds" if utc.microsecond else "seconds") + "Z"
+    if moment.utcoffset() != _ZERO:
+        moment = moment.astimezone(UTC)
+    return moment.replace(tzinfo=None).isoformat() + "Z"
 
 
 def build(row: DueReminder) -> dict[str, Any]:
     """The payload of contract v1 for ``row``, each field from the attribute of its name (a time
     as :func:`utc_text`; a time out of range is None: the contract check refuses it)."""
-    payload: dict[str, Any] = {}
-    for name, attribute in SOURCES:
-        value = getattr(row, attribute)
-        payload[name] = utc_text(value) if isinstance(value, datetime) else value
+    payload = dict(zip(contract.PAYLOAD_FIELDS, _read(row), strict=True))
+    for name in _TIMES:
+        if payload[name] is not None:
+            payload[name] = utc_text(payload[name])
     return payload
 
 
 def _json(value: object) -> str:
     if value is None:
         return "null"
-    if isinstance(value, str):
+    if value.__class__ is str:
         return str(encode_basestring(value))
-    return str(int(value))  # type: ignore[call-overload]
+    return str(value)
 
 
 def text(payload: dict[str, Any]) -> str:
-    """``payload`` as the outbox stores it: PostgreSQL's text of the ``jsonb`` value."""
-    parts = [f"{_KEYS[name]}: {_json(payload[name])}" for name in _JSONB_ORDER]
-    return "{" + ", ".join(parts) + "}"
+    """``payload`` as the outbox stores it: PostgreSQL's text of the ``jsonb`` value (a payload
+    that passed the contract check: strings, integers and nulls)."""
+    return _TEMPLATE % tuple([_json(payload[name]) for name in _JSONB_ORDER])
