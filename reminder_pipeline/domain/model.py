@@ -150,9 +150,10 @@ class CycleCounts:
     """The design's cycle result plus what operators need to see; merged across batches.
 
     Adding a counter is adding a field here with :func:`counter` (and its description): the
-    sums across batches, the CLI's output, the asset's metadata and the ledger derive from
-    these fields (``COUNTERS``, ``FIGURES``, ``LEDGER_COUNTERS`` below); a ledger counter also
-    needs its column in a migration.
+    sums across batches, the CLI's output and the asset's metadata derive from these fields
+    (``COUNTERS``, ``FIGURES``, ``LEDGER_COUNTERS`` below); a ledger counter also needs its
+    column in a migration and its name in the ledger's statements, which are written whole
+    (store/metrics_queries.py; packaging/test_statements.py says which miss it).
     """
 
     sent: int = counter("reminders moved Pending → Sent, one outbox row each", figure="sent_count")

@@ -10,35 +10,32 @@ from __future__ import annotations
 
 from sqlalchemy import text
 
-from ..domain.model import LEDGER_COUNTERS, TOTALED_COUNTERS
-
-# One roll-up at a time per database; a writer finding it taken skips it (the next one does it).
+#: One roll-up at a time per database (a writer that finds it taken leaves it to the next).
 ROLL_UP_LOCK_KEY = 7263003
+#: Take the roll-up's lock for this transaction if it is free.
 TRY_ROLL_UP_LOCK = text("SELECT pg_try_advisory_xact_lock(:key)")
 
-# Ledger writes and scrapes are side channels: bounded, so they never hold up a cycle or a person.
+#: Bound this transaction's statements and lock waits (the ledger is a side channel).
 SET_LOCAL_TIMEOUTS = text(
     "SELECT set_config('statement_timeout', :statement_ms, true), "
     "set_config('lock_timeout', :lock_ms, true)"
 )
 
-# The cycle's counters are listed once (domain.model.CycleCounts); the statements below name
-# their columns from that list: the ledger's per cycle, the totals row's summed.
-_LEDGER = ", ".join(LEDGER_COUNTERS)
-_LEDGER_PARAMS = ", ".join(f":{name}" for name in LEDGER_COUNTERS)
-
-# One cycle's row, stamped with the database's clock read once here: ``finished_at`` is now and
-# ``started_at`` that less the duration the host measured. A host's clock never gives the ledger
-# a moment, so liveness, the windows of the checks and the roll-up all read one clock.
+#: One cycle's row, stamped with the database's clock: finished now, started the host's
+#: measured duration before.
 INSERT_CYCLE = text(
-    f"""
+    """
     INSERT INTO dispatch_cycles (
-        run_id, started_at, finished_at, as_of, succeeded, {_LEDGER},
+        run_id, started_at, finished_at, as_of, succeeded,
+        sent, skipped, skipped_locked, failed, published, publish_failed, batches,
+        time_zone_fallbacks,
         duration_seconds, duration_buckets, lateness_sum, lateness_count, lateness_buckets,
         error_kind, clock_skew_seconds
     )
     SELECT :run_id, clock.now - make_interval(secs => CAST(:duration_seconds AS float8)),
-           clock.now, :as_of, :succeeded, {_LEDGER_PARAMS},
+           clock.now, :as_of, :succeeded,
+           :sent, :skipped, :skipped_locked, :failed, :published, :publish_failed, :batches,
+           :time_zone_fallbacks,
            :duration_seconds, CAST(:duration_buckets AS bigint[]), :lateness_sum, :lateness_count,
            CAST(:lateness_buckets AS bigint[]), :error_kind, :clock_skew_seconds
       FROM (SELECT clock_timestamp() AS now) AS clock
@@ -46,34 +43,38 @@ INSERT_CYCLE = text(
     """
 )
 
-# Roll-up, step 1: take the oldest detail rows out (bounded per call); their sums go to the
-# totals row in the same transaction, so a scrape sees them either here or there, never both.
-# The cutoff is the database's clock (the transaction's start) less the retention, never a
-# host's: a host whose clock runs ahead would otherwise fold rows newer than the window.
+#: Take up to :limit detail rows finished over :retention_seconds ago (the database's clock)
+#: out, returning what the totals row sums (in the same transaction).
 DELETE_ROLL_UP_CANDIDATES = text(
-    f"""
+    """
     DELETE FROM dispatch_cycles c
      WHERE c.id = ANY(ARRAY(
             SELECT id FROM dispatch_cycles
              WHERE finished_at < now() - make_interval(secs => CAST(:retention_seconds AS float8))
              ORDER BY finished_at
              LIMIT :limit))
-    RETURNING c.finished_at, c.succeeded, {", ".join(f"c.{n}" for n in TOTALED_COUNTERS)},
+    RETURNING c.finished_at, c.succeeded,
+              c.sent, c.skipped, c.skipped_locked, c.failed, c.published, c.publish_failed,
+              c.time_zone_fallbacks,
               c.duration_seconds, c.duration_buckets,
               c.lateness_sum, c.lateness_count, c.lateness_buckets
     """
 )
 
-# Roll-up, step 2 (and the scrape): the single totals row.
+#: The totals row, locked for the roll-up.
 SELECT_TOTALS_FOR_UPDATE = text("SELECT * FROM dispatch_metric_totals WHERE id = 1 FOR UPDATE")
+#: The totals row (the scrape).
 SELECT_TOTALS = text("SELECT * FROM dispatch_metric_totals WHERE id = 1")
 
+#: Write the totals row's sums.
 UPDATE_TOTALS = text(
-    f"""
+    """
     UPDATE dispatch_metric_totals
        SET cycles = :cycles,
            cycles_failed = :cycles_failed,
-           {", ".join(f"{n} = :{n}" for n in TOTALED_COUNTERS)},
+           sent = :sent, skipped = :skipped, skipped_locked = :skipped_locked, failed = :failed,
+           published = :published, publish_failed = :publish_failed,
+           time_zone_fallbacks = :time_zone_fallbacks,
            duration_sum = :duration_sum,
            duration_buckets = CAST(:duration_buckets AS bigint[]),
            lateness_sum = :lateness_sum,
@@ -85,12 +86,18 @@ UPDATE_TOTALS = text(
     """
 )
 
-# The scrape: sums over the (recent) detail rows; added to the totals row by the caller.
+#: The detail rows' sums (the scrape adds them to the totals row's).
 SUM_DETAIL = text(
-    f"""
+    """
     SELECT count(*)                                        AS cycles,
            count(*) FILTER (WHERE NOT succeeded)           AS cycles_failed,
-           {", ".join(f"coalesce(sum({n}), 0) AS {n}" for n in TOTALED_COUNTERS)},
+           coalesce(sum(sent), 0)                          AS sent,
+           coalesce(sum(skipped), 0)                       AS skipped,
+           coalesce(sum(skipped_locked), 0)                AS skipped_locked,
+           coalesce(sum(failed), 0)                        AS failed,
+           coalesce(sum(published), 0)                     AS published,
+           coalesce(sum(publish_failed), 0)                AS publish_failed,
+           coalesce(sum(time_zone_fallbacks), 0)           AS time_zone_fallbacks,
            coalesce(sum(duration_seconds), 0)              AS duration_sum,
            coalesce(sum(lateness_sum), 0)                  AS lateness_sum,
            coalesce(sum(lateness_count), 0)                AS lateness_count,
@@ -99,7 +106,7 @@ SUM_DETAIL = text(
     """
 )
 
-# Element-wise sums of the bucket arrays of the detail rows (1-based bucket index ``i``).
+#: The detail rows' histogram buckets summed element by element (1-based index ``i``).
 SUM_DETAIL_BUCKETS = text(
     """
     SELECT 'duration' AS histogram, u.i, sum(u.n) AS n
@@ -112,7 +119,7 @@ SUM_DETAIL_BUCKETS = text(
     """
 )
 
-# Liveness: the newest successful cycle, in the detail rows or already rolled up.
+#: The newest successful cycle, in the detail rows or already rolled up (liveness).
 LAST_SUCCESS_AT = text(
     """
     SELECT greatest(
@@ -122,7 +129,8 @@ LAST_SUCCESS_AT = text(
     """
 )
 
-# Errors over a recent window: cycles that failed, poison items, rows the broker refused.
+#: Cycles since :since: how many, failed, and with errors (failed, poison items, refused
+#: deliveries).
 CYCLES_SINCE = text(
     """
     SELECT count(*)                                                          AS cycles,
@@ -137,8 +145,8 @@ CYCLES_SINCE = text(
     """
 )
 
-# The dispatching hosts' clock skew over a recent window: the largest difference either way, and
-# how many cycles were started by a host off by more than :threshold seconds.
+#: The dispatching hosts' largest clock skew since :since either way, and the cycles started by
+#: a host off by more than :threshold seconds.
 CLOCK_SKEW_SINCE = text(
     """
     SELECT max(abs(clock_skew_seconds))                                   AS max_abs_skew,
@@ -149,7 +157,7 @@ CLOCK_SKEW_SINCE = text(
     """
 )
 
-# The lateness histogram of a recent window (for the SLO check's p95).
+#: The lateness histogram of the cycles since :since (the SLO check's p95).
 LATENESS_BUCKETS_SINCE = text(
     """
     SELECT u.i, sum(u.n) AS n
@@ -160,8 +168,8 @@ LATENESS_BUCKETS_SINCE = text(
     """
 )
 
-# When the cycles with errors of a recent window finished, newest first: the errors check walks
-# them back from now to see how long errors have gone on without a gap (the alert's rate window).
+#: When each cycle with errors since :since finished, newest first (how long errors have gone
+#: on without a gap).
 ERROR_CYCLE_TIMES_SINCE = text(
     """
     SELECT finished_at
@@ -171,9 +179,8 @@ ERROR_CYCLE_TIMES_SINCE = text(
     """
 )
 
-# Rows held back by repeated failures (poison rows): Pending after :min_attempts or more failed
-# attempts, read on the poison rows' own partial index (``attempts > 0``, a handful of rows),
-# never the due index, whose oldest end a long snapshot fills with dead entries.
+#: Due poison rows with at least :min_attempts failed attempts, and the oldest one's age, on the
+#: poison rows' own index.
 POISON_ROWS = text(
     """
     SELECT count(*) AS poison_rows,
@@ -183,21 +190,8 @@ POISON_ROWS = text(
     """
 )
 
-# Who holds back this database's xmin horizon, oldest first: each session with a snapshot
-# (``backend_xmin``) or a transaction id of its own (``backend_xid``), each walsender (a replica's
-# ``hot_standby_feedback``), each prepared transaction and each replication slot with an xmin.
-# While any of them is older than a dead row version, VACUUM can neither remove that version nor
-# its index entries, and no index scan can mark them dead: a scan that starts behind them visits
-# each one (docs/runbooks/reminder-dispatch.md, "An old snapshot holds back vacuum"). This
-# session is left out, and so are autovacuum workers and the server's other processes (no user:
-# a VACUUM's own snapshot holds back no other). ``xmin_age`` is in transactions (``age()``);
-# ``age_seconds`` from the transaction's start to :now (the caller's database clock; NULL: the
-# statement's), NULL where it is not known (a slot, a walsender) or hidden.
-#
-# Another role's session, without pg_read_all_stats, shows only its pid, user, database,
-# application name and xids: its ``backend_type`` is NULL too, so it is told from the server's
-# own processes by having a user (``usesysid``: client backends, walsenders and background
-# workers have one), and a walsender by its pid in pg_stat_replication.
+#: Who holds back this database's xmin horizon, oldest first (sessions, walsenders, prepared
+#: transactions, replication slots): docs/observability.md says what each role sees.
 SNAPSHOT_HOLDERS = text(
     """
     WITH clock AS (SELECT coalesce(CAST(:now AS timestamptz), clock_timestamp()) AS now)
@@ -231,23 +225,14 @@ SNAPSHOT_HOLDERS = text(
     """
 )
 
-# When the horizon began at the latest, dated by the metrics ledger, whoever holds it: each
-# ledger row is inserted by a transaction of its own and stamped ``finished_at`` by that
-# statement, so a row whose transaction is younger than the horizon (``age(xmin) < :xmin_age``)
-# was written after the horizon's xmin was assigned, and the oldest such row's ``finished_at``
-# is a moment the horizon already held. With a cycle a minute that dates it to the minute where
-# pg_stat_activity hides the holder's start (another role's session, a slot, a walsender). Reads
-# the detail rows (a day's at most, as SUM_DETAIL does); NULL when no row is that young.
+#: The oldest ledger row written after the horizon's xmin was assigned: when the horizon held at
+#: the latest, whoever holds it (docs/observability.md).
 LEDGER_ROW_AFTER_XMIN = text(
     "SELECT min(finished_at) FROM dispatch_cycles WHERE age(xmin) < :xmin_age"
 )
 
-# What an old snapshot costs the due scan and the relay's reads, from PostgreSQL's cumulative
-# statistics (read from memory: no table or index is scanned). Per watched index: the scans
-# started on it, the entries they returned and the live rows fetched through them (an entry read
-# and not fetched is, on these partial indexes, a dead one stepped over: a row dispatched or
-# published while a snapshot kept its entry; or one an index-only scan needed no row for), and
-# its size on disk.
+#: The watched indexes' scans, entries read and live rows fetched (cumulative statistics: nothing
+#: scanned), and sizes.
 INDEX_READS = text(
     """
     SELECT s.indexrelname AS index_name, s.relname AS table_name, s.idx_scan, s.idx_tup_read,
@@ -258,9 +243,7 @@ INDEX_READS = text(
     """
 )
 
-# Per watched table: live and dead row versions as PostgreSQL counts them, and when VACUUM (by
-# hand or autovacuum) last ran on it. Dead rows that stay while vacuum runs are ones a snapshot
-# still needs ("dead but not yet removable" in autovacuum's log).
+#: The watched tables' live and dead row versions and when VACUUM last ran on each.
 TABLE_DEAD_ROWS = text(
     """
     SELECT relname AS table_name, n_live_tup, n_dead_tup,
@@ -271,8 +254,7 @@ TABLE_DEAD_ROWS = text(
     """
 )
 
-# The cycle-duration histogram of a recent window (the vacuum_horizon check's "slowing": the
-# median of the last minutes against a longer run's, as the alert compares the two rates).
+#: The cycle-duration histogram of the cycles since :since (the vacuum_horizon check's slowing).
 DURATION_BUCKETS_SINCE = text(
     """
     SELECT u.i, sum(u.n) AS n

@@ -11,19 +11,17 @@ from __future__ import annotations
 from sqlalchemy import bindparam, text
 from sqlalchemy.dialects.postgresql import JSONB
 
-# The relay, run by one publisher at a time per database (session advisory lock): per-key
-# order on the topic needs a single writer, and the lock is held on a connection with no open
-# transaction, so a slow broker never keeps a snapshot open (which would stall vacuum).
+#: The relay's session advisory lock: one publisher per database (each key in outbox order).
 RELAY_LOCK_KEY = 7263002
+#: Take the relay's lock if it is free.
 TRY_RELAY_LOCK = text("SELECT pg_try_advisory_lock(:key)")
+#: Wait for the relay's lock (under the caller's lock_timeout).
 RELAY_LOCK = text("SELECT pg_advisory_lock(:key)")
+#: Let go of the relay's lock.
 RELAY_UNLOCK = text("SELECT pg_advisory_unlock(:key)")
 
-# The relay's lock session, bounded by the server before it takes the lock: a session with no
-# statement for :idle (idle_session_timeout, PostgreSQL >= 14) is ended by the server, and the
-# session's advisory lock with it, whatever became of its client (docs/design.md, "The relay's
-# lock"). Named after the run holding it, so pg_stat_activity says whose relay holds the lock.
-# Session-level settings: RELAY_SESSION_RESET puts them back before the connection is pooled.
+#: Bound the relay's lock session (the server ends it after :idle without a statement) and name it
+#: after the run holding it (docs/design.md, "The relay's lock").
 RELAY_SESSION_BOUND = text(
     """
     SELECT set_config('idle_session_timeout', :idle, false),
@@ -31,17 +29,13 @@ RELAY_SESSION_BOUND = text(
                       left(current_setting('application_name') || ' relay ' || :who, 63), false)
     """
 )
+#: Put the lock session's settings back before the connection returns to the pool.
 RELAY_SESSION_RESET = ("RESET idle_session_timeout", "RESET application_name")
-# What a relay that holds the lock and waits (on the broker, on the drain's next batch) runs on
-# its lock session every few seconds: the session is not idle, so the server keeps it. Plain text:
-# it runs on the driver's connection, from the relay's keep-alive thread.
+#: The keep-alive a waiting relay runs on its lock session (on the driver's connection).
 RELAY_KEEPALIVE = "SELECT 1"
 
-# Who holds the relay lock in this database (none, or one session): its backend and what it is
-# doing. ``silent_seconds``: how long the session has sent nothing the server waits for, i.e. it
-# is idle (in a transaction or not), or active but waiting on its client (ClientRead/ClientWrite,
-# a peer that does not read); 0 while it works. Without pg_read_all_stats another role's session
-# shows its pid only (pg_stat_activity hides the rest).
+#: Who holds the relay lock (none or one session), what it does and how long it has been silent
+#: (idle, or waiting on its client; 0 while it works).
 RELAY_LOCK_HOLDER = text(
     """
     SELECT l.pid, a.application_name, host(a.client_addr) AS client_addr, a.client_port,
@@ -59,8 +53,7 @@ RELAY_LOCK_HOLDER = text(
     """
 )
 
-# How many of the given outbox rows (id spans, first and last id of each) are still unpublished:
-# a run's own rows after its relay, on the partial index of unpublished ids.
+#: How many outbox rows in the given id spans (a run's own rows) are still unpublished.
 COUNT_UNPUBLISHED_IN_SPANS = text(
     """
     SELECT count(*)
@@ -70,27 +63,18 @@ COUNT_UNPUBLISHED_IN_SPANS = text(
     """
 )
 
-# The snapshot a relay statement read on, as two transaction ids (xid8 as bigint): its xmin (every
-# transaction older than it had ended) and its xmax (every transaction from it on was still to
-# begin). The relay's low-water mark moves on what they prove (messaging/low_water.py).
-_SNAPSHOT = """
-    CAST(CAST(pg_snapshot_xmin(pg_current_snapshot()) AS text) AS bigint) AS snapshot_xmin,
-    CAST(CAST(pg_snapshot_xmax(pg_current_snapshot()) AS text) AS bigint) AS snapshot_xmax
-"""
-
-# The oldest unpublished rows from the relay's low-water mark (:low) on, up to :up_to (a drain's
-# relay publishes what was there when it started from the outbox, and the drain's own rows as they
-# are handed over; NULL: no bound), in id order. The partial index of unpublished ids is read from
-# :low, never from its oldest end, where a long snapshot keeps the entries of every row published
-# since it began. A read, not a write: the relay's advisory lock makes it the only publisher, and
-# an UPDATE here would write every outbox row once more per hand-over. Each row carries the
-# statement's snapshot and the newest id it could see; when nothing is unpublished, one row of
-# NULLs carries them.
+#: The oldest unpublished rows from the relay's low-water mark (:low) on, up to :up_to if given,
+#: in id order, each with the statement's snapshot and the newest id it saw (one row of NULLs
+#: carries those when nothing is unpublished).
 SELECT_UNPUBLISHED = text(
-    f"""
+    """
     SELECT o.id, o.topic, o.message_key, o.payload, o.headers, s.snapshot_xmin, s.snapshot_xmax,
            s.newest_id
-      FROM (SELECT {_SNAPSHOT}, (SELECT max(id) FROM outbox) AS newest_id) AS s
+      FROM (SELECT CAST(CAST(pg_snapshot_xmin(pg_current_snapshot()) AS text) AS bigint)
+                       AS snapshot_xmin,
+                   CAST(CAST(pg_snapshot_xmax(pg_current_snapshot()) AS text) AS bigint)
+                       AS snapshot_xmax,
+                   (SELECT max(id) FROM outbox) AS newest_id) AS s
       LEFT JOIN LATERAL (
             SELECT id, topic, message_key, CAST(payload AS text) AS payload, headers
               FROM outbox
@@ -104,14 +88,11 @@ SELECT_UNPUBLISHED = text(
     """
 )
 
-# The newest outbox row's id (NULL when the outbox is empty).
+#: The newest outbox row's id (NULL when the outbox is empty).
 LAST_OUTBOX_ID = text("SELECT max(id) FROM outbox")
 
-# With where each message landed (its delivery report's partition and offset, a JSONB object
-# id -> [partition, offset], looked up per row). The rows are found exactly as before, by one
-# index scan of the batch's ids: joining the ids to unnest()ed arrays instead made the mark 10-20 %
-# slower, and with stale statistics a generic plan joined them in a nested loop (1,000 x 1,000
-# rows: 0.5 s a batch). Measured: the mark of 1,000 rows as fast as marking ids alone.
+#: Mark the acknowledged rows published, with where each landed (:landed, id -> [partition,
+#: offset]).
 MARK_PUBLISHED = text(
     """
     UPDATE outbox
@@ -122,22 +103,21 @@ MARK_PUBLISHED = text(
     """
 ).bindparams(bindparam("landed", type_=JSONB))
 
-# The first row from the relay's low-water mark (:low) up to :id (excluded) still unpublished, NULL
-# when there is none (a drain's relay then publishes its handed-over rows; otherwise it reads the
-# older ones from the outbox first: id order on the topic), with the statement's snapshot.
+#: The first unpublished row from the relay's low-water mark (:low) up to :id (excluded), NULL when
+#: none, with the statement's snapshot.
 FIRST_UNPUBLISHED_BEFORE = text(
-    f"""
+    """
     SELECT (SELECT min(id) FROM outbox
              WHERE published_at IS NULL AND id >= :low AND id < :id) AS first_id,
-           {_SNAPSHOT}
+           CAST(CAST(pg_snapshot_xmin(pg_current_snapshot()) AS text) AS bigint) AS snapshot_xmin,
+           CAST(CAST(pg_snapshot_xmax(pg_current_snapshot()) AS text) AS bigint) AS snapshot_xmax
     """
 )
 
-# The relay's low-water mark: every outbox row with a smaller id is published or was never
-# committed (0 before the first relay wrote one).
+#: The relay's low-water mark (0 before the first relay wrote one).
 RELAY_LOW_WATER = text("SELECT coalesce(max(low_water), 0) AS low_water FROM outbox_relay_position")
 
-# Written by the relay holding the lock, at the end of its pass (one writer at a time).
+#: Move the relay's low-water mark up (the lock holder, at the end of its pass; never down).
 SET_RELAY_LOW_WATER = text(
     """
     INSERT INTO outbox_relay_position AS p (id, low_water, updated_at)
@@ -147,8 +127,7 @@ SET_RELAY_LOW_WATER = text(
     """
 )
 
-# Rows handed to the producer that were not acknowledged (failed, timed out, or held back behind
-# a failed row of their key): one more failed attempt each, for operators and the outbox alert.
+#: One more failed publish attempt on each row the broker did not acknowledge.
 RECORD_PUBLISH_FAILURES = text(
     """
     UPDATE outbox SET publish_attempts = publish_attempts + 1
@@ -156,8 +135,7 @@ RECORD_PUBLISH_FAILURES = text(
     """
 )
 
-# The relay's lag: unpublished rows and the age of the oldest, read from the relay's low-water
-# mark (every row below it is published), so a long snapshot's dead entries below it are not read.
+#: The relay's lag: unpublished rows from the relay's low-water mark on, and the oldest's age.
 OUTBOX_LAG = text(
     """
     SELECT count(*) AS unpublished,
@@ -168,10 +146,8 @@ OUTBOX_LAG = text(
     """
 )
 
-# Retention: published rows older than the retention, a small batch per transaction so the
-# purge never holds many locks or a long snapshot. Oldest published first, on the partial index
-# ix_outbox_published_at: each call reads its batch's entries and stops, and the last call (the
-# one that finds nothing old enough) reads a few pages instead of walking the whole outbox.
+#: Delete up to :limit rows published more than :retention_seconds ago, oldest first, and their
+#: re-publish records.
 PURGE_PUBLISHED_OUTBOX = text(
     """
     WITH purged AS (
@@ -186,8 +162,7 @@ PURGE_PUBLISHED_OUTBOX = text(
          )
         RETURNING id
     ), copies AS (
-        -- The re-publish records of those rows go with them: they describe copies of a
-        -- message the outbox no longer holds (issue 35: they outlived their row).
+        -- their re-publish records go with them
         DELETE FROM outbox_republishes c USING purged p WHERE c.outbox_id = p.id
         RETURNING c.id
     )
@@ -195,12 +170,7 @@ PURGE_PUBLISHED_OUTBOX = text(
     """
 )
 
-# --- re-publish back-fill (reminder_pipeline/operator_jobs/republish.py) -----------------------
-# A day's already published messages, selected by the reminder's DueAt (outbox.due_at, filled by
-# the dispatcher; migration 0003 back-filled older rows). Read only: the back-fill never changes
-# an outbox row, and unpublished rows (published_at IS NULL) are the relay's.
-
-# The day's published id range and its unpublished rows, in one walk of ix_outbox_due_at.
+#: The published id range and counts of the outbox rows due in [:day_start, :day_end).
 REPUBLISH_DAY_BOUNDS = text(
     """
     SELECT min(id) FILTER (WHERE published_at IS NOT NULL) AS first_id,
@@ -212,17 +182,8 @@ REPUBLISH_DAY_BOUNDS = text(
     """
 )
 
-# The next chunk of the day's published rows after :after_id, in id order (each key's order on
-# the topic). Bounded by the day's last id from REPUBLISH_DAY_BOUNDS: the primary key is walked
-# from :after_id and the walk stops at :last_id, so a day costs one pass over its id range
-# (benchmarks/README.md). Without the bound the planner may pick a bitmap scan of the
-# whole day plus a sort for every chunk, quadratic in the day's size.
-#
-# Each row comes with why it no longer holds (NULL when it does): a message goes out again only
-# if its reminder is still Sent and its event still Planned/InProgress with the StartAt the
-# message carries. A moved event keeps its Sent rows (only Pending ones are re-created), so a
-# StartAt that differs is how a move shows; a deleted event counts as cancelled. Joined by
-# primary key per row of the chunk (the outbox walk above stays the plan's driver).
+#: The next :limit published rows due in the day after :after_id (up to :last_id), in id order,
+#: each with why it no longer holds (NULL when it does: still Sent, its event on at its StartAt).
 SELECT_PUBLISHED_OF_DAY = text(
     """
     SELECT o.id, o.topic, o.message_key, CAST(o.payload AS text) AS payload, o.headers,
@@ -245,10 +206,7 @@ SELECT_PUBLISHED_OF_DAY = text(
     """
 )
 
-# How many reminders due on the day are Sent: each has exactly one outbox row (INV-REM-2), so a
-# day with fewer outbox rows lost some to the purge, whatever the retention setting says. No index
-# serves it (the due index covers Pending rows only): one scan of event_reminders per day
-# re-published, an operator's back-fill, never the cycle.
+#: How many reminders due in [:day_start, :day_end) are Sent (one outbox row each).
 COUNT_SENT_OF_DAY = text(
     """
     SELECT count(*) FROM event_reminders
