@@ -22,9 +22,7 @@ from jsonschema import Draft202012Validator
 from reminder_pipeline.domain import contract, time_zones
 from reminder_pipeline.domain.model import (
     Action,
-    Decision,
     DueReminder,
-    OutboxMessage,
     PoisonRow,
     ReminderStatus,
 )
@@ -34,6 +32,48 @@ from reminder_pipeline.domain.transitions import LIVE_EVENT_STATUSES
 #: The statuses whose reminders are sent: the code's own constant (the design's table test,
 #: unit/test_domain.py, says which they are), so the oracle follows it when it changes.
 SENDS = LIVE_EVENT_STATUSES
+
+
+#: Every transition a reminder row may make; Sent and Skipped are terminal (INV-REM-2).
+ALLOWED_TRANSITIONS: frozenset[tuple[ReminderStatus, ReminderStatus]] = frozenset(
+    {
+        (ReminderStatus.PENDING, ReminderStatus.SENT),
+        (ReminderStatus.PENDING, ReminderStatus.SKIPPED),
+    }
+)
+
+
+class TransitionError(ValueError):
+    """A transition outside :data:`ALLOWED_TRANSITIONS` was requested."""
+
+
+def check_transition(current: ReminderStatus | str, target: ReminderStatus | str) -> None:
+    """Raise :class:`TransitionError` unless ``current -> target`` is allowed."""
+    pair = (ReminderStatus(current), ReminderStatus(target))
+    if pair not in ALLOWED_TRANSITIONS:
+        raise TransitionError(f"reminder transition {pair[0]} -> {pair[1]} is not allowed")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The outcome for one due row: send it, or skip it without publishing."""
+
+    reminder: DueReminder
+    action: Action
+
+    @property
+    def target_status(self) -> ReminderStatus:
+        """The terminal status the row moves to."""
+        return ReminderStatus.SENT if self.action is Action.SEND else ReminderStatus.SKIPPED
+
+
+@dataclass(frozen=True)
+class OutboxMessage:
+    """What goes into the outbox for one Sent row: key (= EventId), contract payload, headers."""
+
+    message_key: str
+    payload: dict[str, Any]
+    headers: dict[str, str]
 
 
 class PayloadError(ValueError):

@@ -169,11 +169,6 @@ class Selection:
     #: Candidates no longer Pending or due (sent, skipped or deleted since they were reserved).
     gone: int = 0
 
-    @property
-    def ids(self) -> list[str]:
-        """The rows' reminder ids, oldest first."""
-        return [r.reminder_id for r in self.rows]
-
 
 class Moved(Protocol):
     """A reminder a batch moved out of Pending, as its log lines name it (ids, no PII)."""

@@ -88,28 +88,6 @@ class Action(StrEnum):
     SKIP = "skip"
 
 
-@dataclass(frozen=True)
-class Decision:
-    """The outcome for one due row: send it, or skip it without publishing."""
-
-    reminder: DueReminder
-    action: Action
-
-    @property
-    def target_status(self) -> ReminderStatus:
-        """The terminal status the row moves to."""
-        return ReminderStatus.SENT if self.action is Action.SEND else ReminderStatus.SKIPPED
-
-
-@dataclass(frozen=True)
-class OutboxMessage:
-    """What goes into the outbox for one Sent row: key (= EventId), contract payload, headers."""
-
-    message_key: str
-    payload: dict[str, Any]
-    headers: dict[str, str]
-
-
 @dataclass(slots=True)
 class ClaimedMessage:
     """An outbox row as the relay hands it to the producer (payload as stored, text)."""

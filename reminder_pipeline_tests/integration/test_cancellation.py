@@ -57,7 +57,7 @@ CHILD = textwrap.dedent(
     with engine.begin() as conn:
         selection = cycle.lock_due(conn, cycle.now_utc(), 200)
         cycle.write_rows(conn, selection.rows, selection.as_of)
-        print("written", len(selection.ids), flush=True)
+        print("written", len(selection.rows), flush=True)
         sys.stdin.readline()  # stopped here: inside the transaction, before commit
     """
 )

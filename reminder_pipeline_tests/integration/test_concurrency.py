@@ -54,6 +54,11 @@ def test_parallel_instances_handle_each_row_once(engine, publisher, kafka_reader
     assert len(messages) == 600
 
 
+def _ids(selection: cycle.Selection) -> list[str]:
+    """The selected rows' ids (what a run's selecting step hands its writing step)."""
+    return [r.reminder_id for r in selection.rows]
+
+
 def test_rows_locked_by_another_instance_are_skipped_and_counted(engine):
     events = [make_due_event(engine, minutes_overdue=m) for m in (5, 4, 3, 2, 1)]
     as_of = utcnow()
@@ -79,7 +84,7 @@ def test_cancel_committed_between_read_and_write_wins(engine):
     cancel_event(engine, event_id)  # commits before the writing step
 
     with engine.begin() as conn:  # the writing step: the candidates locked and read again
-        again = cycle.lock_candidates(conn, selection.ids, as_of, reserved_by=None)
+        again = cycle.lock_candidates(conn, _ids(selection), as_of, reserved_by=None)
         outcome = cycle.write_rows(conn, again.rows, as_of)
     assert outcome.sent == [] and again.gone == 1
     assert reminders(engine, event_id)[0]["status"] == "Skipped"
@@ -94,9 +99,9 @@ def test_status_change_without_cascade_is_re_read_under_lock(engine):
     with engine.begin() as conn:  # cancelled, but its rows were left Pending (replay)
         conn.execute(sa.update(calendar_events).values(status="Cancelled"))
     with engine.begin() as conn:
-        again = cycle.lock_candidates(conn, selection.ids, as_of, reserved_by=None)
+        again = cycle.lock_candidates(conn, _ids(selection), as_of, reserved_by=None)
         outcome = cycle.write_rows(conn, again.rows, as_of)
-    assert [r.reminder_id for r in outcome.skipped] == selection.ids
+    assert [r.reminder_id for r in outcome.skipped] == _ids(selection)
     assert reminders(engine, event_id)[0]["status"] == "Skipped"
     assert outbox_rows(engine) == []
 

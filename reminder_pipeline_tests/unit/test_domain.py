@@ -9,10 +9,12 @@ import pytest
 
 from reminder_pipeline.domain import contract
 from reminder_pipeline.domain.model import Action, DueReminder, EventStatus, ReminderStatus
-from reminder_pipeline.domain.transitions import TransitionError, action_for, check_transition
+from reminder_pipeline.domain.transitions import action_for
 from reminder_pipeline_tests.oracle import (
     PayloadError,
+    TransitionError,
     build_payload,
+    check_transition,
     decide,
     iso_utc,
     plan_batch,
