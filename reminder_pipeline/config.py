@@ -10,6 +10,7 @@ import math
 import os
 import re
 from collections.abc import Mapping
+from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 from pathlib import Path
@@ -76,9 +77,8 @@ class ConfigError(ValueError):
 # same one-line message, ``<name>=<value> <what is wrong>``, with ``name`` as the operator typed it.
 
 
-#: A number as text is written in ASCII digits, as a person types it at a shell: Python's own
-#: ``int()`` and ``float()`` also take other scripts' digits (``٣``) and ``_`` between digits
-#: (``1_000``), which no operator means as a number.
+#: A number as text is ASCII digits, as typed at a shell: ``int()`` and ``float()`` also take
+#: other scripts' digits (``٣``) and ``_`` between digits (``1_000``), which no operator means.
 _INTEGER = re.compile(r"[+-]?[0-9]+", re.ASCII)
 _NUMBER = re.compile(
     r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|[+-]?(?:inf|infinity|nan)",
@@ -176,20 +176,18 @@ def parse_as_of(value: object, name: str = "as_of") -> datetime | None:
 #: The first and the last instant a range's bound can name (Python's, in UTC).
 FIRST_INSTANT = datetime.min.replace(tzinfo=UTC)
 LAST_INSTANT = datetime.max.replace(tzinfo=UTC)
+_FIRST_TEXT, _LAST_TEXT = FIRST_INSTANT.isoformat(), LAST_INSTANT.isoformat()
 _TICK = timedelta(microseconds=1)  # PostgreSQL's resolution: "< t + 1 µs" is "<= t"
 
 
 def _day_alone(value: object) -> date | None:
     """The day ``value`` names when it is a date alone (``2026-12-07``, ISO's compact
     ``20261207``), else None."""
-    if isinstance(value, datetime) or not isinstance(value, date | str):
+    if isinstance(value, str):
+        with suppress(ValueError):
+            return date.fromisoformat(value.strip())
         return None
-    if isinstance(value, date):
-        return value
-    try:
-        return date.fromisoformat(value.strip())
-    except ValueError:
-        return None
+    return value if isinstance(value, date) and not isinstance(value, datetime) else None
 
 
 def _time_given(value: object, name: str) -> datetime:
@@ -197,10 +195,6 @@ def _time_given(value: object, name: str) -> datetime:
     if when is None:
         raise ConfigError(f"{name} is empty (a day, 2026-12-01, or a time, 2026-12-01T10:00:00Z)")
     return when
-
-
-def _beyond(value: object, name: str, edge: str) -> ConfigError:
-    return ConfigError(f"{name}={str(value).strip()!r} is {edge}")
 
 
 def parse_range_start(value: object, name: str) -> datetime:
@@ -215,7 +209,7 @@ def parse_range_start(value: object, name: str) -> datetime:
     except OverflowError:  # a year-1 or year-9999 time whose zone carries it out of range
         if (when.utcoffset() or timedelta(0)) > timedelta(0):
             return FIRST_INSTANT
-        raise _beyond(value, name, f"after {LAST_INSTANT.isoformat()}, the last instant") from None
+        raise ConfigError(f"{name}={when.isoformat()!r} is after {_LAST_TEXT}") from None
 
 
 def parse_range_end(value: object, name: str) -> datetime | None:
@@ -233,7 +227,7 @@ def parse_range_end(value: object, name: str) -> datetime | None:
     except OverflowError:
         if (when.utcoffset() or timedelta(0)) < timedelta(0):
             return None
-        raise _beyond(value, name, f"before {FIRST_INSTANT.isoformat()}: nothing is due") from None
+        raise ConfigError(f"{name}={when.isoformat()!r} is before {_FIRST_TEXT}") from None
     return None if end == LAST_INSTANT else end + _TICK
 
 

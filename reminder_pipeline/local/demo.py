@@ -101,13 +101,13 @@ def seed_plan(overdue: int | None, upcoming: int | None) -> dict[str, int]:
 
 
 #: How far back an overdue demo reminder fell due, and a "due now" one (seconds, at most).
-OVERDUE_SECONDS = (5.0, 300.0)
-DUE_NOW_SECONDS = (1.0, 20.0)
+OVERDUE_AGO_SECONDS = (5.0, 300.0)
+DUE_NOW_AGO_SECONDS = (1.0, 20.0)
 #: The kinds of demo event a seed makes, by when their reminder falls due, in words.
 SEED_KINDS = {
-    "overdue": f"due up to {OVERDUE_SECONDS[1] / 60:g} minutes ago: the next cycle sends them "
+    "overdue": f"due up to {OVERDUE_AGO_SECONDS[1] / 60:g} minutes ago: the next cycle sends them "
     "late (a catch-up)",
-    "due_now": f"due in the last {DUE_NOW_SECONDS[1]:g} seconds: the next cycle sends them",
+    "due_now": f"due in the last {DUE_NOW_AGO_SECONDS[1]:g} seconds: the next cycle sends them",
     "upcoming": f"falling due {RATE_PER_MINUTE} a minute from a minute on",
 }
 #: The fates an event meets at once (``_one``): most stay planned, a few are closed.
@@ -134,8 +134,8 @@ def seed(
     now = datetime.now(UTC)
     spacing = timedelta(minutes=1) / RATE_PER_MINUTE
     planned = {
-        "overdue": [-timedelta(seconds=rng.uniform(*OVERDUE_SECONDS)) for _ in range(overdue)],
-        "due_now": [-timedelta(seconds=rng.uniform(*DUE_NOW_SECONDS)) for _ in range(due_now)],
+        "overdue": [-timedelta(seconds=rng.uniform(*OVERDUE_AGO_SECONDS)) for _ in range(overdue)],
+        "due_now": [-timedelta(seconds=rng.uniform(*DUE_NOW_AGO_SECONDS)) for _ in range(due_now)],
         "upcoming": [timedelta(minutes=1) + i * spacing for i in range(upcoming)],
     }
     kinds: dict[str, dict[str, int]] = {}

@@ -2,15 +2,17 @@
 answered from the store, the same answer behind ``reminder-pipeline trace`` and the
 ``reminder_trace`` job.
 
-For each reminder: its event's kind, its status, DueAt and SentAt, why it is in that state in
-words, when and by what (:func:`reason`, judged on the database's clock: the writer recorded in
-``moved_by``, domain/writers.py), the run that wrote it (the message's ``correlation-id``) with its
-UI address when it is a Dagster run (a command's cycle has no page), its outbox row (published
-when, after how many failed attempts) and where the message landed (partition and offset, from the
-delivery report the relay recorded), every re-publish of it, and, given a check on the consumer's
-de-duplication store, whether the notifications side has it as delivered. A reminder whose row is
-gone (a moved or deleted event's) is traced from its outbox message. Identifiers, times, statuses
-and counts only: never an event's title, description or location.
+For each reminder: its event's kind, whose it is (the owner's, client's and tenant's ids), its
+status, DueAt and SentAt, why it is in that state in words, when and by what (:func:`reason`,
+judged on the database's clock: the writer recorded in ``moved_by``, domain/writers.py, or the
+calendar, which records none: :func:`moved_by`), the run that wrote it (the message's
+``correlation-id``) with its UI address when it is a Dagster run (a command's cycle has no
+page), its outbox row (published when, after how many failed attempts) and where the message
+landed (partition and offset, from the delivery report the relay recorded), every re-publish of
+it, and, given a check on the consumer's de-duplication store, whether the notifications side
+has it as delivered. A reminder whose row is gone (a moved or deleted event's) is traced from
+its outbox message. Identifiers, times, statuses and counts only: never an event's title,
+description or location.
 """
 
 from __future__ import annotations
