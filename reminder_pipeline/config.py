@@ -10,8 +10,9 @@ import math
 import os
 import re
 from collections.abc import Mapping
+from contextlib import suppress
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, date, datetime, time, timedelta
 from pathlib import Path
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
@@ -59,6 +60,11 @@ DEFAULT_EMBEDDED_BROKER_PORT = 19092
 DEFAULT_WEBSERVER_PORT = 3000
 DEFAULT_METRICS_PORT = 9464
 DEFAULT_METRICS_HOST = "127.0.0.1"
+#: The variables ``consume`` takes its group and its de-duplication store from (cli/consume.py);
+#: a trace reads the same ones to find that store (consumer/delivered.py).
+CONSUMER_GROUP_ID_ENV = "REMINDER_CONSUMER_GROUP_ID"
+CONSUMER_DEDUP_PATH_ENV = "REMINDER_CONSUMER_DEDUP_PATH"
+CONSUMER_DEDUP_URL_ENV = "REMINDER_CONSUMER_DEDUP_URL"
 
 
 class ConfigError(ValueError):
@@ -69,6 +75,20 @@ class ConfigError(ValueError):
 # One check per value, shared by the command line (``--batch-size``), the environment
 # (``REMINDER_BATCH_SIZE``) and the Dagster run config (``batch_size``): the same bounds and the
 # same one-line message, ``<name>=<value> <what is wrong>``, with ``name`` as the operator typed it.
+
+
+#: A number as text is ASCII digits, as typed at a shell: ``int()`` and ``float()`` also take
+#: other scripts' digits (``٣``) and ``_`` between digits (``1_000``), which no operator means.
+_INTEGER = re.compile(r"[+-]?[0-9]+", re.ASCII)
+_NUMBER = re.compile(
+    r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|[+-]?(?:inf|infinity|nan)",
+    re.ASCII | re.IGNORECASE,
+)
+
+
+def is_integer_text(text: str) -> bool:
+    """Whether ``text`` is an integer as a person types one: ASCII digits, an optional sign."""
+    return _INTEGER.fullmatch(text.strip()) is not None
 
 
 def _shown(value: object) -> str:
@@ -84,10 +104,9 @@ def check_int(value: object, name: str, low: int, high: int) -> int:
         else:
             raise ConfigError(f"{name}={_shown(value)} is not an integer")
     if isinstance(value, str):
-        try:
-            number = int(value.strip())
-        except ValueError:
-            raise ConfigError(f"{name}={value!r} is not an integer") from None
+        if not is_integer_text(value):
+            raise ConfigError(f"{name}={value!r} is not an integer")
+        number = int(value.strip())
     else:
         number = value
     if not low <= number <= high:
@@ -99,10 +118,9 @@ def check_number(value: object, name: str, low: float, high: float) -> float:
     """``value`` (a number or its text) as a finite float in ``[low, high]``; else ConfigError."""
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise ConfigError(f"{name}={_shown(value)} is not a number")
-    try:
-        number = float(value.strip() if isinstance(value, str) else value)
-    except ValueError:
-        raise ConfigError(f"{name}={value!r} is not a number") from None
+    if isinstance(value, str) and not _NUMBER.fullmatch(value.strip()):
+        raise ConfigError(f"{name}={value!r} is not a number")
+    number = float(value.strip() if isinstance(value, str) else value)
     if not math.isfinite(number):
         raise ConfigError(f"{name}={number} is not a finite number")
     if not low <= number <= high:
@@ -153,6 +171,64 @@ def parse_as_of(value: object, name: str = "as_of") -> datetime | None:
             f"{name}={parsed.isoformat()!r} has no time zone (e.g. 2026-11-30T10:00:00Z)"
         )
     return parsed
+
+
+#: The first and the last instant a range's bound can name (Python's, in UTC).
+FIRST_INSTANT = datetime.min.replace(tzinfo=UTC)
+LAST_INSTANT = datetime.max.replace(tzinfo=UTC)
+_FIRST_TEXT, _LAST_TEXT = FIRST_INSTANT.isoformat(), LAST_INSTANT.isoformat()
+_TICK = timedelta(microseconds=1)  # PostgreSQL's resolution: "< t + 1 µs" is "<= t"
+
+
+def _day_alone(value: object) -> date | None:
+    """The day ``value`` names when it is a date alone (``2026-12-07``, ISO's compact
+    ``20261207``), else None."""
+    if isinstance(value, str):
+        with suppress(ValueError):
+            return date.fromisoformat(value.strip())
+        return None
+    return value if isinstance(value, date) and not isinstance(value, datetime) else None
+
+
+def _time_given(value: object, name: str) -> datetime:
+    when = parse_as_of(value, name)
+    if when is None:
+        raise ConfigError(f"{name} is empty (a day, 2026-12-01, or a time, 2026-12-01T10:00:00Z)")
+    return when
+
+
+def parse_range_start(value: object, name: str) -> datetime:
+    """The first instant a range takes, in UTC: a day alone (``2026-12-07``, ``20261207``) is its
+    00:00 UTC, a time needs its zone. One before the first instant Python holds is that one."""
+    day = _day_alone(value)
+    if day is not None:
+        return datetime.combine(day, time(0), tzinfo=UTC)
+    when = _time_given(value, name)
+    try:
+        return when.astimezone(UTC)
+    except OverflowError:  # a year-1 or year-9999 time whose zone carries it out of range
+        if (when.utcoffset() or timedelta(0)) > timedelta(0):
+            return FIRST_INSTANT
+        raise ConfigError(f"{name}={when.isoformat()!r} is after {_LAST_TEXT}") from None
+
+
+def parse_range_end(value: object, name: str) -> datetime | None:
+    """The instant a range ends before, in UTC, for a bound given inclusive: a day alone is the
+    whole UTC day (up to the next day's 00:00 UTC), a time (with its zone) itself included.
+    None: the bound is past the last instant Python holds (``9999-12-31``): no upper bound."""
+    day = _day_alone(value)
+    if day is not None:
+        if day == date.max:
+            return None
+        return datetime.combine(day + timedelta(days=1), time(0), tzinfo=UTC)
+    when = _time_given(value, name)
+    try:
+        end = when.astimezone(UTC)
+    except OverflowError:
+        if (when.utcoffset() or timedelta(0)) < timedelta(0):
+            return None
+        raise ConfigError(f"{name}={when.isoformat()!r} is before {_FIRST_TEXT}") from None
+    return None if end == LAST_INSTANT else end + _TICK
 
 
 def check_as_of(value: object, name: str = "as_of", *, now: datetime) -> datetime | None:

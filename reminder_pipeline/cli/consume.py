@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from ..config import CONSUMER_DEDUP_PATH_ENV, CONSUMER_DEDUP_URL_ENV, CONSUMER_GROUP_ID_ENV
 from .context import load_settings
 from .exits import EXIT_OK, consume_exit
 from .options import env_option, flag, port_option
@@ -20,21 +21,21 @@ if TYPE_CHECKING:
 @env_option(
     "--group-id",
     default="notifications-reference",
-    envvar="REMINDER_CONSUMER_GROUP_ID",
+    envvar=CONSUMER_GROUP_ID_ENV,
     help="Kafka consumer group.",
 )
 @env_option(
     "--dedup-path",
     type=click.Path(dir_okay=False),
     default=None,
-    envvar="REMINDER_CONSUMER_DEDUP_PATH",
+    envvar=CONSUMER_DEDUP_PATH_ENV,
     show_default="under REMINDER_PIPELINE_HOME",
     help="SQLite file of delivered ReminderIds (durable de-duplication, one host).",
 )
 @env_option(
     "--dedup-url",
     default=None,
-    envvar="REMINDER_CONSUMER_DEDUP_URL",
+    envvar=CONSUMER_DEDUP_URL_ENV,
     help="PostgreSQL URL of the de-duplication table shared by consumers on several hosts.",
 )
 @flag(

@@ -64,10 +64,18 @@ def require_schema(engine: Engine) -> None:
 
 
 @contextmanager
-def database(*, schema: bool = True) -> Iterator[Engine]:
+def database(*, schema: bool = True, start: bool = True) -> Iterator[Engine]:
     """The app database for one command: reachable, at this code's schema unless ``schema`` is
-    False (the migration commands), disposed afterwards."""
-    _, engine = open_servers(load_settings())
+    False (the migration commands), disposed afterwards. A look-up (``start=False``) never
+    starts the embedded server: it takes it only when it already runs."""
+    if start:
+        _, engine = open_servers(load_settings())
+    else:
+        from ..local.endpoints import running_database_url
+        from ..store.engine import check_connection, make_engine
+
+        engine = make_engine(running_database_url(load_settings()))
+        check_connection(engine)
     try:
         if schema:
             require_schema(engine)
@@ -85,12 +93,14 @@ def open_publisher(settings: Settings, bootstrap_servers: str | None) -> KafkaPu
     return KafkaPublisher(kafka)
 
 
-def broker_settings() -> KafkaSettings:
+def broker_settings(*, start: bool = True) -> KafkaSettings:
     """The broker's settings for a command that only reads or writes Kafka (a URL, else the
-    embedded broker)."""
-    from ..local.endpoints import embedded_broker, require_servers
+    embedded broker; a look-up, ``start=False``, takes it only when it already runs)."""
+    from ..local.endpoints import embedded_broker, require_servers, running_bootstrap_servers
 
     settings = load_settings()
+    if not start:
+        return settings.kafka(running_bootstrap_servers(settings))
     require_servers(settings, database=False)
     return settings.kafka(settings.kafka_bootstrap_servers or embedded_broker(settings).start())
 

@@ -50,8 +50,8 @@ def db_upgrade(as_json: bool) -> int:
 @db.command("current")
 @json_option
 def db_current(as_json: bool) -> int:
-    """Show the schema's revision and this code's head."""
-    with database(schema=False) as engine:
+    """Show the schema's revision and this code's head (a look-up: it starts no server)."""
+    with database(schema=False, start=False) as engine:
         data = _revision_line(engine)
     _print_revision(data, as_json)
     return EXIT_OK

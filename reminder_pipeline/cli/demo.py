@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import uuid
 from datetime import timedelta
+from typing import Any
 
 import click
 
 from ..config import ConfigError
 from .context import database, load_settings
 from .exits import EXIT_OK
-from .options import EVENT_ID_TYPE, env_option, json_option
-from .output import print_fields, print_json
+from .options import EVENT_ID_TYPE, IntRange, env_option, json_option
+from .output import print_json
 
 #: The most demo events one ``demo`` seeds of each kind, and the farthest ``demo move`` moves an
 #: event (minutes, either way): a demo's bounds, not the dispatcher's batch bounds (config.py).
@@ -22,35 +23,63 @@ MAX_MOVE_MINUTES = 10_000
 @click.group(invoke_without_command=True)
 @env_option(
     "--overdue",
-    type=click.IntRange(0, MAX_DEMO_EVENTS),
-    default=0,
+    type=IntRange(0, MAX_DEMO_EVENTS),
+    default=None,
     envvar="REMINDER_DEMO_OVERDUE",
-    help="Also events whose reminders fell due up to 5 minutes ago: a catch-up to watch (the "
-    "next cycle sends them late, and lateness_slo rightly reports it for 15 minutes).",
+    show_default="0",
+    help="Events whose reminders fell due up to 5 minutes ago: a catch-up to watch (the next "
+    "cycle sends them late, and lateness_slo rightly reports it for 15 minutes).",
 )
 @env_option(
     "--upcoming",
-    type=click.IntRange(0, MAX_DEMO_EVENTS),
-    default=30,
+    type=IntRange(0, MAX_DEMO_EVENTS),
+    default=None,
     envvar="REMINDER_DEMO_UPCOMING",
-    help="Demo events whose reminders fall due from a minute on, six a minute.",
+    show_default="given neither option: a few due now and five minutes' worth upcoming",
+    help="Events whose reminders fall due from a minute on, six a minute.",
 )
 @json_option
 @click.pass_context
-def demo(ctx: click.Context, overdue: int, upcoming: int, as_json: bool) -> int | None:
-    """Seed demo events, or cancel / move one (the embedded development database only)."""
+def demo(
+    ctx: click.Context, overdue: int | None, upcoming: int | None, as_json: bool
+) -> int | None:
+    """Seed demo events, or cancel / move one (the embedded development database only).
+
+    Alone, it seeds a few events due now and five minutes' worth falling due six a minute from
+    a minute on; given --overdue or --upcoming, exactly those. It prints what it made, per kind.
+    """
     _require_development_database()
     if ctx.invoked_subcommand is not None:
         return None
     from ..local import demo as demo_data
 
+    asked = overdue is not None or upcoming is not None
     with database() as engine:
-        data = demo_data.seed(engine, overdue=overdue, upcoming=upcoming)
+        made = demo_data.seed(engine, **demo_data.seed_plan(overdue, upcoming))
     if as_json:
-        print_json(data)
+        print_json(made)
     else:
-        print_fields("demo data", data)
+        _print_made(made, asked)
     return EXIT_OK
+
+
+def _print_made(made: dict[str, Any], asked: bool) -> None:
+    """What ``demo`` made, one line per kind, and why a kind was made unasked."""
+    from ..local.demo import SEED_KINDS
+
+    why = "" if asked else " (demo alone: the default calendar; --overdue N for a catch-up)"
+    print(
+        f"demo made {made['events']} events{why}: {made['cancelled']} cancelled and "
+        f"{made['completed']} completed at once, as people do (their reminders Skipped)",
+        flush=True,
+    )
+    for kind, counts in made["kinds"].items():
+        if counts["events"]:
+            print(
+                f"  {kind:<9}{counts['events']:>6} events, {counts['pending_reminders']} "
+                f"reminders Pending, {SEED_KINDS[kind]}",
+                flush=True,
+            )
 
 
 def _as_json() -> bool:
@@ -90,7 +119,7 @@ def demo_cancel(event_id: uuid.UUID) -> int:
 @click.argument("event_id", type=EVENT_ID_TYPE)
 @env_option(
     "--minutes",
-    type=click.IntRange(-MAX_MOVE_MINUTES, MAX_MOVE_MINUTES),
+    type=IntRange(-MAX_MOVE_MINUTES, MAX_MOVE_MINUTES),
     required=True,
     envvar="REMINDER_DEMO_MOVE_MINUTES",
     help="How far to move the event's start (negative: earlier).",

@@ -38,7 +38,7 @@ def dlq_list(as_json: bool) -> int:
     letter of a replay, which dead letter it replayed (never the value)."""
     from ..operator_jobs.dead_letters import list_letters
 
-    letters = list_letters(broker_settings())
+    letters = list_letters(broker_settings(start=False))
     if as_json:
         print_json({"dead_letters": letters})
     else:

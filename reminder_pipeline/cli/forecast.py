@@ -8,14 +8,14 @@ import click
 
 from .context import database
 from .exits import EXIT_OK
-from .options import env_option, json_option
+from .options import IntRange, env_option, json_option
 from .output import print_json, print_table
 
 
 @click.command("forecast")
 @env_option(
     "--hours",
-    type=click.IntRange(1, 168),
+    type=IntRange(1, 168),
     default=24,
     envvar="REMINDER_FORECAST_HOURS",
     help="How far ahead, 1..168 hours.",
@@ -26,7 +26,7 @@ def forecast_command(hours: int, as_json: bool) -> int:
     clock), the busiest minutes, and what one run moves within its budget at the measured rate."""
     from ..observability.forecast import forecast as read_forecast
 
-    with database() as engine:
+    with database(start=False) as engine:
         ahead = read_forecast(engine, hours)
     data = ahead.plain()
     if as_json:

@@ -25,6 +25,7 @@ from ..config import (
     check_port,
     check_purge_batch_size,
     check_retention_hours,
+    is_integer_text,
     parse_as_of,
 )
 from ..domain.model import parse_uuid
@@ -59,6 +60,17 @@ if TYPE_CHECKING:
     _ParamType = click.ParamType[Any, Any]  # generic in click 8.5's types, not before at runtime
 else:
     _ParamType = click.ParamType
+
+
+class IntRange(click.IntRange):
+    """click's ``IntRange`` over ASCII digits only: Python's ``int()`` behind it also takes
+    another script's digits (``٣``) and ``1_000``, which no operator types as a number."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        """The integer, refused in click's words unless written in ASCII digits."""
+        if isinstance(value, str) and not is_integer_text(value):
+            self.fail(f"{value!r} is not a valid integer.", param, ctx)
+        return super().convert(value, param, ctx)
 
 
 class Checked(_ParamType):

@@ -15,7 +15,7 @@ from ..config import (
     DEFAULT_POISON_LOCK_TIMEOUT_SECONDS,
     ConfigError,
     check_number,
-    parse_as_of,
+    parse_range_start,
 )
 from .context import database, operator_name
 from .exits import EXIT_FAILURE, EXIT_OK
@@ -35,7 +35,9 @@ from .output import print_error, print_json, print_table
 if TYPE_CHECKING:
     from ..operator_jobs.poison import PoisonFilter
 
-FAILED_SINCE_TYPE = Checked(parse_as_of, "ISO-8601")
+#: ``--failed-since``: a time with its zone, or a day alone (its 00:00 UTC), as ``reminders``'
+#: ``--due-from`` takes it.
+FAILED_SINCE_TYPE = Checked(parse_range_start, "ISO-8601")
 LOCK_TIMEOUT_TYPE = Checked(lambda value, name: check_number(value, name, 0.1, 600.0), "SECONDS")
 
 
@@ -57,7 +59,7 @@ def poison_list(limit: int, as_json: bool) -> int:
     """Pending rows with failed attempts, oldest due first, with their last error."""
     from ..operator_jobs import poison
 
-    with database() as engine:
+    with database(start=False) as engine:
         rows = poison.list_rows(engine, limit)
     if as_json:
         print_json(rows)
@@ -70,12 +72,23 @@ def poison_list(limit: int, as_json: bool) -> int:
     return EXIT_OK
 
 
-def _poison_change(action: str, reminder_id: uuid.UUID, force: bool, as_json: bool) -> int:
-    """Retry or skip one row in its own transaction; refuse a row that has not failed."""
+def _poison_change(
+    action: str, reminder_id: uuid.UUID, force: bool, as_json: bool, lock_timeout: float
+) -> int:
+    """Retry or skip one row in its own transaction; refuse a row that has not failed, and give
+    up on a row another session holds past ``lock_timeout`` (both exit 1, the action object
+    printed with --json all the same)."""
     from ..operator_jobs import poison
 
     with database() as engine:
-        done = poison.change(engine, action, reminder_id, actor=operator_name(), force=force)
+        done = poison.change(
+            engine,
+            action,
+            reminder_id,
+            actor=operator_name(),
+            force=force,
+            lock_timeout_seconds=lock_timeout,
+        )
     reason = (done.reason or "").replace("force acts", "--force acts")
     if as_json:
         print_json({**done.plain(), "forced": done.forced, "reason": reason or None})
@@ -149,7 +162,7 @@ def _poison_action(
                 f"poison {action}: give a REMINDER_ID or a filter ({_FILTERS}), not both "
                 "(--dry-run and --yes go with a filter)"
             )
-        return _poison_change(action, reminder_id, force, as_json)
+        return _poison_change(action, reminder_id, force, as_json, lock_timeout)
     selected = _poison_filter(action, force=force, dry_run=dry_run, **filters)
     with database() as engine:
         try:
@@ -162,6 +175,9 @@ def _poison_action(
                 lock_timeout_seconds=lock_timeout,
             )
         except poison.RowsLocked as error:
+            if as_json:  # the action object, also when nothing changed
+                refused = poison.BulkChange(action, False, selected.described(), []).plain()
+                print_json({**refused, "locked": error.locked, "reason": str(error)})
             print_error(str(error))
             return EXIT_FAILURE
     if as_json:
@@ -202,7 +218,8 @@ def _bulk_options(command: F) -> F:
                 "--failed-since",
                 type=FAILED_SINCE_TYPE,
                 default=None,
-                help="The poison rows whose last failure is at or after this time.",
+                help="The poison rows whose last failure is at or after this time (a day alone: "
+                "its 00:00 UTC).",
             ),
             click.option(
                 "--dry-run",
@@ -221,8 +238,8 @@ def _bulk_options(command: F) -> F:
                 type=LOCK_TIMEOUT_TYPE,
                 default=DEFAULT_POISON_LOCK_TIMEOUT_SECONDS,
                 envvar="REMINDER_POISON_LOCK_TIMEOUT",
-                help="Seconds to wait for rows another session holds; then change nothing and "
-                "name them (0.1..600).",
+                help="Seconds to wait for rows another session holds (one REMINDER_ID's or a "
+                "filter's); then change nothing and name them (0.1..600).",
             ),
             json_option,
         )

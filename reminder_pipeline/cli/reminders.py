@@ -1,6 +1,6 @@
 """``reminders``: find reminders by who and when (owner, client, tenant, event, status, kind, due
-range), newest due first, a page at a time; each line a reminder's ids, kind, due, status and
-why (the trace's reason, its first clause)."""
+range), newest due first, a page at a time; each line a reminder's ids, kind, due, status, whose
+it is (owner, client and tenant ids) and why (the trace's reason, its first clause)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,17 @@ from .exits import EXIT_OK
 from .options import json_option
 from .output import command_as_started, print_json, print_table
 
-_COLUMNS = ("reminder_id", "event_id", "kind", "due_at", "status", "reason")
+_COLUMNS = (
+    "reminder_id",
+    "event_id",
+    "kind",
+    "due_at",
+    "status",
+    "owner_user_id",
+    "client_user_id",
+    "tenant_id",
+    "reason",
+)
 
 
 def _hint(options: Sequence[tuple[str, str]], cursor: str) -> str:
@@ -84,8 +94,9 @@ def reminders(
     Every filter given holds; none given lists every reminder. A day alone is that UTC day:
     --due-from 2026-12-01 starts at 2026-12-01T00:00Z, --due-to 2026-12-01 takes the whole day
     (up to 2026-12-02T00:00Z, excluded). One line per reminder: ReminderId, EventId, Kind, DueAt,
-    status and why (the first clause of `trace`'s reason); then, when more match, the command of
-    the next page (--after CURSOR). --json: {"reminders": [trace items], "next": CURSOR|null}.
+    status, the owner's, client's and tenant's ids and why (the first clause of `trace`'s
+    reason); then, when more match, the command of the next page (--after CURSOR), whose cursor
+    only this search takes. --json: {"reminders": [trace items], "next": CURSOR|null}.
     """
     from ..operator_jobs import finder
 
@@ -101,6 +112,7 @@ def reminders(
         ("--limit", limit),
     ]
     given = [(name, value) for name, value in options if value is not None]
+    due_start, due_end = finder.due_range(due_from, due_to, ("--due-from", "--due-to"))
     filters = finder.Filters(
         owner=None if owner is None else finder.check_id(owner, "--owner"),
         client=None if client is None else finder.check_id(client, "--client"),
@@ -108,13 +120,13 @@ def reminders(
         event=None if event is None else finder.check_id(event, "--event"),
         statuses=tuple(dict.fromkeys(finder.check_status(s, "--status") for s in statuses)),
         kind=None if kind is None else finder.check_kind(kind, "--kind"),
-        due_from=None if due_from is None else finder.parse_due_from(due_from, "--due-from"),
-        due_before=None if due_to is None else finder.parse_due_to(due_to, "--due-to"),
+        due_from=due_start,
+        due_before=due_end,
     )
     page_size = finder.DEFAULT_FIND_LIMIT if limit is None else finder.check_limit(limit, "--limit")
-    cursor = None if after is None else finder.decode_cursor(after, "--after")
+    cursor = None if after is None else finder.decode_cursor(after, filters, "--after")
     ui_url = load_settings().dagster_ui_url
-    with database() as engine:
+    with database(start=False) as engine:
         items, following = finder.find(
             engine, filters, limit=page_size, after=cursor, ui_url=ui_url
         )

@@ -57,7 +57,9 @@ def services_stop() -> int:
 @services.command("status")
 @json_option
 def services_status(as_json: bool) -> int:
-    """Whether the embedded servers and an `up` with its Dagster processes run, and where."""
+    """Whether the embedded servers and an `up` with its Dagster processes run, and where; and
+    the consumer's de-duplication store (`trace --dedup-path`; trace finds it by itself)."""
+    from ..consumer.delivered import consumers_file
     from ..local.endpoints import (
         APP_DATABASE,
         embedded_broker,
@@ -70,6 +72,7 @@ def services_status(as_json: bool) -> int:
     settings = load_settings()
     pg, broker = embedded_postgres(settings), embedded_broker(settings)
     stack = StackRecord(settings.home).running()
+    store = consumers_file(settings)  # None: `consume` keeps REMINDER_CONSUMER_DEDUP_URL's
     data: dict[str, dict[str, Any]] = {
         "postgres": {
             "running": pg.is_running(),
@@ -81,6 +84,10 @@ def services_status(as_json: bool) -> int:
         "dagster": {
             "running": bool(stack),
             **{f"{name}_pid": stack.get(name) for name in ("up", "daemon", "webserver")},
+        },
+        "consumer": {
+            "dedup_path": None if store is None else str(store),
+            "written": store is not None and store.is_file(),
         },
     }
     if as_json:

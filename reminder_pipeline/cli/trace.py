@@ -1,5 +1,5 @@
 """``trace ID``: everything about one reminder, or every reminder of one event (ids, times,
-statuses and counts only)."""
+statuses and counts only), and whether the consumer delivered it."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from typing import Any
 
 import click
 
-from ..config import ConfigError
+from ..config import ConfigError, mask_url
 from ..domain.model import parse_uuid
+from ..domain.writers import WRITER_CALENDAR
 from .context import database, load_settings
 from .exits import EXIT_FAILURE, EXIT_OK
 from .options import Checked, json_option
@@ -23,16 +24,16 @@ def _check_id(value: object, name: str) -> uuid.UUID:
         raise ConfigError(f"{name}={value!r} is not a reminder or event id (a UUID)") from None
 
 
-def _print_text(reminders: list[dict[str, Any]]) -> None:
+def _print_text(reminders: list[dict[str, Any]], store: str | None) -> None:
     def line(label: str, text: Any) -> None:
-        print(f"  {label:<13}{'-' if text is None else text}")
+        print(f"  {label:<15}{'-' if text is None else text}")
 
     for r in reminders:
         print(f"reminder {r['reminder_id']} (event {r['event_id']}, {r['kind']}): {r['status']}")
-        line("due_at", r["due_at"])
-        line("sent_at", r["sent_at"])
+        for name in ("owner_user_id", "client_user_id", "tenant_id", "due_at", "sent_at"):
+            line(name, r[name])
         line("reason", r["reason"])
-        line("moved by", r["moved_by"])
+        line("moved by", _writer(r["moved_by"]))
         line("run", r["run_id"] and " ".join(filter(None, (r["run_id"], r["run_url"]))))
         if r["outbox_id"] is not None:
             line(
@@ -47,8 +48,15 @@ def _print_text(reminders: list[dict[str, Any]]) -> None:
                 f" offset={c['offset']}  {c['run_url']}",
             )
         if "delivered" in r:
-            line("delivered", "yes" if r["delivered"] else "no")
+            line("delivered", f"{'yes' if r['delivered'] else 'no'} (store: {store})")
     print(end="", flush=True)
+
+
+def _writer(moved_by: str | None) -> str | None:
+    """``moved_by`` in words where the value alone would read as a recorded name."""
+    if moved_by == WRITER_CALENDAR:
+        return "the calendar (it records no writer: told from the row and its event)"
+    return moved_by
 
 
 @click.command("trace")
@@ -61,8 +69,8 @@ def _print_text(reminders: list[dict[str, Any]]) -> None:
 )
 @click.option(
     "--dedup-path",
-    type=click.Path(dir_okay=False),
     default=None,
+    show_default="the file `consume` writes here, when it is there",
     help="The consumer's SQLite de-duplication file: say whether each reminder is delivered.",
 )
 @json_option
@@ -71,25 +79,34 @@ def trace_command(
 ) -> int:
     """Everything about a reminder (ID a ReminderId), or every reminder of an event (an EventId).
 
-    Status, DueAt, SentAt, why it is in that state, the run that wrote it, its outbox row and
-    where its message landed (partition, offset), every re-publish, and with --dedup-url or
-    --dedup-path whether the consumer has it as delivered. An unknown ID is exit 1.
+    Status, whose it is (owner, client and tenant ids), DueAt, SentAt, why it is in that state,
+    who moved it, the run that wrote it, its outbox row and where its message landed
+    (partition, offset), every re-publish, and whether the consumer has it as delivered: with
+    --dedup-url or --dedup-path, or given neither, the SQLite store `consume` writes with the
+    same settings when it is there (the local stack's). An unknown ID is exit 1.
     """
     from ..consumer.dedup import DedupStoreError
-    from ..consumer.delivered import delivered_check
+    from ..consumer.delivered import delivered_check, found_store
     from ..operator_jobs import trace as trace_lookup
 
-    ui_url = load_settings().dagster_ui_url
+    settings = load_settings()
+    if not (dedup_url or dedup_path):
+        found = found_store(settings)
+        dedup_path = None if found is None else str(found)
+    store = mask_url(dedup_url) if dedup_url else dedup_path
     try:
-        with delivered_check(dedup_url, dedup_path) as delivered, database() as engine:
+        with (
+            delivered_check(dedup_url, dedup_path) as delivered,
+            database(start=False) as engine,
+        ):
             reminders = trace_lookup.trace(
-                engine, reminder_or_event_id, ui_url=ui_url, delivered=delivered
+                engine, reminder_or_event_id, ui_url=settings.dagster_ui_url, delivered=delivered
             )
     except (trace_lookup.UnknownId, DedupStoreError) as error:
         print_error(f"trace: {error}")
         return EXIT_FAILURE
     if as_json:
-        print_json({"reminders": reminders})
+        print_json({"reminders": reminders, "dedup_store": store})
     else:
-        _print_text(reminders)
+        _print_text(reminders, store)
     return EXIT_OK

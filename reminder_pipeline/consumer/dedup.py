@@ -37,7 +37,7 @@ from urllib.parse import parse_qs, quote, urlsplit
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from ..config import ConfigError, check_database_hosts, libpq_url
+from ..config import ConfigError, check_database_hosts, libpq_url, mask_secrets
 from ..store.pg_client import BoundedConnection, bounded_params, connect_bounded, read_bound
 
 #: How long a delivered reminder can come again: the topic keeps a message 7 days, and the
@@ -395,7 +395,8 @@ def psycopg_dsn(url: str) -> str:
     query = parse_qs(parts.query)
     has_host = bool(parts.hostname) or any(query.get(name) for name in ("host", "hostaddr"))
     if scheme not in ("postgresql", "postgres") or not has_host:
-        raise ConfigError(f"--dedup-url: {scheme!r} is not a postgresql:// URL with a host")
+        shown = mask_secrets(url.strip())  # the value as given (not its scheme), no password
+        raise ConfigError(f"--dedup-url: {shown!r} is not a postgresql:// URL with a host")
     check_database_hosts(url, "--dedup-url")
     return libpq_url(url)
 

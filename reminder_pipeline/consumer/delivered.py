@@ -5,7 +5,9 @@ For ``reminder-pipeline trace`` and the ``reminder_trace`` job: the store is ope
 notification of the reminder delivered). The check only reads: both stores are opened
 ``read_only`` (no prune, no schema created or upgraded, a SELECT-only login is enough). A SQLite
 path that is not there, or a file that is not a store, is refused in one line and left as it is
-(created empty it would answer "not delivered" for everything).
+(created empty it would answer "not delivered" for everything). Given neither, a trace asks the
+store ``consume`` writes with the same settings when it is there (:func:`found_store`: the
+local stack's consumer, under ``REMINDER_PIPELINE_HOME``).
 """
 
 from __future__ import annotations
@@ -15,8 +17,38 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..config import ConfigError
+from ..config import (
+    CONSUMER_DEDUP_PATH_ENV,
+    CONSUMER_DEDUP_URL_ENV,
+    CONSUMER_GROUP_ID_ENV,
+    ConfigError,
+    Settings,
+)
 from .dedup import DedupStoreError, PostgresDedupStore, SqliteDedupStore
+from .main import default_dedup_path
+from .options import DEFAULT_GROUP_ID
+
+
+def consumers_file(settings: Settings) -> Path | None:
+    """The SQLite store ``consume`` writes with these settings (``REMINDER_CONSUMER_DEDUP_PATH``,
+    else its group's file under ``REMINDER_PIPELINE_HOME``), whether or not it is there yet;
+    None when ``consume`` keeps a shared store instead (``REMINDER_CONSUMER_DEDUP_URL``)."""
+    env = settings.env
+    if (env.get(CONSUMER_DEDUP_URL_ENV) or "").strip():
+        return None
+    given = (env.get(CONSUMER_DEDUP_PATH_ENV) or "").strip()
+    if given:
+        return Path(given).expanduser().resolve()
+    return default_dedup_path(
+        settings, (env.get(CONSUMER_GROUP_ID_ENV) or "").strip() or DEFAULT_GROUP_ID
+    )
+
+
+def found_store(settings: Settings) -> Path | None:
+    """The store a trace asks when it is given none: :func:`consumers_file` when it is there
+    (the local stack's consumer has written it), else None (nothing to ask)."""
+    path = consumers_file(settings)
+    return path if path is not None and path.is_file() else None
 
 
 @contextmanager
@@ -34,8 +66,8 @@ def delivered_check(
             yield shared.is_handled
         return
     path = Path(str(dedup_path)).expanduser()
-    if not path.is_file():
-        raise ConfigError(f"--dedup-path: {path} is not a file (the consumer's SQLite store)")
+    if not path.is_file():  # a state of this host, not a malformed option: exit 1
+        raise DedupStoreError(f"--dedup-path: {path} is not a file (the consumer's SQLite store)")
     try:
         local = SqliteDedupStore(path, read_only=True)
     except DedupStoreError as error:

@@ -3,7 +3,7 @@
 One card per trace item (:mod:`reminder_pipeline.operator_jobs.trace`): a heading with the
 reminder id and its status, then its fields down the page, the run as a link to its page in the
 Dagster UI when it has one (a cycle run from the CLI has none: its id stays plain text), the
-reason in words and every re-publish as a sub-item. A wide table of seventeen columns wraps
+reason in words and every re-publish as a sub-item. A wide table of twenty columns wraps
 character by character in the UI; a card reads top to bottom. Values are escaped, so an id or an
 error text never turns into Markdown.
 """
@@ -19,6 +19,9 @@ from typing import Any
 _LABELS = (
     ("event_id", "Event"),
     ("kind", "Kind"),
+    ("owner_user_id", "Owner"),
+    ("client_user_id", "Client"),
+    ("tenant_id", "Tenant"),
     ("due_at", "Due at"),
     ("sent_at", "Sent at"),
     ("reason", "Why"),

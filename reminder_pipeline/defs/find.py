@@ -11,6 +11,7 @@ limit.
 
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from typing import Annotated, Any, Optional
 
 from dagster import (
@@ -24,7 +25,7 @@ from dagster import (
 )
 from pydantic import Field, model_validator
 
-from ..config import Settings
+from ..config import Settings, parse_range_end, parse_range_start
 from ..operator_jobs import finder
 from .cards import reminder_cards
 from .jobs import KIND_TAG
@@ -73,25 +74,26 @@ class FindConfig(Config):
         default=None,
         description="The event's Kind: Showing, Consultation, Meeting, Task or BookingDeadline.",
     )
-    due_from: Annotated[Optional[str], checked_by(_text(finder.parse_due_from, "due_from"))] = (
-        Field(
-            default=None,
-            description="Due at or after: ISO-8601 with a zone, or a day alone (its 00:00 UTC).",
-        )
+    due_from: Annotated[Optional[str], checked_by(_text(parse_range_start, "due_from"))] = Field(
+        default=None,
+        description="Due at or after: ISO-8601 with a zone, or a day alone (its 00:00 UTC).",
     )
-    due_to: Annotated[Optional[str], checked_by(_text(finder.parse_due_to, "due_to"))] = Field(
+    due_to: Annotated[Optional[str], checked_by(_text(parse_range_end, "due_to"))] = Field(
         default=None,
         description="Due at or before: ISO-8601 with a zone, or a day alone (the whole UTC day).",
     )
     limit: Annotated[int, checked_by(finder.check_limit)] = Field(
         default=finder.DEFAULT_FIND_LIMIT, description="Reminders per page, 1..1,000."
     )
-    after: Annotated[Optional[str], checked_by(_text(finder.decode_cursor, "after"))] = Field(
-        default=None, description="The page after this cursor (the previous run's next_cursor)."
+    after: Annotated[Optional[str], checked_by(_text(finder.check_cursor_form, "after"))] = Field(
+        default=None,
+        description="The page after this cursor (the previous run's next_cursor, with the same "
+        "filters: another search's is refused).",
     )
 
     def filters(self) -> finder.Filters:
         """The filters as the finder takes them."""
+        due_from, due_before = finder.due_range(self.due_from, self.due_to)
         return finder.Filters(
             owner=None if self.owner is None else finder.check_id(self.owner, "owner"),
             client=None if self.client is None else finder.check_id(self.client, "client"),
@@ -99,13 +101,19 @@ class FindConfig(Config):
             event=None if self.event is None else finder.check_id(self.event, "event"),
             statuses=tuple(self.status),
             kind=self.kind,
-            due_from=None if self.due_from is None else finder.parse_due_from(self.due_from),
-            due_before=None if self.due_to is None else finder.parse_due_to(self.due_to),
+            due_from=due_from,
+            due_before=due_before,
         )
 
+    def position(self) -> Optional[tuple[datetime, uuid.UUID]]:
+        """The page's start: ``after`` checked against this very search (None: the first)."""
+        filters = self.filters()
+        return None if self.after is None else finder.decode_cursor(self.after, filters)
+
     @model_validator(mode="after")
-    def _a_possible_range(self) -> "FindConfig":
-        self.filters()  # due_from after due_to: the finder's one-line refusal
+    def _a_possible_search(self) -> "FindConfig":
+        # due_from after due_to, a cursor of another search: the finder's one-line refusals.
+        self.position()
         return self
 
 
@@ -114,12 +122,11 @@ def find_reminders(
     context: OpExecutionContext, config: FindConfig, postgres: PostgresResource
 ) -> Iterator[Output[dict[str, Any]]]:
     """A page of reminders as the output, cards in its metadata, a log line per reminder."""
-    after = None if config.after is None else finder.decode_cursor(config.after)
     items, following = finder.find(
         postgres.engine,
         config.filters(),
         limit=config.limit,
-        after=after,
+        after=config.position(),
         ui_url=Settings.from_env().dagster_ui_url,
     )
     for item in items:

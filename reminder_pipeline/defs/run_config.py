@@ -32,6 +32,7 @@ from ..config import (
     check_purge_batch_size,
     check_retention_hours,
     parse_as_of,
+    parse_range_start,
 )
 
 
@@ -179,9 +180,11 @@ def _event_id(value: str) -> str:
         raise ValueError(f"event_id {value.strip()!r} is not a UUID") from None
 
 
-def _failed_since(value: str) -> Optional[str]:
-    when = parse_as_of(value, "failed_since")
-    return None if when is None else when.isoformat()
+def _failed_since(value: Any) -> Optional[str]:
+    """A time with its zone, or a day alone (its 00:00 UTC): the CLI's ``--failed-since``."""
+    if isinstance(value, str) and not value.strip():
+        return None
+    return parse_range_start(value, "failed_since").isoformat()
 
 
 def _or_none(check: Callable[[str], Any]) -> Callable[[str], Any]:

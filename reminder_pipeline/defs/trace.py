@@ -55,7 +55,8 @@ class TraceConfig(Config):
     )
     dedup_path: Optional[str] = Field(
         default=None,
-        description="The consumer's SQLite de-duplication file (on the run worker's host).",
+        description="The consumer's SQLite de-duplication file (on the run worker's host); "
+        "given neither, the one `consume` writes there with the same settings, if any.",
     )
 
 
@@ -67,13 +68,17 @@ def trace_reminders(
     # Here, not at the top: the consumer's modules (SQLite, its metrics server) are this op's
     # alone, and every process that loads the definitions (each run's) would import them.
     from ..consumer.dedup import DedupStoreError
-    from ..consumer.delivered import delivered_check
+    from ..consumer.delivered import delivered_check, found_store
 
     try:
-        ui_url = Settings.from_env().dagster_ui_url
-        with delivered_check(config.dedup_url, config.dedup_path) as delivered:
+        settings = Settings.from_env()
+        dedup_path = config.dedup_path
+        if not (config.dedup_url or dedup_path):  # the store `consume` writes here, if any
+            found = found_store(settings)
+            dedup_path = None if found is None else str(found)
+        with delivered_check(config.dedup_url, dedup_path) as delivered:
             reminders = trace_lookup.trace(
-                postgres.engine, config.id, ui_url=ui_url, delivered=delivered
+                postgres.engine, config.id, ui_url=settings.dagster_ui_url, delivered=delivered
             )
     except (trace_lookup.UnknownId, ConfigError, DedupStoreError) as error:
         raise Failure(description=f"trace: {error}") from None

@@ -9,7 +9,8 @@
 * ``in-process``: a cycle called in process (``cycle.run_cycle`` from tests or benchmarks).
 
 NULL: the calendar moved it (skipped at creation, by a cancel or a completion), or it moved
-before migration 0007.
+before migration 0007. The calendar records no writer of its own; the trace names it
+``calendar`` (:data:`WRITER_CALENDAR`) when the row and its event show the calendar's skip.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from __future__ import annotations
 WRITER_DAGSTER = "dagster"
 WRITER_IN_PROCESS = "in-process"
 WRITER_POISON_SKIP = "operator:poison skip"
+#: Never recorded: the trace's name for the calendar's skips (it leaves ``moved_by`` NULL).
+WRITER_CALENDAR = "calendar"
 #: The prefixes of a command's and an operator's writer names.
 CLI_PREFIX = "cli:"
 OPERATOR_PREFIX = "operator:"

@@ -48,6 +48,12 @@ def _aware(value: datetime, name: str) -> datetime:
     return value
 
 
+def born_pending(due_at: datetime, now: datetime) -> bool:
+    """Whether a reminder due at ``due_at`` is materialised Pending at ``now``; else Skipped,
+    its time already passed (contract: "offset in the past at materialisation")."""
+    return due_at > now
+
+
 def materialise(
     event_id: uuid.UUID, start_at: datetime, offsets: Iterable[int], now: datetime
 ) -> list[dict[str, Any]]:
@@ -61,7 +67,7 @@ def materialise(
         if not isinstance(offset, int) or offset < 0:
             raise CalendarError(f"reminder offset {offset!r} must be a non-negative integer")
         due_at = start_at - timedelta(minutes=offset)
-        status = ReminderStatus.PENDING if due_at > now else ReminderStatus.SKIPPED
+        status = ReminderStatus.PENDING if born_pending(due_at, now) else ReminderStatus.SKIPPED
         rows.append(
             {
                 "id": uuid.uuid4(),

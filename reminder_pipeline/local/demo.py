@@ -17,6 +17,7 @@ import random
 import threading
 import uuid
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from sqlalchemy.engine import Engine
 
@@ -25,6 +26,7 @@ from ..logs import event
 from .calendar import (
     CalendarError,
     NewEvent,
+    born_pending,
     cancel_event,
     complete_event,
     create_event,
@@ -49,8 +51,9 @@ MOVE_MINUTES = (2, 5)
 
 def _one(
     engine: Engine, rng: random.Random, now: datetime, due_in: timedelta
-) -> tuple[uuid.UUID, str]:
-    """One event whose shortest reminder falls due ``due_in`` from ``now``; returns (id, fate).
+) -> tuple[uuid.UUID, str, int]:
+    """One event whose shortest reminder falls due ``due_in`` from ``now``; returns (id, fate,
+    how many of its reminders are Pending).
 
     Most stay planned; a few are cancelled or completed at once (their reminders go Skipped).
     """
@@ -74,37 +77,81 @@ def _one(
     # Created just before its shortest reminder falls due: the longer offsets are already in the
     # past at creation and are materialised Skipped, as the calendar does (never published).
     due = now + due_in
-    event_id = create_event(engine, new, offsets, now=min(now, due - timedelta(seconds=30)))
+    created = min(now, due - timedelta(seconds=30))
+    event_id = create_event(engine, new, offsets, now=created)
     fate = rng.choices(["live", "cancelled", "completed"], weights=[9, 0.7, 0.3])[0]
     if fate == "cancelled":
         cancel_event(engine, event_id)
     elif fate == "completed":
         complete_event(engine, event_id)
-    return event_id, fate
+    pending = sum(born_pending(start_at - timedelta(minutes=o), created) for o in set(offsets))
+    return event_id, fate, pending if fate == "live" else 0
+
+
+#: Upcoming events ``demo`` alone lays out (five minutes' worth at RATE_PER_MINUTE).
+DEFAULT_UPCOMING = 30
+
+
+def seed_plan(overdue: int | None, upcoming: int | None) -> dict[str, int]:
+    """How many events of each kind ``demo`` makes: exactly those asked for (``None``: not
+    given); given neither, the default calendar (DUE_NOW due now, DEFAULT_UPCOMING upcoming)."""
+    if overdue is None and upcoming is None:
+        return {"overdue": 0, "due_now": DUE_NOW, "upcoming": DEFAULT_UPCOMING}
+    return {"overdue": overdue or 0, "due_now": 0, "upcoming": upcoming or 0}
+
+
+#: How far back an overdue demo reminder fell due, and a "due now" one (seconds, at most).
+OVERDUE_AGO_SECONDS = (5.0, 300.0)
+DUE_NOW_AGO_SECONDS = (1.0, 20.0)
+#: The kinds of demo event a seed makes, by when their reminder falls due, in words.
+SEED_KINDS = {
+    "overdue": f"due up to {OVERDUE_AGO_SECONDS[1] / 60:g} minutes ago: the next cycle sends them "
+    "late (a catch-up)",
+    "due_now": f"due in the last {DUE_NOW_AGO_SECONDS[1]:g} seconds: the next cycle sends them",
+    "upcoming": f"falling due {RATE_PER_MINUTE} a minute from a minute on",
+}
+#: The fates an event meets at once (``_one``): most stay planned, a few are closed.
+FATES = ("live", "cancelled", "completed")
 
 
 def seed(
     engine: Engine,
     *,
     overdue: int = 0,
-    upcoming: int = 30,
+    upcoming: int = DEFAULT_UPCOMING,
     due_now: int = DUE_NOW,
     seed_value: int | None = None,
-) -> dict[str, int]:
-    """A few events due right now, ``upcoming`` falling due one every 60/RATE s from a minute on,
-    and only when asked ``overdue`` ones already due up to 5 minutes ago (a catch-up)."""
+) -> dict[str, Any]:
+    """``due_now`` events due right now, ``upcoming`` falling due one every 60/RATE s from a
+    minute on, and ``overdue`` ones already due up to 5 minutes ago (a catch-up).
+
+    Returns exactly what it made: per kind, the events, their fates and their Pending reminders
+    (a live event's shortest reminder falls due as its kind says; its longer offsets are Skipped
+    at creation when already past, as the calendar does; a cancelled or completed event has
+    none Pending), with the totals (``events``, ``live``, ``cancelled``, ``completed``).
+    """
     rng = random.Random(seed_value)
     now = datetime.now(UTC)
-    fates: dict[str, int] = {}
     spacing = timedelta(minutes=1) / RATE_PER_MINUTE
-    dues = [-timedelta(seconds=rng.uniform(5, 300)) for _ in range(overdue)]
-    dues += [-timedelta(seconds=rng.uniform(1, 20)) for _ in range(due_now)]
-    dues += [timedelta(minutes=1) + i * spacing for i in range(upcoming)]
-    for due_in in dues:
-        _, fate = _one(engine, rng, now, due_in)
-        fates[fate] = fates.get(fate, 0) + 1
-    event(log, logging.INFO, "demo data seeded", **fates)
-    return fates
+    planned = {
+        "overdue": [-timedelta(seconds=rng.uniform(*OVERDUE_AGO_SECONDS)) for _ in range(overdue)],
+        "due_now": [-timedelta(seconds=rng.uniform(*DUE_NOW_AGO_SECONDS)) for _ in range(due_now)],
+        "upcoming": [timedelta(minutes=1) + i * spacing for i in range(upcoming)],
+    }
+    kinds: dict[str, dict[str, int]] = {}
+    for kind, dues in planned.items():
+        made, pending = dict.fromkeys(FATES, 0), 0
+        for due_in in dues:
+            _, fate, its_pending = _one(engine, rng, now, due_in)
+            made[fate] += 1
+            pending += its_pending
+        kinds[kind] = {"events": len(dues), "pending_reminders": pending, **made}
+    totals = {fate: sum(k[fate] for k in kinds.values()) for fate in FATES}
+    made_all = {"events": sum(k["events"] for k in kinds.values()), **totals, "kinds": kinds}
+    event(
+        log, logging.INFO, "demo data seeded", **totals, **{k: len(v) for k, v in planned.items()}
+    )
+    return made_all
 
 
 class DemoFeeder(threading.Thread):
@@ -145,7 +192,7 @@ class DemoFeeder(threading.Thread):
         due = max(self._laid_out_until or now, now + timedelta(seconds=30))
         while due < now + self.horizon:
             due += self.spacing
-            event_id, fate = _one(self.engine, self._rng, now, due - now)
+            event_id, fate, _ = _one(self.engine, self._rng, now, due - now)
             if fate == "live":
                 self._upcoming.append((due, event_id))
         self._laid_out_until = due

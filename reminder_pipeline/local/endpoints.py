@@ -3,7 +3,9 @@
 ``DATABASE_URL`` / ``KAFKA_BOOTSTRAP_SERVERS`` win when set; otherwise the embedded PostgreSQL and
 broker are started (idempotently) under ``REMINDER_PIPELINE_HOME`` (``.reminder-pipeline/``),
 but only where the ``embedded`` extra is installed. A production install has no such extra, so a
-missing or misspelt variable is a one-line error naming it, and nothing is started.
+missing or misspelt variable is a one-line error naming it, and nothing is started. A look-up
+(``reminders``, ``trace``, ``poison list``, ...) never starts a server: it takes the embedded
+ones only when they already run (:func:`running_database_url`).
 """
 
 from __future__ import annotations
@@ -113,6 +115,42 @@ def ensure_servers(settings: Settings, *, broker: bool = True) -> Endpoints:
         dagster_pg_url=dagster_pg_url or dagster_storage_url(database_url, DAGSTER_DATABASE),
         bootstrap_servers=servers,
     )
+
+
+#: How a look-up that found no server says what to do instead.
+_START_HINT = "start the local stack (`reminder-pipeline up`, or `services start`) or set {name}"
+
+
+def running_database_url(settings: Settings) -> str:
+    """The app database of a look-up, which never starts a server: ``DATABASE_URL``, else the
+    embedded PostgreSQL when it already runs under the home; else one line naming the setting."""
+    if settings.database_url is not None:
+        return settings.database_url
+    require_servers(settings, broker=False)
+    pg = embedded_postgres(settings)
+    if not pg.is_running():
+        raise ConfigError(
+            f"DATABASE_URL is not set and no embedded PostgreSQL runs under {settings.home} on "
+            f"port {settings.embedded_pg_port}: a look-up starts no server; "
+            + _START_HINT.format(name="DATABASE_URL")
+        )
+    return pg.url(APP_DATABASE)
+
+
+def running_bootstrap_servers(settings: Settings) -> str:
+    """The broker of a look-up, which never starts one: ``KAFKA_BOOTSTRAP_SERVERS``, else the
+    embedded broker when it already runs under the home; else one line naming the setting."""
+    if settings.kafka_bootstrap_servers is not None:
+        return settings.kafka_bootstrap_servers
+    require_servers(settings, database=False)
+    broker = embedded_broker(settings)
+    if not broker.is_running():
+        raise ConfigError(
+            f"KAFKA_BOOTSTRAP_SERVERS is not set and no embedded broker runs under "
+            f"{settings.home} on port {settings.embedded_broker_port}: a look-up starts no "
+            "server; " + _START_HINT.format(name="KAFKA_BOOTSTRAP_SERVERS")
+        )
+    return broker.bootstrap_servers
 
 
 def stop_servers(settings: Settings) -> None:

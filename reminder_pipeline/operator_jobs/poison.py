@@ -11,7 +11,9 @@ failed since a time) acts on many rows at once (:func:`change_many`), with a dry
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -47,10 +49,15 @@ def list_rows(engine: Engine, limit: int) -> list[dict[str, Any]]:
     """Pending rows with failed attempts, oldest due first, values as JSON-friendly text."""
     with engine.connect() as conn:
         rows = repository.list_poison(conn, limit)
-    return [
-        {k: v if v is None or isinstance(v, int | str) else str(v) for k, v in r.items()}
-        for r in rows
-    ]
+    return [_plain(r) for r in rows]
+
+
+def held_reason(timeout_seconds: float) -> str:
+    """Why one row's retry or skip changed nothing: another session held it too long."""
+    return (
+        f"its row is held by another session and could not be taken within "
+        f"{timeout_seconds:g}s; run it again once that session ends"
+    )
 
 
 def change(
@@ -62,10 +69,13 @@ def change(
     force: bool = False,
     run_id: str | None = None,
     run_log: RunLog | None = None,
+    lock_timeout_seconds: float = DEFAULT_POISON_LOCK_TIMEOUT_SECONDS,
 ) -> Change:
     """Retry (clear the back-off) or skip (never published) one row in its own transaction.
 
-    Audited before it acts and after; ``run_log`` (a Dagster run's) gets the same lines.
+    Audited before it acts and after; ``run_log`` (a Dagster run's) gets the same lines. A row
+    another session holds longer than ``lock_timeout_seconds`` changes nothing: the reason says
+    it is held (never a wait for the statement timeout).
     """
     if action not in ACTIONS:
         raise ValueError(f"poison action {action!r} is not one of {', '.join(ACTIONS)}")
@@ -79,13 +89,20 @@ def change(
         forced=force,
         run_id=run_id,
     ) as outcome:
-        with engine.begin() as conn:
-            changed = (
-                repository.retry_poison_now(conn, rid, force=force)
-                if action == "retry"
-                else repository.skip_poison(conn, rid, force=force, run_id=run_id)
-            )
-            state = None if changed else repository.reminder_operator_state(conn, rid)
+        try:
+            with engine.begin() as conn:
+                row_locks.bound_lock_waits(conn, int(lock_timeout_seconds * 1000))
+                changed = (
+                    repository.retry_poison_now(conn, rid, force=force)
+                    if action == "retry"
+                    else repository.skip_poison(conn, rid, force=force, run_id=run_id)
+                )
+                state = None if changed else repository.reminder_operator_state(conn, rid)
+        except sa.exc.OperationalError as error:
+            if not row_locks.is_lock_timeout(error):
+                raise
+            outcome.fields.update(changed=False, locked=True)
+            return Change(action, str(rid), False, force, held_reason(lock_timeout_seconds))
         outcome.fields["changed"] = changed
     if changed:
         return Change(action, str(rid), True, force)
@@ -149,8 +166,16 @@ class BulkChange:
         }
 
 
-def _plain(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: v if v is None or isinstance(v, int | str) else str(v) for k, v in row.items()}
+def _plain(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A row's values as JSON-friendly text: times as ISO-8601 (``T``), ids as text."""
+    return {
+        k: v
+        if v is None or isinstance(v, int | str)
+        else v.isoformat()
+        if isinstance(v, datetime)
+        else str(v)
+        for k, v in row.items()
+    }
 
 
 def change_many(

@@ -2,15 +2,17 @@
 answered from the store, the same answer behind ``reminder-pipeline trace`` and the
 ``reminder_trace`` job.
 
-For each reminder: its event's kind, its status, DueAt and SentAt, why it is in that state in
-words, when and by what (:func:`reason`, judged on the database's clock: the writer recorded in
-``moved_by``, domain/writers.py), the run that wrote it (the message's ``correlation-id``) with its
-UI address when it is a Dagster run (a command's cycle has no page), its outbox row (published
-when, after how many failed attempts) and where the message landed (partition and offset, from the
-delivery report the relay recorded), every re-publish of it, and, given a check on the consumer's
-de-duplication store, whether the notifications side has it as delivered. A reminder whose row is
-gone (a moved or deleted event's) is traced from its outbox message. Identifiers, times, statuses
-and counts only: never an event's title, description or location.
+For each reminder: its event's kind, whose it is (the owner's, client's and tenant's ids), its
+status, DueAt and SentAt, why it is in that state in words, when and by what (:func:`reason`,
+judged on the database's clock: the writer recorded in ``moved_by``, domain/writers.py, or the
+calendar, which records none: :func:`moved_by`), the run that wrote it (the message's
+``correlation-id``) with its UI address when it is a Dagster run (a command's cycle has no
+page), its outbox row (published when, after how many failed attempts) and where the message
+landed (partition and offset, from the delivery report the relay recorded), every re-publish of
+it, and, given a check on the consumer's de-duplication store, whether the notifications side
+has it as delivered. A reminder whose row is gone (a moved or deleted event's) is traced from
+its outbox message. Identifiers, times, statuses and counts only: never an event's title,
+description or location.
 """
 
 from __future__ import annotations
@@ -22,7 +24,15 @@ from typing import Any
 
 from sqlalchemy.engine import Connection, Engine
 
-from ..domain.writers import CLI_PREFIX, OPERATOR_PREFIX, WRITER_DAGSTER, WRITER_IN_PROCESS
+from ..domain.model import Action
+from ..domain.transitions import action_for
+from ..domain.writers import (
+    CLI_PREFIX,
+    OPERATOR_PREFIX,
+    WRITER_CALENDAR,
+    WRITER_DAGSTER,
+    WRITER_IN_PROCESS,
+)
 from ..store import operator_repository
 
 #: The fields of each reminder, in this order (``--json``, ``reminders --json`` and the Dagster
@@ -31,6 +41,9 @@ FIELDS = (
     "reminder_id",
     "event_id",
     "kind",
+    "owner_user_id",
+    "client_user_id",
+    "tenant_id",
     "status",
     "due_at",
     "sent_at",
@@ -49,12 +62,15 @@ FIELDS = (
 )
 
 
+#: The ids of who the reminder is for (ids only: no name, no PII), as text.
+_PEOPLE = ("owner_user_id", "client_user_id", "tenant_id")
+
+
 class UnknownId(LookupError):
     """Neither a reminder, an event nor an outbox message has this id."""
 
 
-#: The event statuses that send, and what closed an event that does not (a reason's words).
-_LIVE = ("Planned", "InProgress")
+#: What closed an event whose reminders are skipped (a reason's words).
 _CLOSED_BY = {"Cancelled": "cancel", "Completed": "completion"}
 
 
@@ -117,15 +133,50 @@ def _message(row: Mapping[str, Any]) -> str:
     return f"published at {_at(row['published_at'])}"
 
 
+def calendar_skip(row: Mapping[str, Any]) -> str | None:
+    """What of the calendar's skipped this row, which records no writer (docs/design.md, "Who
+    moved a reminder"): ``creation`` (its time had passed when it was made), ``cancel`` or
+    ``completion`` of its event; None when another writer moved it, or it is not Skipped."""
+    if row.get("status") != "Skipped" or row.get("moved_by") is not None:
+        return None
+    if int(row["attempts"] or 0) > 0 and row["event_status"] not in _CLOSED_BY:
+        return None  # an operator's skip of a poison row, before writers were recorded
+    created = row.get("created_at")
+    if created is not None and row.get("updated_at") == created:  # inserted Skipped
+        return "creation"
+    return _CLOSED_BY.get(row["event_status"])
+
+
+def moved_by(row: Mapping[str, Any]) -> str | None:
+    """Who moved the row out of Pending: the writer recorded with it, or ``calendar`` for the
+    calendar's skips (told from the row and its event: the calendar records none)."""
+    recorded = row.get("moved_by")
+    if recorded is not None:
+        return str(recorded)
+    return WRITER_CALENDAR if calendar_skip(row) is not None else None
+
+
 def _skipped(row: Mapping[str, Any]) -> str:
-    moved_by, at = row.get("moved_by"), _at(row.get("updated_at"))
+    at = _at(row.get("updated_at"))
     attempts, error, event_status = (
         int(row["attempts"] or 0),
         row["last_error"],
         row["event_status"],
     )
-    operator = moved_by is not None and moved_by.startswith(OPERATOR_PREFIX)
-    if operator or (moved_by is None and attempts > 0 and event_status not in _CLOSED_BY):
+    by_calendar = calendar_skip(row)
+    if by_calendar == "creation":
+        return (
+            f"skipped at creation: its time (due at {_at(row['due_at'])}) had passed when it "
+            f"was created at {_at(row.get('created_at'))}"
+        )
+    if by_calendar is not None:
+        return f"skipped by the {by_calendar} of the event at {at}"
+    recorded = row.get("moved_by")
+    if recorded is None or recorded.startswith(OPERATOR_PREFIX):
+        if recorded is None and attempts == 0:
+            return (
+                f"skipped at {at} (moved before writers were recorded, the event is {event_status})"
+            )
         in_run = f" (Dagster run {row['moved_in_run']})" if row.get("moved_in_run") else ""
         if attempts == 0:
             return f"skipped by an operator at {at}{in_run}, forced: it had not failed"
@@ -133,22 +184,13 @@ def _skipped(row: Mapping[str, Any]) -> str:
             f"skipped by an operator at {at}{in_run} after {attempts} failures "
             f"(last error: {error})"
         )
-    if moved_by is not None:  # a dispatch cycle, on the event status it read under the lock
-        why = (
-            f"the event was {event_status}"
-            if event_status not in _LIVE
-            else f"the event was not Planned or InProgress when read (it is {event_status} now)"
-        )
-        return f"skipped at {at} {_by(row)}: {why}"
-    created = row.get("created_at")
-    if created is not None and row.get("updated_at") == created:  # inserted Skipped
-        return (
-            f"skipped at creation: its time (due at {_at(row['due_at'])}) had passed when it "
-            f"was created at {_at(created)}"
-        )
-    if event_status in _CLOSED_BY:
-        return f"skipped by the {_CLOSED_BY[event_status]} of the event at {at}"
-    return f"skipped at {at} (moved before writers were recorded, the event is {event_status})"
+    # A dispatch cycle, on the event status it read under the lock.
+    why = (
+        f"the event was {event_status}"
+        if action_for(event_status) is Action.SKIP
+        else f"the event was not Planned or InProgress when read (it is {event_status} now)"
+    )
+    return f"skipped at {at} {_by(row)}: {why}"
 
 
 def reason(row: Mapping[str, Any], now: datetime) -> str:
@@ -159,19 +201,31 @@ def reason(row: Mapping[str, Any], now: datetime) -> str:
         return _sent(row)
     if status == "Skipped":
         return _skipped(row)
+    # Pending: what happens next, on the event's status as it is now (a closed event's
+    # reminders are skipped by the cycle that takes them, never sent).
+    closed = action_for(row["event_status"]) is Action.SKIP
+    event_closed = f" and its event is {row['event_status']}"
     reserved_until = row["reserved_until"]
     if row["reserved_by"] and reserved_until is not None and reserved_until > now:
-        return f"reserved by run {row['reserved_by']} until {_at(reserved_until)}"
+        words = f"reserved by run {row['reserved_by']} until {_at(reserved_until)}"
+        return f"{words}{event_closed}: that run skips it" if closed else words
     next_attempt = row["next_attempt_at"]
     if attempts > 0 and next_attempt is not None and next_attempt > now:
-        return (
+        words = (
             f"backing off after {attempts} failures (last error: {error}); "
             f"next attempt at {_at(next_attempt)}"
         )
+        return f"{words},{event_closed}: that attempt skips it" if closed else words
     if attempts > 0:
-        return f"failed {attempts} times (last error: {error}); the next cycle tries it again"
+        failed = f"failed {attempts} times (last error: {error})"
+        if closed:
+            return f"{failed}; its event is {row['event_status']}: the next cycle skips it"
+        return f"{failed}; the next cycle tries it again"
     if row["due_at"] > now:
-        return f"not due yet (due at {_at(row['due_at'])})"
+        words = f"not due yet (due at {_at(row['due_at'])})"
+        return f"{words}{event_closed}: the cycle that takes it skips it" if closed else words
+    if closed:
+        return f"due since {_at(row['due_at'])}{event_closed}: the next dispatch cycle skips it"
     return f"due since {_at(row['due_at'])}; the next dispatch cycle takes it"
 
 
@@ -251,6 +305,8 @@ def _items(
         item.update(
             reminder_id=str(row["reminder_id"]),
             event_id=str(row["event_id"]),
+            **{k: None if row.get(k) is None else str(row[k]) for k in _PEOPLE},
+            moved_by=None if from_outbox else moved_by(row),
             status="Sent" if from_outbox else row["status"],
             reason=outbox_reason(row) if from_outbox else reason(row, row["checked_at"]),
             run_url=None

@@ -92,11 +92,13 @@ SKIP_POISON_BY_FILTER = text(
 )
 
 # The trace of one reminder, or of every reminder of an event (the id is either): the row and who
-# moved it, its event's kind and status, its outbox row and where that landed, the run that wrote
-# it (the message's correlation-id header, else the run that moved the row), and the database's
-# clock (reasons are judged on it). Ids, times, statuses and counts only.
+# moved it, its event's kind, status and people (the owner's, the client's and the tenant's ids),
+# its outbox row and where that landed, the run that wrote it (the message's correlation-id
+# header, else the run that moved the row), and the database's clock (reasons are judged on it).
+# Ids, times, statuses and counts only.
 _TRACE_SELECT = """
-    SELECT r.id AS reminder_id, r.calendar_event_id AS event_id, e.kind, r.status, r.due_at,
+    SELECT r.id AS reminder_id, r.calendar_event_id AS event_id, e.kind, e.owner_user_id,
+           e.client_user_id, e.tenant_id, r.status, r.due_at,
            r.sent_at, r.created_at, r.updated_at, r.attempts, r.last_error, r.last_failed_at,
            r.next_attempt_at, r.reserved_by, r.reserved_until, r.moved_by, r.moved_in_run,
            e.status AS event_status,
@@ -128,11 +130,14 @@ TRACE_REMINDERS_BY_IDS = text(
 
 # The outbox rows of these ReminderIds whose reminder row is gone (a moved or deleted event's sent
 # reminder: its message outlives it), with the event's status if the event is still there. By
-# ``uq_outbox_reminder_id``; from the payload only its EventId and Kind (no PII in it anyway).
+# ``uq_outbox_reminder_id``; from the payload only its ids and Kind (no PII in it anyway).
 TRACE_OUTBOX_ONLY = text(
     """
     SELECT o.reminder_id, o.payload ->> 'EventId' AS event_id, o.payload ->> 'Kind' AS kind,
-           o.due_at, e.status AS event_status, o.id AS outbox_id,
+           o.payload ->> 'OwnerUserId' AS owner_user_id,
+           o.payload ->> 'ClientUserId' AS client_user_id,
+           o.payload ->> 'TenantId' AS tenant_id, o.due_at, e.status AS event_status,
+           o.id AS outbox_id,
            o.created_at AS outbox_created_at, o.published_at,
            o.publish_attempts AS failed_publish_attempts, o.kafka_partition AS partition,
            o.kafka_offset AS offset, o.topic, o.headers ->> 'correlation-id' AS run_id,

@@ -104,6 +104,34 @@ def test_a_dry_run_lists_what_a_filter_takes_and_changes_nothing(engine, rows, c
     assert not [x for x in text.stderr.splitlines() if "reminder_pipeline.audit" in x]
 
 
+def test_failed_since_takes_a_day_alone_and_times_print_as_iso_8601(engine, rows, cli_env):
+    """``--failed-since 2026-12-07`` is that day's 00:00 UTC, as ``reminders --due-from`` takes
+    it (it was refused: "no time zone"), ISO's compact day too; ``poison list`` prints times
+    with ISO's ``T`` (it printed ``2026-12-07 05:35:18+00:00``), in text and JSON alike."""
+    failed = {str(r["id"]): r["last_failed_at"] for r in reminders(engine) if r["attempts"]}
+    day = max(failed.values()).astimezone(UTC).date()
+    since_day = {i for i, at in failed.items() if at.astimezone(UTC).date() >= day}
+    for given in (day.isoformat(), day.strftime("%Y%m%d")):
+        result = run_cli(
+            "poison", "retry", "--failed-since", given, "--dry-run", "--json", env=cli_env
+        )
+        assert result.returncode == 0, result.stderr
+        plain = json.loads(result.stdout)
+        assert plain["selector"] == {"failed_since": f"{day.isoformat()}T00:00:00+00:00"}
+        assert {r["id"] for r in plain["rows"]} == since_day
+        assert all("T" in r["last_failed_at"] for r in plain["rows"])
+
+    listed = run_cli("poison", "list", "--json", env=cli_env)
+    assert listed.returncode == 0, listed.stderr
+    rows_listed = json.loads(listed.stdout)
+    assert len(rows_listed) == 4
+    for row in rows_listed:
+        for name in ("next_attempt_at", "due_at"):
+            assert datetime.fromisoformat(row[name]).isoformat() == row[name]  # with its "T"
+    text = run_cli("poison", "list", env=cli_env).stdout
+    assert all(row["due_at"] in text and row["next_attempt_at"] in text for row in rows_listed)
+
+
 @pytest.mark.parametrize(
     ("args", "events"),
     [
@@ -259,6 +287,50 @@ def test_a_bulk_action_behind_another_sessions_row_lock_gives_up_naming_the_rows
     audit = [json.loads(x) for x in result.stderr.splitlines() if x.startswith("{")]
     [failed] = [r for r in audit if r.get("phase") == "failed"]
     assert failed["error"] == "RowsLocked" and failed["reminder_ids"] == [held]
+
+
+def test_one_rows_action_behind_another_sessions_lock_gives_up_naming_it(engine, rows, cli_env):
+    """``poison skip ID --lock-timeout`` on a row another session holds changes nothing within
+    its lock timeout, says so in one line naming the row, exit 1, and ``--json`` prints the
+    action object (it waited for the statement timeout, printed a database error and nothing on
+    stdout). A filter's refusal prints its action object too."""
+    held = sorted(rows.ids[rows.b])[0]
+    before = _state(engine)
+    with engine.connect() as other:
+        other.execute(
+            sa.text("SELECT id FROM event_reminders WHERE id = :id FOR UPDATE"), {"id": held}
+        )
+        one = run_cli("poison", "skip", held, "--lock-timeout", "0.5", "--json", env=cli_env)
+        text = run_cli("poison", "retry", held, "--lock-timeout", "0.5", env=cli_env)
+        bulk = run_cli(
+            "poison", "retry", "--all", "--yes", "--lock-timeout", "0.5", "--json", env=cli_env
+        )
+        other.rollback()
+    held_words = (
+        "its row is held by another session and could not be taken within 0.5s; run it again "
+        "once that session ends"
+    )
+    assert one.returncode == 1
+    assert json.loads(one.stdout) == {
+        "action": "skip",
+        "reminder_id": held,
+        "changed": False,
+        "forced": False,
+        "reason": held_words,
+    }
+    assert error_lines(one) == [
+        f"reminder-pipeline: error: poison skip {held}: nothing changed: {held_words}"
+    ]
+    assert (text.returncode, text.stdout) == (1, "")
+    assert error_lines(text) == [
+        f"reminder-pipeline: error: poison retry {held}: nothing changed: {held_words}"
+    ]
+    assert bulk.returncode == 1
+    refused = json.loads(bulk.stdout)
+    assert (refused["action"], refused["dry_run"], refused["count"]) == ("retry", False, 0)
+    assert (refused["selector"], refused["rows"], refused["locked"]) == ({"all": True}, [], [held])
+    assert refused["reason"] == error_lines(bulk)[0].removeprefix("reminder-pipeline: error: ")
+    assert _state(engine) == before
 
 
 @pytest.mark.parametrize("action", ["retry", "skip"])

@@ -10,6 +10,7 @@ it, a status or kind listing the valid ones.
 
 from __future__ import annotations
 
+import base64
 import json
 import shlex
 import uuid
@@ -21,6 +22,7 @@ import sqlalchemy as sa
 
 from reminder_pipeline import cycle
 from reminder_pipeline.cli import main
+from reminder_pipeline.config import parse_range_end
 from reminder_pipeline.operator_jobs import finder
 from reminder_pipeline_tests.support import make_event_due_on, reminders, utcnow
 
@@ -159,10 +161,8 @@ def test_each_filter_takes_exactly_its_reminders_newest_due_first(engine, calend
     assert names(_find(engine, statuses=("Pending", "Skipped"))) == ["future", "cancelled_next_day"]
     assert names(_find(engine, kind="Task")) == ["cancelled_next_day", "first_instant"]
     # A day alone is that UTC day: its first instant in, the next day's first instant out.
-    the_day = {
-        "due_from": finder.parse_due_from(c.day.isoformat()),
-        "due_before": finder.parse_due_to(c.day.isoformat()),
-    }
+    due_from, due_before = finder.due_range(c.day.isoformat(), c.day.isoformat())
+    the_day = {"due_from": due_from, "due_before": due_before}
     assert the_day == {"due_from": day_start, "due_before": day_start + timedelta(days=1)}
     assert names(_find(engine, **the_day)) == ["meeting_late", "showing", "first_instant"]
     assert names(_find(engine, due_from=day_start + timedelta(hours=10))) == [
@@ -173,7 +173,7 @@ def test_each_filter_takes_exactly_its_reminders_newest_due_first(engine, calend
     ]
     # due_to as a time is inclusive: the reminder due exactly then is in.
     at_ten = (day_start + timedelta(hours=10)).isoformat()
-    assert names(_find(engine, due_before=finder.parse_due_to(at_ten))) == [
+    assert names(_find(engine, due_before=parse_range_end(at_ten, "due_to"))) == [
         "showing",
         "first_instant",
         "day_before",
@@ -223,7 +223,7 @@ def test_pages_follow_by_cursor_without_repeats_or_gaps_ties_included(engine):
         pages += 1
         if cursor is None:
             break
-        after = finder.decode_cursor(cursor)
+        after = finder.decode_cursor(cursor, finder.Filters())
     assert seen == expected and pages == 4  # 3 + 3 + 3 + 2, in order, none twice
     # Exactly a page's worth: no cursor after the last page.
     items, cursor = finder.find(engine, finder.Filters(), limit=11, ui_url="u")
@@ -247,9 +247,21 @@ def test_the_text_is_a_line_each_and_the_next_page_command_runs_as_printed(
     )
     assert code == 0, err
     header, first, second, hint = out.splitlines()
-    assert header.split() == ["reminder_id", "event_id", "kind", "due_at", "status", "reason"]
+    assert header.split() == [
+        "reminder_id",
+        "event_id",
+        "kind",
+        "due_at",
+        "status",
+        "owner_user_id",
+        "client_user_id",
+        "tenant_id",
+        "reason",
+    ]
     assert first.split()[:3] == [c.ids["future"], c.events["future"], "Consultation"]
     assert first.split()[4] == "Pending" and "not due yet (due at " in first
+    # Whose it is, the person's id to pivot on (no client here: "-").
+    assert first.split()[5:8] == [str(c.owner), "-", str(c.tenant)]
     assert second.split()[:3] == [c.ids["meeting_late"], c.events["meeting_late"], "Meeting"]
     assert second.split()[4] == "Sent" and "sent " in second and ";" not in second
     assert hint.startswith("next page: ") and " reminders --owner " in hint
@@ -288,6 +300,9 @@ def test_json_is_the_trace_items_and_the_cursor(
         "reminder_id",
         "event_id",
         "kind",
+        "owner_user_id",
+        "client_user_id",
+        "tenant_id",
         "due_at",
         "status",
         "reason",
@@ -301,6 +316,8 @@ def test_json_is_the_trace_items_and_the_cursor(
         "Showing",
         "Sent",
     )
+    people = (item["owner_user_id"], item["client_user_id"], item["tenant_id"])
+    assert people == (str(c.owner), str(c.client), str(c.tenant))
 
     code, out, _ = _cli(
         monkeypatch,
@@ -318,7 +335,43 @@ def test_json_is_the_trace_items_and_the_cursor(
     assert code == 0 and [i["reminder_id"] for i in data["reminders"]] == [
         c.ids["cancelled_next_day"]
     ]
-    assert finder.decode_cursor(data["next"])[1] == uuid.UUID(c.ids["cancelled_next_day"])
+    the_search = finder.Filters(statuses=("Sent", "Skipped"))
+    assert finder.decode_cursor(data["next"], the_search)[1] == uuid.UUID(
+        c.ids["cancelled_next_day"]
+    )
+
+
+def test_the_last_day_and_isos_compact_day_are_days(
+    engine, calendar, database_url, monkeypatch, capsys
+):
+    """``--due-to 9999-12-31`` (or its last microsecond) is no upper bound: the day after it used
+    to overflow (a traceback, exit 1). ``20261207`` is ISO-8601's compact day, that UTC day."""
+    everything = sorted(calendar.ids.values())
+    for end in ("9999-12-31", "9999-12-31T23:59:59.999999Z"):
+        code, out, err = _cli(monkeypatch, capsys, database_url, "--due-to", end, "--json")
+        assert (code, err) == (0, "")
+        assert sorted(i["reminder_id"] for i in json.loads(out)["reminders"]) == everything
+    day = calendar.day.strftime("%Y%m%d")
+    code, out, err = _cli(
+        monkeypatch,
+        capsys,
+        database_url,
+        *("--client", str(calendar.client), "--due-from", day, "--due-to", day, "--json"),
+    )
+    assert (code, err) == (0, "")
+    assert [i["reminder_id"] for i in json.loads(out)["reminders"]] == [calendar.ids["showing"]]
+
+
+_CLIENT = uuid.UUID("5f0c1e6a-0000-4000-8000-000000000001")
+_POSITION = (datetime(2026, 1, 1, tzinfo=UTC), uuid.UUID("0b7e0000-0000-4000-8000-000000000002"))
+#: What a page of `reminders --client _CLIENT` prints, and the same with its position edited.
+_CURSOR = finder.encode_cursor(finder.Filters(client=_CLIENT), *_POSITION)
+_EDITED = base64.urlsafe_b64encode(
+    base64.urlsafe_b64decode(_CURSOR + "=" * (-len(_CURSOR) % 4)).replace(b"2026-01", b"2026-02")
+).decode()
+_HAND_MADE = base64.urlsafe_b64encode(
+    f"{_POSITION[0].isoformat()}|{_POSITION[1]}".encode()
+).decode()
 
 
 @pytest.mark.parametrize(
@@ -337,12 +390,37 @@ def test_json_is_the_trace_items_and_the_cursor(
         (["--client", "Ivanov"], "--client='Ivanov' is not an id (a UUID)"),
         (["--due-from", "tuesday"], "--due-from='tuesday' is not an ISO-8601 timestamp"),
         (["--due-to", "2026-12-01T10:00"], "--due-to='2026-12-01T10:00:00' has no time zone"),
-        (["--due-from", "2026-12-02", "--due-to", "2026-12-01"], "no reminder could match"),
+        (  # named as typed, not as the finder's fields (due_from, due_before)
+            ["--due-from", "2026-12-02", "--due-to", "2026-12-01"],
+            "--due-from='2026-12-02' is after --due-to='2026-12-01': no reminder could match",
+        ),
+        (
+            ["--due-from", "20261202", "--due-to", "2026-12-01T23:00:00Z"],
+            "--due-from='20261202' is after --due-to='2026-12-01T23:00:00Z'",
+        ),
         (["--limit", "0"], "--limit=0 is out of range [1, 1000]"),
+        (["--limit", "\u0663"], "--limit='\u0663' is not an integer"),  # an Arabic-Indic 3
+        (["--limit", "1_000"], "--limit='1_000' is not an integer"),
         (["--after", "not-a-cursor"], "--after='not-a-cursor' is not a cursor"),
         (
-            ["--after", finder.encode_cursor(datetime(2026, 1, 1, tzinfo=UTC), uuid.uuid4())[:-3]],
-            "is not a cursor",
+            ["--after", _CURSOR[:-3]],
+            "is not a cursor (give the one the previous page printed)",
+        ),
+        (  # a position no page printed, base64 by hand: no check of the search
+            ["--after", _HAND_MADE],
+            "is not a cursor (give the one the previous page printed)",
+        ),
+        (  # the issue's case: a cursor of `--client C` given to `--event E`
+            ["--event", str(uuid.uuid4()), "--after", _CURSOR],
+            "is not a cursor of this search (another search printed it, or it was edited)",
+        ),
+        (  # the same filters but a bound moved: another search too
+            ["--client", str(_CLIENT), "--due-from", "2026-01-01", "--after", _CURSOR],
+            "is not a cursor of this search",
+        ),
+        (  # a position edited in a printed cursor: its check no longer holds
+            ["--client", str(_CLIENT), "--after", _EDITED],
+            "is not a cursor of this search",
         ),
     ],
 )

@@ -124,5 +124,7 @@ def test_a_libpq_url_with_the_host_in_its_query_is_accepted(shared_dedup_url: st
     with PostgresDedupStore(in_query) as store:
         store.ping()
         assert store.counts() == (0, 0)
-    with pytest.raises(ConfigError, match=r"^--dedup-url: 'postgresql' is not a postgresql://"):
+    with pytest.raises(
+        ConfigError, match=r"^--dedup-url: 'postgresql://u@/db' is not a postgresql://"
+    ):
         PostgresDedupStore("postgresql://u@/db")

@@ -17,7 +17,6 @@ import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 
-from reminder_pipeline.config import ConfigError
 from reminder_pipeline.consumer.dedup import HANDLED, DedupStoreError, SqliteDedupStore
 from reminder_pipeline.consumer.delivered import delivered_check
 
@@ -107,7 +106,7 @@ def test_a_file_that_is_not_a_store_is_one_line_and_left_unchanged(
 
 def test_a_missing_file_is_one_line(tmp_path: Path) -> None:
     with (
-        pytest.raises(ConfigError, match="is not a file"),
+        pytest.raises(DedupStoreError, match="is not a file"),
         delivered_check(None, str(tmp_path / "nope.sqlite3")),
     ):
         pass
@@ -125,3 +124,24 @@ def test_trace_with_a_dedup_path_that_is_not_a_store_is_one_line(
         "de-duplication store (file is not a database)"
     ]
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("given", "shown"),
+    [("not a url", "'not a url'"), ("mysql://u:s3cret@db/x", "'mysql://u:***@db/x'")],
+)
+def test_trace_with_a_dedup_url_that_is_not_one_names_the_value_as_given(
+    tmp_path: Path, given: str, shown: str
+) -> None:
+    """The value given, its password masked (it said ``''``: the scheme it parsed), exit 2,
+    before any server is reached."""
+    env = {
+        "DATABASE_URL": "postgresql+psycopg://nobody@127.0.0.1:9/never",
+        "REMINDER_PIPELINE_HOME": str(tmp_path / "home"),
+    }
+    result = run_cli("trace", str(uuid.uuid4()), "--dedup-url", given, env=env)
+    assert result.returncode == 2
+    assert error_lines(result) == [
+        f"reminder-pipeline: error: --dedup-url: {shown} is not a postgresql:// URL with a host"
+    ]
+    assert not (tmp_path / "home").exists()

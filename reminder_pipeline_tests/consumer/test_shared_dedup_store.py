@@ -96,7 +96,9 @@ def test_the_login_can_use_its_table_and_nothing_else(
 
 
 def test_a_bad_url_or_a_missing_table_is_one_line(shared_dedup_url: str) -> None:
-    with pytest.raises(ConfigError, match=r"^--dedup-url: 'sqlite' is not a postgresql:// URL"):
+    with pytest.raises(
+        ConfigError, match=r"^--dedup-url: 'sqlite:///x.db' is not a postgresql:// URL"
+    ):
         PostgresDedupStore("sqlite:///x.db")
     other_db = make_url(shared_dedup_url).set(database="postgres")
     with pytest.raises(DedupStoreError, match=r"^--dedup-url: ") as caught:

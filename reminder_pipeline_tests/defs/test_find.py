@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from dagster import (
@@ -44,6 +44,9 @@ def instance() -> Iterator[DagsterInstance]:
         yield instance
 
 
+_POSITION = (datetime(2026, 12, 1, tzinfo=UTC), uuid.UUID(int=7))
+
+
 def test_the_config_takes_the_filters_in_canonical_form(monkeypatch):
     monkeypatch.setenv("DATABASE_URL", "postgresql+psycopg://user@127.0.0.1:5432/reminders")
     job = defs.get_job_def("reminder_find")
@@ -63,6 +66,10 @@ def test_the_config_takes_the_filters_in_canonical_form(monkeypatch):
     assert (config["status"], config["kind"]) == (["Sent", "Skipped"], "Showing")
     assert config["limit"] == finder.DEFAULT_FIND_LIMIT
     assert validate_run_config(job, {})["ops"]["find_reminders"]["config"]["status"] == []
+    # The last day is no upper bound (it used to overflow); a cursor of the same search is taken.
+    assert validate_run_config(job, {"due_to": "9999-12-31"})
+    cursor = finder.encode_cursor(finder.Filters(kind="Task"), *_POSITION)
+    assert validate_run_config(job, {"kind": "task", "after": cursor})
 
 
 @pytest.mark.parametrize(
@@ -79,9 +86,16 @@ def test_the_config_takes_the_filters_in_canonical_form(monkeypatch):
         ),
         ({"client": "Ivanov"}, "client='Ivanov' is not an id (a UUID)"),
         ({"due_from": "tuesday"}, "due_from='tuesday' is not an ISO-8601 timestamp"),
-        ({"due_from": "2026-12-02", "due_to": "2026-12-01"}, "no reminder could match"),
+        (
+            {"due_from": "2026-12-02", "due_to": "2026-12-01"},
+            "due_from='2026-12-02' is after due_to='2026-12-01': no reminder could match",
+        ),
         ({"limit": 0}, "limit=0 is out of range [1, 1000]"),
         ({"after": "nope"}, "after='nope' is not a cursor"),
+        (  # a cursor another search printed (this one of the filters {}): refused
+            {"kind": "Task", "after": finder.encode_cursor(finder.Filters(), *_POSITION)},
+            "is not a cursor of this search",
+        ),
     ],
 )
 def test_a_bad_value_refuses_the_run_in_one_line(config, says, monkeypatch):
@@ -123,13 +137,10 @@ def test_a_run_answers_as_the_command_does_and_shows_cards(
 
     assert first.success
     output = first.output_for_node("find_reminders")
+    the_day = finder.due_range(day.isoformat(), day.isoformat())
     items, cursor = finder.find(
         engine,
-        finder.Filters(
-            client=client,
-            due_from=finder.parse_due_from(day.isoformat()),
-            due_before=finder.parse_due_to(day.isoformat()),
-        ),
+        finder.Filters(client=client, due_from=the_day[0], due_before=the_day[1]),
         limit=3,
         ui_url="http://127.0.0.1:3125",
     )

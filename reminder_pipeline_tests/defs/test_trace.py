@@ -15,6 +15,7 @@ import json
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from dagster import DagsterInstance, instance_for_test
@@ -109,6 +110,7 @@ def test_a_sent_reminder_names_the_dagster_run_that_wrote_it_and_where_its_messa
         assert f" by Dagster run {run.run_id}; " in item["reason"] and item["moved_by"] == "dagster"
         assert item["failed_publish_attempts"] == 0 and item["republishes"] == []
         assert "delivered" not in item  # no store given
+        assert item["owner_user_id"] and item["tenant_id"]  # whose it is: ids to pivot on
         msg = message_at(kafka_settings, item["partition"], item["offset"])
         assert _headers(msg)[contract.HEADER_REMINDER_ID] == item["reminder_id"]
         assert json.loads(msg.value())["ReminderId"] == item["reminder_id"]
@@ -186,9 +188,41 @@ def test_the_consumers_store_says_whether_it_was_delivered(engine, publisher, cl
     [no] = _trace(str(other["id"]), "--dedup-path", str(path), env=cli_env)
     assert (yes["delivered"], no["delivered"]) == (True, False)
 
+    # A file that is not there is a state of this host, exit 1 as docs/cli.md says (it was 2).
     missing = run_cli("trace", str(done["id"]), "--dedup-path", str(tmp_path / "no"), env=cli_env)
-    assert missing.returncode == 2 and len(error_lines(missing)) == 1
+    assert missing.returncode == 1 and missing.stdout == ""
+    assert error_lines(missing) == [
+        f"reminder-pipeline: error: trace: --dedup-path: {tmp_path / 'no'} is not a file (the "
+        "consumer's SQLite store)"
+    ]
     assert not (tmp_path / "no").exists()  # never created empty
+
+
+def test_given_no_store_the_trace_asks_the_one_consume_writes_here(
+    engine, publisher, cli_env, tmp_path
+):
+    """The local stack's consumer keeps its store under REMINDER_PIPELINE_HOME, a path no
+    command printed: the trace finds it by itself (``services status`` shows it too)."""
+    event_id = make_due_event(engine)
+    cycle.run_cycle(engine, publisher)
+    [done] = reminders(engine, event_id)
+    [before] = _trace(str(done["id"]), env=cli_env)
+    assert "delivered" not in before  # nothing written yet: nothing asked, nothing created
+    assert not (tmp_path / "home").exists()
+
+    status = run_cli("services", "status", "--json", env=cli_env)
+    store = Path(json.loads(status.stdout)["consumer"]["dedup_path"])
+    assert store == tmp_path / "home" / "notifications" / "notifications-reference.dedup.sqlite3"
+    store.parent.mkdir(parents=True)
+    with SqliteDedupStore(store) as written:  # what `consume` writes once it delivered
+        written.mark_handled(done["id"], event_id)
+
+    result = run_cli("trace", str(done["id"]), "--json", env=cli_env)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["dedup_store"] == str(store) and data["reminders"][0]["delivered"] is True
+    text = run_cli("trace", str(done["id"]), env=cli_env).stdout
+    assert f"delivered      yes (store: {store})" in text
 
 
 def test_every_republish_is_listed_with_where_its_copy_landed(

@@ -30,6 +30,7 @@ from reminder_pipeline.operator_jobs import poison, trace
 from reminder_pipeline_tests.support import (
     POISON_KIND,
     error_lines,
+    event_row,
     make_due_event,
     make_event,
     reminders,
@@ -92,7 +93,7 @@ def test_a_reminder_sent_by_the_dispatch_command_names_it_and_has_no_run_url(eng
         f"(run id {run_id}, no Dagster run); published at "
     )
     text = run_cli("trace", str(row["id"]), env=cli_env).stdout
-    assert "failed publish attempts: 0" in text and "moved by     cli:dispatch" in text
+    assert "failed publish attempts: 0" in text and "moved by       cli:dispatch" in text
     assert "/runs/" not in text
 
 
@@ -108,7 +109,8 @@ def test_a_reminder_past_due_at_creation_says_it_was_skipped_at_creation(engine)
         f"skipped at creation: its time (due at {_at(past['due_at'])}) had passed when it was "
         f"created at {_at(past['created_at'])}"
     )
-    assert item["moved_by"] is None and item["run_id"] is None and item["run_url"] is None
+    # The calendar's, named as such though it records no writer (no run: no run id, no link).
+    assert item["moved_by"] == "calendar" and item["run_id"] is None and item["run_url"] is None
 
 
 @pytest.mark.parametrize(
@@ -123,6 +125,8 @@ def test_a_reminder_skipped_by_a_cancel_or_a_completion_says_when(engine, close,
 
     assert item["status"] == "Skipped"
     assert item["reason"] == f"skipped by the {words} of the event at {_at(row['updated_at'])}"
+    # The calendar records no writer; the trace names it beside its reason (it said "-").
+    assert item["moved_by"] == "calendar" and row["moved_by"] is None
 
 
 def test_a_reminder_the_dispatcher_skipped_says_when_by_what_and_why(engine, publisher):
@@ -190,6 +194,13 @@ def test_a_sent_reminder_whose_row_is_gone_is_traced_from_its_outbox_message(
     [item] = json.loads(result.stdout)["reminders"]
     assert str(new_id) != item["reminder_id"] == str(gone["id"])
     assert (item["status"], item["event_id"], item["kind"]) == ("Sent", str(moved), "Meeting")
+    # Whose it was, from the message (the row is gone): the person's id to pivot on.
+    event = event_row(engine, moved)
+    assert (item["owner_user_id"], item["client_user_id"], item["tenant_id"]) == (
+        str(event["owner_user_id"]),
+        None if event["client_user_id"] is None else str(event["client_user_id"]),
+        str(event["tenant_id"]),
+    )
     [message] = kafka_reader.wait_for([gone["id"]])
     assert (item["partition"], item["offset"]) == (message.partition, message.offset)
     assert item["run_id"] == report.run_id == message.headers["correlation-id"]

@@ -48,7 +48,24 @@ def test_the_feeder_lays_out_the_coming_minutes_at_a_steady_rate_and_nothing_ove
 
 def test_the_seed_is_due_now_and_ahead_and_overdue_only_when_asked(engine):
     now = utcnow()
-    demo.seed(engine, upcoming=6, seed_value=1)
+    made = demo.seed(engine, upcoming=6, seed_value=1)
     assert all(d > now - timedelta(seconds=30) for d in _pending_dues(engine))
+    assert [made["kinds"][k]["events"] for k in demo.SEED_KINDS] == [0, demo.DUE_NOW, 6]
     demo.seed(engine, overdue=5, upcoming=0, due_now=0, seed_value=2)
     assert any(d < now - timedelta(seconds=30) for d in _pending_dues(engine))
+
+
+def test_the_seed_says_exactly_what_it_made(engine):
+    """Its counts are the rows: 300 upcoming reach 50 minutes ahead, where an event's longer
+    offset is still ahead too (two Pending reminders), so no count is one per event by rule."""
+    made = demo.seed(engine, overdue=4, upcoming=300, seed_value=3)
+    pending = sum(kind["pending_reminders"] for kind in made["kinds"].values())
+    assert pending == len(_pending_dues(engine)) > made["live"]
+    assert made["events"] == 4 + demo.DUE_NOW + 300
+    assert made["events"] == made["live"] + made["cancelled"] + made["completed"]
+    assert demo.seed_plan(None, None) == {
+        "overdue": 0,
+        "due_now": demo.DUE_NOW,
+        "upcoming": demo.DEFAULT_UPCOMING,
+    }
+    assert demo.seed_plan(20, None) == {"overdue": 20, "due_now": 0, "upcoming": 0}

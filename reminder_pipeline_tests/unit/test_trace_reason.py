@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from reminder_pipeline.operator_jobs.trace import has_run_page, reason, run_url
+from reminder_pipeline.operator_jobs.trace import has_run_page, moved_by, reason, run_url
 
 NOW = datetime(2026, 12, 2, 9, 0, tzinfo=UTC)
 MINUTE = timedelta(minutes=1)
@@ -128,6 +128,60 @@ SKIPPED = {"status": "Skipped", "updated_at": NOW}
 )
 def test_each_state_has_its_reason(row, words):
     assert reason(row, NOW) == words
+
+
+@pytest.mark.parametrize(
+    ("row", "words"),
+    [
+        (
+            _row(event_status="Cancelled"),
+            "due since 2026-12-02T08:59:00+00:00 and its event is Cancelled: the next dispatch "
+            "cycle skips it",
+        ),
+        (
+            _row(event_status="Completed", due_at=NOW + MINUTE),
+            "not due yet (due at 2026-12-02T09:01:00+00:00) and its event is Completed: the "
+            "cycle that takes it skips it",
+        ),
+        (
+            _row(event_status="Cancelled", reserved_by="run-7", reserved_until=NOW + MINUTE),
+            "reserved by run run-7 until 2026-12-02T09:01:00+00:00 and its event is Cancelled: "
+            "that run skips it",
+        ),
+        (
+            _row(event_status="Cancelled", attempts=2, last_error="E"),
+            "failed 2 times (last error: E); its event is Cancelled: the next cycle skips it",
+        ),
+        (
+            _row(event_status="Cancelled", attempts=2, last_error="E", next_attempt_at=NOW + DAY),
+            "backing off after 2 failures (last error: E); next attempt at "
+            "2026-12-03T09:00:00+00:00, and its event is Cancelled: that attempt skips it",
+        ),
+    ],
+)
+def test_a_pending_reminder_of_a_closed_event_is_said_to_be_skipped_next(row, words):
+    """The cycle skips a reminder whose event is not Planned or InProgress (action_for): the
+    trace must not promise that the next cycle takes it (it used to, for a Cancelled event)."""
+    assert reason(row, NOW) == words
+
+
+@pytest.mark.parametrize(
+    ("row", "writer"),
+    [
+        (_row(**SKIPPED, event_status="Cancelled"), "calendar"),
+        (_row(**SKIPPED, event_status="Completed"), "calendar"),
+        (_row(status="Skipped", due_at=NOW - DAY - MINUTE), "calendar"),  # skipped at creation
+        (_row(**SKIPPED, event_status="Cancelled", moved_by="dagster"), "dagster"),
+        (_row(**SKIPPED, attempts=3, last_error="E"), None),  # an operator, before 0007
+        (_row(**SKIPPED), None),  # before writers were recorded, the event still live
+        (_row(**SENT, run_id="r0"), None),
+        (_row(), None),
+    ],
+)
+def test_the_calendars_skips_are_named_as_the_calendars(row, writer):
+    """Every writer is named (docs/cli.md): the calendar records none, so the trace tells its
+    skips from the row and the event, as their reason does ("skipped by the cancel ...")."""
+    assert moved_by(row) == writer
 
 
 def test_only_a_dagster_run_has_a_page():

@@ -18,6 +18,8 @@ from reminder_pipeline.config import (
     check_retention_hours,
     mask_secrets,
     mask_url,
+    parse_range_end,
+    parse_range_start,
 )
 
 
@@ -35,6 +37,9 @@ from reminder_pipeline.config import (
         (check_retention_hours, 168, 168.0),
         (check_purge_batch_size, 1000, 1000),
         (check_poison_limit, "1000", 1000),
+        (check_poison_limit, " +12 ", 12),
+        (check_budget_seconds, "1.5e1", 15.0),
+        (check_budget_seconds, ".5e1", 5.0),
     ],
 )
 def test_good_values_pass_as_numbers(check, value, expected):
@@ -62,6 +67,11 @@ def test_good_values_pass_as_numbers(check, value, expected):
         (check_retention_hours, 0.99, "retention_hours=0.99 is out of range [1, 8784]"),
         (check_purge_batch_size, 0, "batch_size=0 is out of range [1, 10000]"),
         (check_poison_limit, 1001, "limit=1001 is out of range [1, 1000]"),
+        # Python's int() and float() take other scripts' digits and "_": no operator means them.
+        (check_poison_limit, "\u0663", "limit='\u0663' is not an integer"),  # Arabic-Indic 3
+        (check_poison_limit, "1_000", "limit='1_000' is not an integer"),
+        (check_budget_seconds, "1_0", "budget_seconds='1_0' is not a number"),
+        (check_budget_seconds, "\uff15", "budget_seconds='\uff15' is not a number"),  # fullwidth 5
     ],
 )
 def test_bad_values_are_one_line_naming_the_value(check, value, message):
@@ -113,3 +123,47 @@ def test_passwords_are_masked_in_urls_and_in_any_text():
         masked
         == "failed: postgresql+psycopg2://dagster:***@db/dagster and http://u:***@h/ and kafka:9092"
     )
+
+
+@pytest.mark.parametrize(
+    ("given", "start", "end"),
+    [
+        # A day alone is that UTC day, in ISO's extended and compact forms alike.
+        ("2026-12-07", datetime(2026, 12, 7, tzinfo=UTC), datetime(2026, 12, 8, tzinfo=UTC)),
+        ("20261207", datetime(2026, 12, 7, tzinfo=UTC), datetime(2026, 12, 8, tzinfo=UTC)),
+        # A time is itself, in UTC; as an end it is included (PostgreSQL's microsecond).
+        (
+            "2026-12-07T10:00:00+03:00",
+            datetime(2026, 12, 7, 7, tzinfo=UTC),
+            datetime(2026, 12, 7, 7, 0, 0, 1, tzinfo=UTC),
+        ),
+        # The last day and the last instant end nowhere: no upper bound, never an overflow.
+        ("9999-12-31", datetime(9999, 12, 31, tzinfo=UTC), None),
+        ("9999-12-31T23:59:59.999999Z", datetime.max.replace(tzinfo=UTC), None),
+        ("9999-12-31T23:00:00-05:00", "after 9999-12-31T23:59:59.999999+00:00", None),
+        # Before the first instant: it starts at the first, and nothing ends before it.
+        ("0001-01-01T00:30:00+01:00", datetime.min.replace(tzinfo=UTC), "before 0001-01-01"),
+    ],
+)
+def test_a_range_bound_is_a_day_or_a_time_and_never_overflows(given, start, end):
+    for parse, expected in ((parse_range_start, start), (parse_range_end, end)):
+        if isinstance(expected, str):
+            with pytest.raises(ConfigError) as info:
+                parse(given, "--due-to")
+            assert str(info.value).startswith(f"--due-to={given!r} is {expected}")
+        else:
+            assert parse(given, "--due-to") == expected
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ("2026-12-07T10:00", "--due-from='2026-12-07T10:00:00' has no time zone"),
+        ("tuesday", "--due-from='tuesday' is not an ISO-8601 timestamp"),
+        ("", "--due-from is empty"),
+    ],
+)
+def test_a_bad_range_bound_is_one_line_naming_the_option(given, message):
+    with pytest.raises(ConfigError) as info:
+        parse_range_start(given, "--due-from")
+    assert str(info.value).startswith(message)
