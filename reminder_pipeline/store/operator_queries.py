@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from sqlalchemy import text
 
-# Poison rows an operator looks at: still Pending after at least one failed attempt.
+#: Poison rows (Pending after a failed attempt), oldest due first, on their own index.
 LIST_POISON = text(
     """
     SELECT id, calendar_event_id, attempts, last_error, next_attempt_at, due_at
@@ -21,9 +21,8 @@ LIST_POISON = text(
     """
 )
 
-# An operator's retry / skip changes a row only while it is Pending and has failed at least once
-# (a poison row), unless forced: a mistyped id can never skip a healthy reminder before it is sent.
-# A skip records its writer (:moved_by, the operator's action) and the Dagster run that did it.
+#: An operator's retry of one row: its back-off ends now (a poison row, or any Pending row with
+#: :force).
 RETRY_POISON_NOW = text(
     """
     UPDATE event_reminders SET next_attempt_at = NULL, updated_at = now()
@@ -32,6 +31,8 @@ RETRY_POISON_NOW = text(
     """
 )
 
+#: An operator's skip of one row, recording its writer (:moved_by) and run (a poison row, or any
+#: Pending row with :force).
 SKIP_POISON = text(
     """
     UPDATE event_reminders
@@ -42,18 +43,18 @@ SKIP_POISON = text(
     """
 )
 
-# Why a retry / skip changed nothing: the row's status and attempts (no event fields, no PII).
+#: Why a retry or skip changed nothing: the row's status and attempts.
 REMINDER_OPERATOR_STATE = text(
     """
     SELECT status, attempts FROM event_reminders WHERE id = :id
     """
 )
 
-# The poison rows a bulk action's filter selects (each condition applies when its parameter is
-# given; none given = every poison row). Only poison rows, ever: a filter never reaches a healthy
-# Pending row, so there is no --force in bulk. The dry run lists these; the action below changes
-# exactly these, re-checked under its row locks.
-_POISON_FILTER = """
+#: The poison rows a bulk action's filter takes (each condition applies when given; none: every
+#: poison row), oldest due first: what a dry run lists.
+SELECT_POISON_BY_FILTER = text(
+    """
+    SELECT r.id, r.calendar_event_id, r.attempts, r.last_failed_at, r.next_attempt_at, r.due_at
       FROM event_reminders r
       JOIN calendar_events e ON e.id = r.calendar_event_id
      WHERE r.status = 'Pending' AND r.attempts > 0
@@ -61,42 +62,56 @@ _POISON_FILTER = """
        AND (CAST(:kind AS text) IS NULL OR e.kind = CAST(:kind AS text))
        AND (CAST(:failed_since AS timestamptz) IS NULL
             OR r.last_failed_at >= CAST(:failed_since AS timestamptz))
-"""
-
-SELECT_POISON_BY_FILTER = text(
-    f"""
-    SELECT r.id, r.calendar_event_id, r.attempts, r.last_failed_at, r.next_attempt_at, r.due_at
-    {_POISON_FILTER}
      ORDER BY r.due_at, r.id
     """
 )
 
+#: A bulk retry: the filter's poison rows, re-checked under their row locks, back off no more.
 RETRY_POISON_BY_FILTER = text(
-    f"""
+    """
     UPDATE event_reminders t SET next_attempt_at = NULL, updated_at = now()
-     WHERE t.id IN (SELECT r.id {_POISON_FILTER})
+     WHERE t.id IN (
+            SELECT r.id
+              FROM event_reminders r
+              JOIN calendar_events e ON e.id = r.calendar_event_id
+             WHERE r.status = 'Pending' AND r.attempts > 0
+               AND (CAST(:event_id AS uuid) IS NULL
+                    OR r.calendar_event_id = CAST(:event_id AS uuid))
+               AND (CAST(:kind AS text) IS NULL OR e.kind = CAST(:kind AS text))
+               AND (CAST(:failed_since AS timestamptz) IS NULL
+                    OR r.last_failed_at >= CAST(:failed_since AS timestamptz)))
        AND t.status = 'Pending' AND t.attempts > 0
     RETURNING t.id
     """
 )
 
+#: A bulk skip: the filter's poison rows, re-checked under their row locks, Skipped with their
+#: writer and run.
 SKIP_POISON_BY_FILTER = text(
-    f"""
+    """
     UPDATE event_reminders t
        SET status = 'Skipped', updated_at = now(), moved_by = :moved_by,
            moved_in_run = CAST(:moved_in_run AS text)
-     WHERE t.id IN (SELECT r.id {_POISON_FILTER})
+     WHERE t.id IN (
+            SELECT r.id
+              FROM event_reminders r
+              JOIN calendar_events e ON e.id = r.calendar_event_id
+             WHERE r.status = 'Pending' AND r.attempts > 0
+               AND (CAST(:event_id AS uuid) IS NULL
+                    OR r.calendar_event_id = CAST(:event_id AS uuid))
+               AND (CAST(:kind AS text) IS NULL OR e.kind = CAST(:kind AS text))
+               AND (CAST(:failed_since AS timestamptz) IS NULL
+                    OR r.last_failed_at >= CAST(:failed_since AS timestamptz)))
        AND t.status = 'Pending' AND t.attempts > 0
     RETURNING t.id
     """
 )
 
-# The trace of one reminder, or of every reminder of an event (the id is either): the row and who
-# moved it, its event's kind, status and people (the owner's, the client's and the tenant's ids),
-# its outbox row and where that landed, the run that wrote it (the message's correlation-id
-# header, else the run that moved the row), and the database's clock (reasons are judged on it).
-# Ids, times, statuses and counts only.
-_TRACE_SELECT = """
+#: The trace of one reminder, or of every reminder of an event (:id is either): the row and who
+#: moved it, its event's kind, status and people, its outbox row and where it landed, the run that
+#: wrote it, the database's clock. Ids, times, statuses and counts only.
+TRACE_REMINDERS = text(
+    """
     SELECT r.id AS reminder_id, r.calendar_event_id AS event_id, e.kind, e.owner_user_id,
            e.client_user_id, e.tenant_id, r.status, r.due_at,
            r.sent_at, r.created_at, r.updated_at, r.attempts, r.last_error, r.last_failed_at,
@@ -110,27 +125,33 @@ _TRACE_SELECT = """
       FROM event_reminders r
       JOIN calendar_events e ON e.id = r.calendar_event_id
       LEFT JOIN outbox o ON o.reminder_id = r.id
-"""
-
-TRACE_REMINDERS = text(
-    f"""
-    {_TRACE_SELECT}
      WHERE r.id = CAST(:id AS uuid) OR r.calendar_event_id = CAST(:id AS uuid)
      ORDER BY r.due_at, r.id
     """
 )
 
-# The trace of these reminders (by primary key; the caller puts them in its own order).
+#: The trace of these reminders, by primary key (the caller orders them).
 TRACE_REMINDERS_BY_IDS = text(
-    f"""
-    {_TRACE_SELECT}
+    """
+    SELECT r.id AS reminder_id, r.calendar_event_id AS event_id, e.kind, e.owner_user_id,
+           e.client_user_id, e.tenant_id, r.status, r.due_at,
+           r.sent_at, r.created_at, r.updated_at, r.attempts, r.last_error, r.last_failed_at,
+           r.next_attempt_at, r.reserved_by, r.reserved_until, r.moved_by, r.moved_in_run,
+           e.status AS event_status,
+           o.id AS outbox_id, o.created_at AS outbox_created_at, o.published_at,
+           o.publish_attempts AS failed_publish_attempts, o.kafka_partition AS partition,
+           o.kafka_offset AS offset, o.topic,
+           COALESCE(o.headers ->> 'correlation-id', r.moved_in_run) AS run_id,
+           clock_timestamp() AS checked_at
+      FROM event_reminders r
+      JOIN calendar_events e ON e.id = r.calendar_event_id
+      LEFT JOIN outbox o ON o.reminder_id = r.id
      WHERE r.id = ANY(CAST(:ids AS uuid[]))
     """
 )
 
-# The outbox rows of these ReminderIds whose reminder row is gone (a moved or deleted event's sent
-# reminder: its message outlives it), with the event's status if the event is still there. By
-# ``uq_outbox_reminder_id``; from the payload only its ids and Kind (no PII in it anyway).
+#: The outbox rows of these ReminderIds whose reminder row is gone (its message outlives it), with
+#: its event's status if the event is still there; from the payload only its ids and kind.
 TRACE_OUTBOX_ONLY = text(
     """
     SELECT o.reminder_id, o.payload ->> 'EventId' AS event_id, o.payload ->> 'Kind' AS kind,
@@ -149,7 +170,7 @@ TRACE_OUTBOX_ONLY = text(
     """
 )
 
-# Every re-publish of these reminders (the back-fill's records), oldest first.
+#: Every re-publish of these reminders (the back-fill's records), oldest first.
 REPUBLISHES_OF = text(
     """
     SELECT reminder_id, run_id, republished_at, kafka_partition AS partition,
@@ -160,7 +181,7 @@ REPUBLISHES_OF = text(
     """
 )
 
-# The re-publish back-fill's record of a chunk it delivered: one row per message.
+#: The re-publish back-fill's record of a chunk it delivered: one row per message.
 RECORD_REPUBLISHES = text(
     """
     INSERT INTO outbox_republishes (reminder_id, outbox_id, run_id, kafka_partition, kafka_offset)
