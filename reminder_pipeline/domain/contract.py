@@ -101,6 +101,7 @@ def _rule(name: str, spec: dict[str, Any]) -> _Rule:
 
 _RULES: tuple[_Rule, ...] = tuple(_rule(name, spec) for name, spec in _SCHEMA["properties"].items())
 _FIELD_SET = frozenset(PAYLOAD_FIELDS)
+_REQUIRED = frozenset(_SCHEMA["required"])
 
 
 def validate(payload: dict[str, Any]) -> None:
@@ -114,11 +115,14 @@ def validate(payload: dict[str, Any]) -> None:
     if not isinstance(payload, dict):
         raise ContractViolation("payload: is not an object")
     # Fast path: the builder's dicts carry exactly the contract's keys in the contract's order.
-    if tuple(payload) != PAYLOAD_FIELDS and payload.keys() != _FIELD_SET:
-        missing = [k for k in PAYLOAD_FIELDS if k not in payload]
+    whole = tuple(payload) == PAYLOAD_FIELDS
+    if not whole and not (_REQUIRED <= payload.keys() <= _FIELD_SET):
+        missing = [k for k in PAYLOAD_FIELDS if k in _REQUIRED and k not in payload]
         extra = sorted(str(k) for k in payload if k not in _FIELD_SET)
         raise ContractViolation(f"payload: missing {missing}, unexpected {extra}")
     for name, nullable, kind, low, high, search, message in _RULES:
+        if not whole and name not in payload:
+            continue  # an optional field left out
         value: Any = payload[name]
         cls = value.__class__
         if value is None:
