@@ -103,7 +103,8 @@ def test_the_producers_own_messages_still_pass_the_strict_schema() -> None:
     """Leniency is the consumer's: what we publish stays exactly the shipped schema."""
     strict = contract.schema()
     assert strict["additionalProperties"] is False
-    assert strict["properties"]["StartAt"]["pattern"].endswith("Z$")
+    assert strict["properties"]["StartAt"]["$ref"] == "#/$defs/utcTimestamp"
+    assert strict["$defs"]["utcTimestamp"]["pattern"].endswith("Z$")
     assert strict["$defs"]["guid"]["pattern"] == (
         "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
     )
