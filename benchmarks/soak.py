@@ -284,7 +284,7 @@ def _held_text(entry: dict) -> str:
 
 def _rerun_in_own_network(argv: list[str], minutes: float) -> int:
     """This command again under ``unshare -n`` (its own loopback, iptables of its own)."""
-    from .netns import netns_unavailable, run_in_own_network
+    from reminder_pipeline_testkit.netns import netns_unavailable, run_in_own_network
 
     reason = netns_unavailable()
     if reason is not None:

@@ -34,8 +34,8 @@ from benchmarks._soak_plan import (
     plan_faults,
 )
 from benchmarks._soak_stack import FaultRecord, Stack
-from benchmarks.netns import require_netns
 from reminder_pipeline.store.metrics_repository import snapshot_holders
+from reminder_pipeline_testkit.netns import require_netns
 
 from .helpers import run_benchmark
 
@@ -102,7 +102,9 @@ def test_the_command_prints_the_plan_of_its_seed() -> None:
 def test_without_a_network_namespace_the_command_refuses_in_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr("benchmarks.netns.netns_unavailable", lambda: "needs root (test)")
+    monkeypatch.setattr(
+        "reminder_pipeline_testkit.netns.netns_unavailable", lambda: "needs root (test)"
+    )
     assert soak.main(["--minutes", "3", "--seed", "26"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "network namespace" in err and "needs root (test)" in err
