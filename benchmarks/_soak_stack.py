@@ -35,14 +35,16 @@ import psycopg
 from sqlalchemy.engine import make_url
 
 from reminder_pipeline.local.servers import EmbeddedBroker, EmbeddedPostgres, free_port
+from reminder_pipeline_testkit.daemon import prepare_dagster, spawn_daemon
+from reminder_pipeline_testkit.dedup_store import dedup_database
 from reminder_pipeline_testkit.fault_proxy import FaultProxy, pg_url_via
+from reminder_pipeline_testkit.held_snapshot import HeldSnapshot
 from reminder_pipeline_testkit.replica import ReplicaPair
+from reminder_pipeline_testkit.servers import Servers
 
-from ._infra import Servers, progress
-from ._snapshot import HeldSnapshot
+from ._infra import progress
 from ._soak_plan import PACKET_DROP_KINDS
-from .consumer import dedup_database
-from .peak import prepare_dagster, run_workers, spawn_daemon
+from .peak import run_workers
 
 #: (due rows still Pending, rows sent in the last 5 s): both > 0 while a drain is under way.
 MID_DRAIN = """

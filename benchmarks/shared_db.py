@@ -33,9 +33,10 @@ import threading
 import time
 from datetime import UTC, datetime
 
+from reminder_pipeline_testkit.held_snapshot import HeldSnapshot
+
 from ._infra import progress, servers
 from ._shared_db_stack import PG_SETTINGS, Sample, Stack, prepare
-from ._snapshot import HeldSnapshot
 
 DEFAULT_PHASES = "4@300,5@1000"
 #: Issue 41's done-when: B's max lateness, B's median dispatch against A's in the last phase,

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks._shared_db_stack import Sample
-from benchmarks._snapshot import APPLICATION_NAME
 from benchmarks.shared_db import parse_phases, verdicts
+from reminder_pipeline_testkit.held_snapshot import APPLICATION_NAME
 
 from .helpers import run_benchmark
 

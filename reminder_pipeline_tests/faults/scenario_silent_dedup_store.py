@@ -15,10 +15,10 @@ import time
 import uuid
 from typing import Any
 
-from benchmarks.consumer import dedup_database
 from reminder_pipeline.consumer import PostgresDedupStore
 from reminder_pipeline.consumer.dedup import DedupStoreUnavailable
 from reminder_pipeline.local.servers import EmbeddedPostgres
+from reminder_pipeline_testkit.dedup_store import dedup_database
 from reminder_pipeline_testkit.netns import drop_port, undrop_port
 from reminder_pipeline_tests.faults.scenarios import run_on_own_server
 

@@ -32,7 +32,6 @@ import sqlalchemy as sa
 from confluent_kafka import Consumer, TopicPartition
 from sqlalchemy.engine import Engine
 
-from benchmarks.consumer import dedup_database
 from reminder_pipeline import cycle
 from reminder_pipeline.cli import exits
 from reminder_pipeline.config import KafkaSettings
@@ -43,6 +42,7 @@ from reminder_pipeline.domain.model import CycleCounts
 from reminder_pipeline.messaging.kafka import KafkaPublisher
 from reminder_pipeline.messaging.relay import publish_outbox
 from reminder_pipeline.store.engine import make_engine
+from reminder_pipeline_testkit.dedup_store import dedup_database
 from reminder_pipeline_testkit.fault_proxy import FaultProxy, pg_url_via
 
 from ..chaos.harness import check_invariants, seed_mixed

@@ -46,9 +46,6 @@ from dagster import AssetCheckKey, DagsterInstance, DagsterRunStatus, RunsFilter
 from dagster._core.storage.tags import SCHEDULE_NAME_TAG
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks._infra import Servers
-from benchmarks.consumer import dedup_database
-from benchmarks.peak import DISTURB, INSERT_DUE, prepare_dagster, spawn_daemon
 from reminder_pipeline.consumer import PostgresDedupStore, ReminderConsumer
 from reminder_pipeline.consumer.options import ConsumerOptions
 from reminder_pipeline.defs.assets import DISPATCH_ASSET_KEY
@@ -57,7 +54,11 @@ from reminder_pipeline.local.dagster_processes import dagster_storage_url
 from reminder_pipeline.local.servers import EmbeddedBroker, free_port
 from reminder_pipeline.messaging.kafka import ensure_topic
 from reminder_pipeline.observability import exporter
+from reminder_pipeline_testkit.daemon import prepare_dagster, spawn_daemon
+from reminder_pipeline_testkit.dedup_store import dedup_database
+from reminder_pipeline_testkit.feeder import DISTURB, INSERT_DUE
 from reminder_pipeline_testkit.replica import ReplicaPair
+from reminder_pipeline_testkit.servers import Servers
 
 from ..consumer.lane import RecordingSink
 from ..support import KafkaReader
