@@ -39,7 +39,13 @@ def _modules() -> list[str]:
 
 
 def _layer_containers() -> set[str]:
-    (layers,) = [c for c in _contracts() if c["type"] == "layers"]
+    """The rooms the package's layers contract names (the other layers contract is between the
+    repository's packages: packaging/test_testkit.py)."""
+    (layers,) = [
+        c
+        for c in _contracts()
+        if c["type"] == "layers" and all(x.startswith("reminder_pipeline.") for x in c["layers"])
+    ]
     return {
         name.strip() for layer in layers["layers"] for name in layer.replace("|", ":").split(":")
     }
