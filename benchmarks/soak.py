@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _seeds(text: str) -> list[int]:
-    """``26``, ``1,5,20-29``: the seeds named, in order."""
+    """``26``, ``1,5,20-29``: every seed named, in order."""
     seeds: list[int] = []
     for part in text.split(","):
         match = re.fullmatch(r"\s*(\d+)(?:-(\d+))?\s*", part)
