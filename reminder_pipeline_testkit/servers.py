@@ -24,7 +24,7 @@ from reminder_pipeline.config import KafkaSettings
 
 @dataclass
 class Servers:
-    """Where the benchmark's databases and topic live."""
+    """Where a benchmark's (or a test's) databases and topic live."""
 
     admin_url: str  # SQLAlchemy URL (psycopg) of a database from which others are created
     bootstrap_servers: str
