@@ -17,11 +17,12 @@ from pathlib import Path
 import psutil
 import psycopg
 
-from benchmarks._infra import REPO_ROOT, Servers, fmt_rate, progress
+from benchmarks._infra import REPO_ROOT, fmt_rate, progress
 from benchmarks._seed import seed_backlog
 from reminder_pipeline.messaging.kafka import ensure_topic
 from reminder_pipeline.store import migrate
 from reminder_pipeline.store.engine import make_engine
+from reminder_pipeline_testkit.servers import Servers
 
 
 def prepare_template(srv: Servers, suffix: str, rows: int) -> str:

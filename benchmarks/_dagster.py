@@ -22,13 +22,14 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 
 from benchmarks._dueq import percentile
-from benchmarks._infra import Servers, progress
+from benchmarks._infra import progress
 from reminder_pipeline.domain import contract
 from reminder_pipeline.local.calendar import NewEvent, create_event
 from reminder_pipeline.local.servers import free_port
 from reminder_pipeline.messaging.kafka import ensure_topic
 from reminder_pipeline.store import migrate
 from reminder_pipeline.store.engine import make_engine
+from reminder_pipeline_testkit.servers import Servers
 
 JOB = "reminder_dispatch"
 APP_TABLES = ("calendar_events", "event_reminders", "outbox")

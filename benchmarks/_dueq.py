@@ -10,10 +10,11 @@ from datetime import UTC, datetime
 import psycopg
 from psycopg import sql as psql
 
-from benchmarks._infra import Servers, progress
+from benchmarks._infra import progress
 from benchmarks._seed import _bind, seed_history
 from reminder_pipeline.store import migrate, queries, repository
 from reminder_pipeline.store.engine import make_engine
+from reminder_pipeline_testkit.servers import Servers
 
 INDEX_NAME = "ix_event_reminders_status_due_at"
 BATCH = 200

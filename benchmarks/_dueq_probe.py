@@ -17,11 +17,12 @@ from datetime import UTC, datetime
 import psycopg
 
 from benchmarks._dueq import BATCH, _psycopg_query, percentile
-from benchmarks._infra import Servers, progress
+from benchmarks._infra import progress
 from benchmarks._seed import seed_history
 from reminder_pipeline.local.servers import EmbeddedPostgres, free_port
 from reminder_pipeline.store import migrate, queries, repository
 from reminder_pipeline.store.engine import make_engine
+from reminder_pipeline_testkit.servers import Servers
 
 
 def client_series(srv: Servers, db: str, n: int) -> dict:

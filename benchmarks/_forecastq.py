@@ -23,13 +23,14 @@ from pathlib import Path
 import psycopg
 
 from benchmarks._dueq import INDEX_NAME, percentile
-from benchmarks._infra import Servers, progress
+from benchmarks._infra import progress
 from benchmarks._seed import _bind, seed_history
 from reminder_pipeline.local.servers import EmbeddedPostgres, free_port
 from reminder_pipeline.observability import forecast
 from reminder_pipeline.store import forecast as store
 from reminder_pipeline.store import migrate
 from reminder_pipeline.store.engine import make_engine
+from reminder_pipeline_testkit.servers import Servers
 
 PLANT = """
     WITH ev AS (

@@ -1,5 +1,6 @@
-"""Servers and databases for the benchmark: embedded PostgreSQL + broker on free ports (or the
-ones named by ``DATABASE_URL`` / ``KAFKA_BOOTSTRAP_SERVERS``), scratch databases, progress lines."""
+"""Servers for the benchmark: embedded PostgreSQL + broker on free ports (or the ones named by
+``DATABASE_URL`` / ``KAFKA_BOOTSTRAP_SERVERS``), as a :class:`Servers` (where they are, and the
+scratch databases: ``reminder_pipeline_testkit.servers``); progress lines."""
 
 from __future__ import annotations
 
@@ -9,17 +10,13 @@ import shutil
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import psycopg
-from psycopg import sql
 from sqlalchemy.engine import make_url
 
-from reminder_pipeline.config import KafkaSettings
 from reminder_pipeline.local.servers import EmbeddedBroker, EmbeddedPostgres, free_port
+from reminder_pipeline_testkit.servers import Servers
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,76 +28,6 @@ def progress(message: str) -> None:
 
 def fmt_rate(value: float) -> str:
     return f"{value / 1000:.1f}k" if value >= 1000 else f"{value:.0f}"
-
-
-@dataclass
-class Servers:
-    """Where the benchmark's databases and topic live."""
-
-    admin_url: str  # SQLAlchemy URL (psycopg) of a database from which others are created
-    bootstrap_servers: str
-    workdir: Path
-    embedded: bool
-    prefix: str = field(default_factory=lambda: f"rpb_{uuid.uuid4().hex[:6]}")
-    _created: list[str] = field(default_factory=list)
-
-    @property
-    def kafka(self) -> KafkaSettings:
-        return KafkaSettings.from_env(os.environ, self.bootstrap_servers)
-
-    def url(self, database: str, driver: str = "psycopg") -> str:
-        return (
-            make_url(self.admin_url)
-            .set(drivername=f"postgresql+{driver}", database=database)
-            .render_as_string(hide_password=False)
-        )
-
-    def dsn(self, database: str | None = None) -> str:
-        parsed = make_url(self.admin_url).set(drivername="postgresql")
-        if database is not None:
-            parsed = parsed.set(database=database)
-        return parsed.render_as_string(hide_password=False)
-
-    def admin(self) -> psycopg.Connection:
-        return psycopg.connect(self.dsn(), autocommit=True)
-
-    def name(self, suffix: str) -> str:
-        return f"{self.prefix}_{suffix}"
-
-    def create_database(self, suffix: str, template: str | None = None) -> str:
-        """CREATE DATABASE (optionally a copy of ``template``); returns its name."""
-        name = self.name(suffix)
-        with self.admin() as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
-            if template is None:
-                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-            else:
-                conn.execute(
-                    sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-                        sql.Identifier(name), sql.Identifier(template)
-                    )
-                )
-        self._created.append(name)
-        return name
-
-    def drop_database(self, name: str) -> None:
-        with contextlib.suppress(psycopg.Error), self.admin() as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
-        if name in self._created:
-            self._created.remove(name)
-
-    def drop_all(self) -> None:
-        for name in list(reversed(self._created)):
-            self.drop_database(name)
-
-    def checkpoint(self) -> None:
-        """A CHECKPOINT so every timed run starts from the same WAL/full-page-image state."""
-        with contextlib.suppress(psycopg.Error), self.admin() as conn:
-            conn.execute("CHECKPOINT")
 
 
 @contextlib.contextmanager

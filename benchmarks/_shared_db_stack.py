@@ -31,10 +31,9 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine, make_url
 
 from reminder_pipeline.store import metrics_repository, queries
-
-from ._infra import Servers
-from ._snapshot import HeldSnapshot
-from .peak import feed
+from reminder_pipeline_testkit.feeder import feed
+from reminder_pipeline_testkit.held_snapshot import HeldSnapshot
+from reminder_pipeline_testkit.servers import Servers
 
 #: The partial index the due statement walks, and the relay's unpublished index.
 DUE_INDEX = "ix_event_reminders_status_due_at"

@@ -22,6 +22,10 @@ broker's timestamp) is reported outside every window (with a minute of lead-in) 
 A fault proves something only if its window held reminders: some fell due between its start and
 its end, or were in flight when it began (due before, delivered after). One that held none is
 reported as such and its kind's ``checked`` leaves it out.
+
+What is judged (the rows, the topic, the notifications, the fault records and the workload's
+events) is written to ``outcomes.json`` in the soak's work dir first (:func:`write_outcomes`), so
+``--check`` can judge a kept run again (:func:`read_outcomes`).
 """
 
 from __future__ import annotations
@@ -29,8 +33,10 @@ from __future__ import annotations
 import json
 import statistics
 import time
+import uuid
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import psycopg
 
@@ -133,6 +139,56 @@ def read_rows(dsn: str) -> list[Row]:
             Row(rid, eid, float(due), status, event_status, recipients, int(outbox), at_creation)
         )
     return out
+
+
+def write_outcomes(
+    path: Path,
+    rows: list[Row],
+    topic: Topic,
+    notified: list[tuple[float, str, str]],
+    faults: list[FaultRecord],
+    events: dict[str, EventRecord],
+) -> None:
+    """What :func:`check` judges, as one JSON object (payloads as text, byte for byte)."""
+    data = {
+        "rows": [asdict(r) for r in rows],
+        "topic": {
+            "messages": {
+                rid: [[t, payload.decode("utf-8", "surrogateescape")] for t, payload in msgs]
+                for rid, msgs in topic.messages.items()
+            },
+            "unreadable": topic.unreadable,
+        },
+        "notified": [list(n) for n in notified],
+        "faults": [asdict(f) for f in faults],
+        "events": {eid: {**asdict(e), "event_id": str(e.event_id)} for eid, e in events.items()},
+    }
+    path.write_text(json.dumps(data))
+
+
+def read_outcomes(
+    path: Path,
+) -> tuple[
+    list[Row], Topic, list[tuple[float, str, str]], list[FaultRecord], dict[str, EventRecord]
+]:
+    """What :func:`write_outcomes` wrote, as :func:`check` takes it (a field left out takes its
+    default)."""
+    data = json.loads(path.read_text())
+    rows = [Row(**{**r, "recipients": tuple(r["recipients"])}) for r in data["rows"]]
+    topic = Topic(
+        {
+            rid: [(t, payload.encode("utf-8", "surrogateescape")) for t, payload in msgs]
+            for rid, msgs in data["topic"]["messages"].items()
+        },
+        data["topic"].get("unreadable", 0),
+    )
+    notified = [(float(at), str(rid), str(who)) for at, rid, who in data["notified"]]
+    faults = [FaultRecord(**f) for f in data["faults"]]
+    events = {
+        eid: EventRecord(**{**e, "event_id": uuid.UUID(e["event_id"])})
+        for eid, e in data["events"].items()
+    }
+    return rows, topic, notified, faults, events
 
 
 def _stats(values: list[float]) -> dict[str, float | int | None]:

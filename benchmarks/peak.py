@@ -34,13 +34,16 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import psutil
 import psycopg
 
+from reminder_pipeline_testkit.daemon import prepare_dagster, spawn_daemon
+from reminder_pipeline_testkit.feeder import feed
+from reminder_pipeline_testkit.servers import Servers
+
 from ._dueq import percentile
-from ._infra import Servers, progress, servers
+from ._infra import progress, servers
 
 BURSTS = (1_000, 10_000, 50_000)
 QUICK_BURSTS = (500,)
@@ -65,7 +68,7 @@ TARGETS = {
 }
 
 
-# --- the load generator (pure: due times, then set-based inserts) ---------------------------------
+# --- the load generator (pure: due times; reminder_pipeline_testkit.feeder inserts them) ----------
 
 
 @dataclass(frozen=True)
@@ -102,54 +105,6 @@ def busiest(slots: list[Slot], count: int) -> list[Slot]:
     windows = [marks[i : i + count] for i in range(len(marks) - count + 1)]
     best = max(windows, key=lambda w: sum(by_minute.get(m, 0) for m in w))
     return [Slot(m, by_minute.get(m, 0)) for m in best]
-
-
-#: ``n`` events with one reminder each, due on the whole seconds of ``spread`` seconds from ``due``
-#: (60: every second of the minute).
-INSERT_DUE = """
-WITH ev AS (
-    INSERT INTO calendar_events (id, tenant_id, owner_user_id, kind, start_at, time_zone)
-    SELECT gen_random_uuid(), gen_random_uuid(), gen_random_uuid(), 'Meeting',
-           %(due)s + interval '15 minutes' + (g %% %(spread)s) * interval '1 second',
-           (ARRAY['Europe/Moscow','Asia/Vladivostok','Europe/Kaliningrad',
-                  'Asia/Yekaterinburg','Asia/Novosibirsk'])[1 + g %% 5]
-      FROM generate_series(1, %(n)s) AS g
-    RETURNING id, start_at
-)
-INSERT INTO event_reminders (id, calendar_event_id, offset_minutes, due_at, created_at)
-SELECT gen_random_uuid(), id, 15, start_at - interval '15 minutes', now() - interval '2 days'
-  FROM ev
-"""
-
-#: While pending: a share of the rows just inserted have their event cancelled (the dispatcher
-#: skips them), another share rescheduled 30 minutes later (their reminder no longer due now).
-DISTURB = """
-WITH picked AS (
-    SELECT r.id AS rid, e.id AS eid, row_number() OVER (ORDER BY r.id) AS k
-      FROM event_reminders r JOIN calendar_events e ON e.id = r.calendar_event_id
-     WHERE r.status = 'Pending' AND r.due_at >= %(due)s AND r.due_at < %(due)s + interval '1 minute'
-),
-cancelled AS (
-    UPDATE calendar_events e SET status = 'Cancelled'
-      FROM picked p WHERE e.id = p.eid AND p.k %% 20 = 0 RETURNING e.id
-),
-moved AS (
-    UPDATE event_reminders r SET due_at = r.due_at + interval '30 minutes'
-      FROM picked p WHERE r.id = p.rid AND p.k %% 20 = 1 RETURNING r.id
-)
-SELECT (SELECT count(*) FROM cancelled), (SELECT count(*) FROM moved)
-"""
-
-
-def feed(dsn: str, due: datetime, n: int, disturb: bool, spread_s: int = 60) -> tuple[int, int]:
-    """``n`` reminders due within the minute from ``due`` (spread over its whole seconds, or over
-    the first ``spread_s``); optionally cancel/reschedule 5 % each."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(INSERT_DUE, {"due": due, "n": n, "spread": spread_s})
-        if not disturb:
-            return 0, 0
-        row = conn.execute(DISTURB, {"due": due}).fetchone()
-        return (int(row[0]), int(row[1])) if row else (0, 0)
 
 
 # --- measuring ------------------------------------------------------------------------------------
@@ -400,48 +355,6 @@ def _start_daemon(srv: Servers) -> tuple[subprocess.Popen, str, str, object]:
     return spawn_daemon(env, home), srv.dsn(app_db), app_db, instance
 
 
-def prepare_dagster(srv: Servers, app_suffix: str) -> tuple[dict[str, str], Path, str, object]:
-    """The application and Dagster databases, a ``DAGSTER_HOME`` with the shipped instance config,
-    the daemon's environment; returns (env, home, application database, instance)."""
-    from dagster import DagsterInstance
-
-    from reminder_pipeline.local.dagster_processes import dagster_storage_url, prepare_home
-    from reminder_pipeline.store import migrate
-    from reminder_pipeline.store.engine import make_engine
-
-    app_db, dag_db = srv.create_database(app_suffix), srv.create_database("dagster")
-    engine = make_engine(srv.url(app_db), pool_size=1)
-    migrate.upgrade(engine)
-    engine.dispose()
-    home = srv.workdir / "dagster_home"
-    prepare_home(home)
-    env = {
-        **os.environ,
-        "DATABASE_URL": srv.url(app_db),
-        "KAFKA_BOOTSTRAP_SERVERS": srv.bootstrap_servers,
-        "DAGSTER_PG_URL": dagster_storage_url(srv.url(dag_db)),
-        "DAGSTER_HOME": str(home),
-        "DAGSTER_DISABLE_TELEMETRY": "1",
-    }
-    os.environ.update({k: env[k] for k in ("DAGSTER_PG_URL", "DAGSTER_HOME")})
-    instance = DagsterInstance.from_config(str(home))  # Dagster's schema before the daemon
-    return env, home, app_db, instance
-
-
-def spawn_daemon(env: dict[str, str], home: Path) -> subprocess.Popen:
-    """``dagster-daemon run`` in a session of its own (its group: the code server, the runs)."""
-    exe = os.path.join(os.path.dirname(sys.executable), "dagster-daemon")
-    log = (home / "daemon.log").open("ab")
-    return subprocess.Popen(
-        [exe, "run", "-w", str(home / "workspace.yaml")],
-        env=env,
-        cwd=home,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-
-
 def plan(args: argparse.Namespace) -> list[tuple[str, list[tuple[int, int, bool]]]]:
     """The phases: (name, [(minute index, reminders due in it, disturb)])."""
     phases = [(f"burst {n:,}", [(0, n, False)]) for n in args.bursts]
@@ -484,9 +397,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     with servers() as srv, contextlib.ExitStack() as stack:
         from reminder_pipeline.messaging.kafka import ensure_topic
+        from reminder_pipeline_testkit.dedup_store import dedup_database
 
         from ._dagster import Reader
-        from .consumer import dedup_database
 
         dedup_url = (
             stack.enter_context(dedup_database(srv.admin_url)) if args.dedup == "postgres" else None

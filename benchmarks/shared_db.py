@@ -18,6 +18,10 @@ at the cycle's AsOf right after it, the cycle's max lateness, the dead tuples of
 who holds back the xmin horizon, and B/A of each; then the verdicts of issue 41's done-when
 (PASS / MISS / INFO) with the date and the load average. Progress lines on stderr, the tables on
 stdout; the exit code is non-zero only when a figure could not be measured.
+
+``--plan`` prints the minutes it would feed and exits; ``--verdicts REPORT`` judges the report a
+run wrote with ``--json`` again (the done-when's bounds as this code has them) and exits, writing
+the report with those verdicts to ``--json``'s file when given. Neither starts a server.
 """
 
 from __future__ import annotations
@@ -32,10 +36,12 @@ import sys
 import threading
 import time
 from datetime import UTC, datetime
+from pathlib import Path
+
+from reminder_pipeline_testkit.held_snapshot import HeldSnapshot
 
 from ._infra import progress, servers
 from ._shared_db_stack import PG_SETTINGS, Sample, Stack, prepare
-from ._snapshot import HeldSnapshot
 
 DEFAULT_PHASES = "4@300,5@1000"
 #: Issue 41's done-when: B's max lateness, B's median dispatch against A's in the last phase,
@@ -161,7 +167,11 @@ def run(args: argparse.Namespace) -> dict:
         "tail_minutes": args.tail,
         "interval_s": interval,
         "single": args.single,
-        "snapshot": {"held_on": "B", "at_end": snapshot_end},
+        "snapshot": {
+            "held_on": "B",
+            "application_name": b.snapshot.application_name,
+            "at_end": snapshot_end,
+        },
         "due_statement_found": {s.name: s.due_queryid is not None for s in stacks},
         "feed_notes": {s.name: s.feed_lines for s in stacks},
         "stacks": {s.name: [x.as_dict() for x in s.samples] for s in stacks},
@@ -336,12 +346,30 @@ def tables(report: dict) -> str:
             f"{_pair(y.get('outbox_index_mb'), x['outbox_index_mb'], 2):>20}  "
             f"{_holder(y) if y else '-':>16}  {_holder(x):>40}"
         )
-    lines += ["", "verdicts (issue 41, done when):"]
-    for v in verdicts(report):
-        lines.append(f"  {v['figure']:<62} {v['target']:<44} {v['measured']:<44} {v['result']}")
+    lines += ["", *verdict_lines(report)]
     for name, notes in report["feed_notes"].items():
         lines += [f"  feed {name}: {note}" for note in notes]
     return "\n".join(lines)
+
+
+def verdict_lines(report: dict) -> list[str]:
+    """The verdicts of issue 41's done-when, one line each under a heading."""
+    lines = ["verdicts (issue 41, done when):"]
+    for v in verdicts(report):
+        lines.append(f"  {v['figure']:<62} {v['target']:<44} {v['measured']:<44} {v['result']}")
+    return lines
+
+
+def plan_lines(phases: list[tuple[int, float]], tail: int, interval: int) -> list[str]:
+    """What a run would feed: the phases, then each minute's rate and reminders."""
+    lines = [
+        f"shared_db plan: {_phases_text(phases)}, then {tail} min with nothing fed; a dispatch "
+        f"every {interval} s on each stack"
+    ]
+    for minute, rate in enumerate(minute_rates(phases, tail), start=1):
+        fed = f"{rate:g}/s, {round(rate * interval):,} reminders" if rate else "nothing fed"
+        lines.append(f"  minute {minute}: {fed}")
+    return lines
 
 
 def _holder(x: dict) -> str:
@@ -367,6 +395,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tail", type=int, default=1, help="minutes with nothing fed at the end")
     parser.add_argument("--single", action="store_true", help="stack B only (the long run)")
     parser.add_argument("--json", default=None, metavar="FILE", help="write every figure here")
+    parser.add_argument("--plan", action="store_true", help="print the minutes fed and exit")
+    parser.add_argument(
+        "--verdicts",
+        default=None,
+        metavar="REPORT",
+        help="judge the report a run wrote with --json again and exit (no servers)",
+    )
     parser.add_argument("--keep-workdir", action="store_true", help="keep the servers' dirs")
     # Internal, for the smoke test: the "minute" in seconds.
     parser.add_argument("--interval", type=int, default=60, help=argparse.SUPPRESS)
@@ -379,6 +414,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     if args.tail < 0 or args.interval < 2:
         parser.error("--tail must be >= 0 (and the interval >= 2 s)")
+    if args.plan:
+        print("\n".join(plan_lines(args.phases, args.tail, args.interval)))
+        return 0
+    if args.verdicts:
+        return _judge_again(Path(args.verdicts), args.json)
     report = run(args)
     report["verdicts"] = verdicts(report)
     print(tables(report))
@@ -389,6 +429,17 @@ def main(argv: list[str] | None = None) -> int:
         x["error"] for samples in report["stacks"].values() for x in samples
     )
     return 1 if unmeasured or any(v["result"] == "ERROR" for v in report["verdicts"]) else 0
+
+
+def _judge_again(path: Path, out: str | None) -> int:
+    """``--verdicts``: the verdicts of a report already written, printed (and written to ``out``)."""
+    report = json.loads(path.read_text())
+    report["verdicts"] = verdicts(report)
+    print("\n".join(verdict_lines(report)))
+    if out:
+        with open(out, "w") as f:
+            json.dump(report, f, indent=2, default=str)
+    return 1 if any(v["result"] == "ERROR" for v in report["verdicts"]) else 0
 
 
 if __name__ == "__main__":

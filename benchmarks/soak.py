@@ -15,11 +15,13 @@ SIGKILLed and restarted; PostgreSQL's, the broker's and the de-dup store's packe
 PostgreSQL a stuck peer and slowed, a COMMIT cut before its answer, once a failover to a
 replica that lost the last commits, and once a REPEATABLE READ snapshot held open for several
 minutes (``long_snapshot``: the xmin horizon held back while the load runs). Then it waits for the pipeline to drain and checks
-(``_soak_check``).
+(``_soak_check``); what it judged is kept as ``outcomes.json`` in the work dir (``--keep-workdir``),
+and ``--check FILE`` judges such a file again (no servers).
 
 Packet drops need a network namespace of its own: the command re-runs itself under ``unshare -n``
 (root and iptables; without them it refuses in one line). The plan goes to stderr first
-(``--plan`` prints it and exits, no servers); the report goes to stdout, as a table or
+(``--plan`` prints it and exits, no servers; with ``--json`` one JSON object a line, and
+``--seed`` may then name several: ``0-99,4242``); the report goes to stdout, as a table or
 (``--json``) one JSON object whose top-level keys include ``faults``, ``checked``, ``lost``,
 ``doubled``, ``sent_after_cancel`` and ``recovery_max_s``. The exit code is 1 when an invariant
 failed (lost, doubled or sent after cancel), 2 when the soak cannot run here, 0 otherwise.
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -41,7 +44,7 @@ from pathlib import Path
 import psycopg
 
 from ._infra import progress
-from ._soak_plan import Fault, needs_own_network, plan_faults, plan_lines, scale
+from ._soak_plan import Fault, needs_own_network, plan_faults, plan_lines, plan_record, scale
 
 #: After the last fault: how long to wait at most for every due reminder to be notified.
 DRAIN_TIMEOUT_S = 420.0
@@ -116,7 +119,7 @@ def _drained(stack, workload_events: int, notified_ids: set[str]) -> tuple[bool,
 
 
 def run(minutes: float, seed: int, rate: float, burst: int, keep: bool, own_network: bool) -> dict:
-    from ._soak_check import check, read_rows, read_topic
+    from ._soak_check import check, read_rows, read_topic, write_outcomes
     from ._soak_load import LEAD_SECONDS, Workload
     from ._soak_stack import Stack
 
@@ -169,6 +172,7 @@ def run(minutes: float, seed: int, rate: float, burst: int, keep: bool, own_netw
         with stack.notified.lock:
             notified = list(stack.notified.lines)
         events = {str(k): v for k, v in workload.events.items()}
+        write_outcomes(workdir / "outcomes.json", rows, topic, notified, records, events)
         report = check(rows, topic, notified, records, events)
         report.update(
             {
@@ -229,20 +233,40 @@ def _wait_first_run(stack, timeout: float = 300.0) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.soak", description=__doc__)
     parser.add_argument("--minutes", type=float, default=30.0, help="workload minutes (30)")
-    parser.add_argument("--seed", type=int, default=1, help="the fault plan's seed (1)")
+    parser.add_argument(
+        "--seed", default="1", help="the fault plan's seed (1); with --plan several: 0-99,4242"
+    )
     parser.add_argument("--rate", type=float, default=30.0, help="reminders a minute (30)")
     parser.add_argument("--burst", type=int, default=500, help="reminders per burst (500)")
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
     parser.add_argument("--plan", action="store_true", help="print the fault plan and exit")
+    parser.add_argument(
+        "--check",
+        metavar="OUTCOMES",
+        help="judge a kept run's outcomes.json again and exit (no servers)",
+    )
     parser.add_argument("--keep-workdir", action="store_true", help="keep logs and data dirs")
     # Internal: set by the command itself when it re-runs under `unshare -n`.
     parser.add_argument("--in-own-network", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    try:
+        seeds = _seeds(args.seed)
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.minutes <= 0:
         parser.error("--minutes must be more than 0")
+    if args.check:
+        return _check_again(Path(args.check), args.json)
     if args.plan:
-        print("\n".join(plan_lines(args.seed, args.minutes)))
+        for seed in seeds:
+            if args.json:
+                print(json.dumps(plan_record(seed, args.minutes)))
+            else:
+                print("\n".join(plan_lines(seed, args.minutes)))
         return 0
+    if len(seeds) > 1:
+        parser.error("--seed names one seed for a run (several only with --plan)")
+    args.seed = seeds[0]
     plan = plan_faults(args.seed, args.minutes)
     if needs_own_network(plan) and not args.in_own_network:
         return _rerun_in_own_network(sys.argv[1:] if argv is None else argv, args.minutes)
@@ -269,9 +293,43 @@ def main(argv: list[str] | None = None) -> int:
                 f"{entry['detail']}{_held_text(entry)}{empty}"
             )
         print(json.dumps({k: report[k] for k in ("workload", "supervised_restarts")}))
-        for what, examples in report["examples"].items():
-            for rid, why in examples.items():
-                print(f"  {what}: reminder {rid}: {why}")
+        _print_examples(report)
+    return _exit_code(report)
+
+
+def _seeds(text: str) -> list[int]:
+    """``26``, ``1,5,20-29``: every seed named, in order."""
+    seeds: list[int] = []
+    for part in text.split(","):
+        match = re.fullmatch(r"\s*(\d+)(?:-(\d+))?\s*", part)
+        if match is None:
+            raise ValueError(f"--seed takes seeds such as 26 or 0-99,4242, not {text!r}")
+        low, high = int(match[1]), int(match[2] or match[1])
+        seeds += range(low, high + 1)
+    return seeds
+
+
+def _check_again(path: Path, as_json: bool) -> int:
+    """``--check``: the outcomes a run kept, judged again by this code's checker."""
+    from ._soak_check import check, read_outcomes, table
+
+    report = check(*read_outcomes(path))
+    if as_json:
+        print(json.dumps(report, default=str))
+    else:
+        print(table(report))
+        _print_examples(report)
+    return _exit_code(report)
+
+
+def _print_examples(report: dict) -> None:
+    for what, examples in report["examples"].items():
+        for rid, why in examples.items():
+            print(f"  {what}: reminder {rid}: {why}")
+
+
+def _exit_code(report: dict) -> int:
+    """1 when an invariant failed (lost, doubled or sent after cancel), else 0."""
     failed = report["lost"] or report["doubled"] or report["sent_after_cancel"]
     return 1 if failed else 0
 
@@ -284,7 +342,7 @@ def _held_text(entry: dict) -> str:
 
 def _rerun_in_own_network(argv: list[str], minutes: float) -> int:
     """This command again under ``unshare -n`` (its own loopback, iptables of its own)."""
-    from .netns import netns_unavailable, run_in_own_network
+    from reminder_pipeline_testkit.netns import netns_unavailable, run_in_own_network
 
     reason = netns_unavailable()
     if reason is not None:

@@ -315,8 +315,8 @@ def start_slow_broker(state_dir, delay: float):
 
     Returns (bootstrap servers, stop function).
     """
-    from benchmarks.fault_proxy import spawn_advertising_broker
     from reminder_pipeline.local.processes import free_port
+    from reminder_pipeline_testkit.fault_proxy import spawn_advertising_broker
 
     real, advertised = free_port(), free_port()
     _broker, stop_broker = spawn_advertising_broker(state_dir, real, advertised)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.consumer import dedup_database
 from reminder_pipeline.config import KafkaSettings
+from reminder_pipeline_testkit.dedup_store import dedup_database
 
 from .lane import Lane, new_lane
 
@@ -22,6 +22,7 @@ def lane(kafka_settings: KafkaSettings, tmp_path: Path) -> Lane:
 @pytest.fixture
 def shared_dedup_url(pg_admin_url: str) -> Iterator[str]:
     """The shared de-dup store on the session's server, as compose makes it
-    (:func:`benchmarks.consumer.dedup_database`: the initdb role script, a login of its own)."""
+    (:func:`reminder_pipeline_testkit.dedup_store.dedup_database`: the initdb role script, a login
+    of its own)."""
     with dedup_database(pg_admin_url) as url:
         yield url

@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import make_url
 
-from benchmarks.consumer import dedup_database
 from reminder_pipeline.config import ConfigError
 from reminder_pipeline.consumer import ConsumerMetrics, PostgresDedupStore, ReminderConsumer
 from reminder_pipeline.consumer import metrics as m
 from reminder_pipeline.consumer.dedup import psycopg_dsn
 from reminder_pipeline.local.servers import EmbeddedPostgres, free_port
+from reminder_pipeline_testkit.dedup_store import dedup_database
 
 from .lane import Lane, RecordingSink, a_payload, committed, wait_until
 

@@ -104,7 +104,8 @@ def test_the_docs_index_lists_every_page():
 def test_nothing_a_user_reads_cites_the_seed():
     """Users have docs/design.md and docs/contract.md, not the spec they were written from."""
     places = [ROOT / "README.md", ROOT / "dagster.yaml"]
-    for folder in ("reminder_pipeline", "docs", "docker", "benchmarks", "sql", "scripts"):
+    folders = ("reminder_pipeline", "reminder_pipeline_testkit", "docs", "docker", "benchmarks")
+    for folder in (*folders, "sql", "scripts"):
         places += [p for p in (ROOT / folder).rglob("*") if p.is_file() and p.suffix != ".pyc"]
     citing = []
     for path in places:

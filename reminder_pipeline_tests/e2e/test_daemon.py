@@ -23,9 +23,10 @@ from dagster_graphql import DagsterGraphQLClient, DagsterGraphQLClientError
 from reminder_pipeline.defs.assets import DISPATCH_ASSET_KEY
 from reminder_pipeline.local import dagster_processes as orchestrator
 from reminder_pipeline.local.servers import free_port
+from reminder_pipeline_testkit.browser import chromium_path
 from reminder_pipeline_tests.support import make_due_event, reminders
 
-from .ui import check_ui, chromium_path
+from .ui import check_ui
 
 pytestmark = [
     pytest.mark.slow,

@@ -22,8 +22,10 @@ import urllib.request
 
 import pytest
 
+from reminder_pipeline_testkit.browser import chromium_path
+
 from ..support import read_until, up_env
-from .ui import chromium_path, shoot_asset_checks
+from .ui import shoot_asset_checks
 
 pytestmark = pytest.mark.slow
 

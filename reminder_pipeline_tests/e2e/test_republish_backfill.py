@@ -26,9 +26,8 @@ from reminder_pipeline.defs.republish import (
 from reminder_pipeline.local import dagster_processes as orchestrator
 from reminder_pipeline.local.servers import free_port
 from reminder_pipeline.operator_jobs.republish import HEADER_REPUBLISHED_BY_RUN
+from reminder_pipeline_testkit.browser import CHROMIUM_FLAGS, chromium_path
 from reminder_pipeline_tests.support import publish_two_days, utcnow, wait_for_republished
-
-from .ui import CHROMIUM_FLAGS, chromium_path
 
 pytestmark = [pytest.mark.slow]
 

@@ -19,9 +19,8 @@ from reminder_pipeline.defs.assets import WRITING_JOBS
 from reminder_pipeline.local import dagster_processes as orchestrator
 from reminder_pipeline.local.servers import free_port
 from reminder_pipeline.operator_jobs import trace as trace_lookup
+from reminder_pipeline_testkit.browser import CHROMIUM_FLAGS, chromium_path
 from reminder_pipeline_tests.support import make_due_event, reminders
-
-from .ui import CHROMIUM_FLAGS, chromium_path
 
 pytestmark = [
     pytest.mark.slow,

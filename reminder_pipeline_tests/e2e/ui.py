@@ -1,30 +1,15 @@
 """What an operator sees in the Dagster UI, checked in headless Chromium (Debian's package, no download).
 
-Playwright for Python drives ``/usr/bin/chromium`` through ``executable_path``; screenshots of each
-page go to the artifacts directory.
+Playwright for Python drives ``/usr/bin/chromium`` through ``executable_path``
+(``reminder_pipeline_testkit.browser``); screenshots of each page go to the artifacts directory.
 """
 
 from __future__ import annotations
 
 import re
-import shutil
 from pathlib import Path
 
-CHROMIUM_FLAGS = [
-    "--headless=new",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-
-
-def chromium_path() -> str | None:
-    """The system Chromium, if installed."""
-    return shutil.which("chromium") or shutil.which("chromium-browser")
+from reminder_pipeline_testkit.browser import CHROMIUM_FLAGS, chromium_path
 
 
 def check_ui(base_url: str, artifacts: Path, *, timeout_ms: int = 60_000) -> list[Path]:

@@ -1,7 +1,7 @@
 """Fixtures of the fault tests: a fault proxy in front of the session's PostgreSQL.
 
-The proxy is :class:`benchmarks.fault_proxy.FaultProxy` (plain asyncio on a daemon thread);
-packet drops, which a proxy cannot make, are in :mod:`benchmarks.netns`.
+The proxy is :class:`reminder_pipeline_testkit.fault_proxy.FaultProxy` (plain asyncio on a daemon
+thread); packet drops, which a proxy cannot make, are in :mod:`reminder_pipeline_testkit.netns`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy.engine import make_url
 
-from benchmarks.fault_proxy import FaultProxy, pg_url_via
+from reminder_pipeline_testkit.fault_proxy import FaultProxy, pg_url_via
 
 
 def psycopg_dsn(url: str) -> str:

@@ -1,7 +1,7 @@
 """Packet-drop scenario: how a bounded libpq connection notices a black-holed PostgreSQL.
 
-Run in a network namespace of its own (``benchmarks.netns.run_in_own_network``), from the
-repository root: ``python -m reminder_pipeline_tests.faults.scenario_drop_probe``. It starts an
+Run in a network namespace of its own (``reminder_pipeline_testkit.netns.run_in_own_network``), from
+the repository root: ``python -m reminder_pipeline_tests.faults.scenario_drop_probe``. It starts an
 embedded PostgreSQL on a free port in a temporary directory, connects with TCP keepalives and
 ``tcp_user_timeout``, drops the port's packets both ways (iptables), runs a query, and prints one
 JSON line: whether the query failed, how, and after how many seconds.
@@ -14,8 +14,8 @@ from typing import Any
 
 import psycopg
 
-from benchmarks.netns import drop_port, undrop_port
 from reminder_pipeline.local.servers import EmbeddedPostgres
+from reminder_pipeline_testkit.netns import drop_port, undrop_port
 from reminder_pipeline_tests.faults.scenarios import run_on_own_server
 
 #: libpq's client-side bounds: keepalive probes after 2 s idle, and unacknowledged data given up

@@ -1,13 +1,13 @@
 """Packet-drop scenario: the metrics exporter scraped while its database is black-holed.
 
-Run in a network namespace of its own (``benchmarks.netns.run_in_own_network``), from the
-repository root: ``python -m reminder_pipeline_tests.faults.scenario_exporter_drop``. It starts
+Run in a network namespace of its own (``reminder_pipeline_testkit.netns.run_in_own_network``), from
+the repository root: ``python -m reminder_pipeline_tests.faults.scenario_exporter_drop``. It starts
 an embedded PostgreSQL and the exporter on it (with Dagster's daemon heartbeats read through
-psycopg2 on the same server, as in a deployment), scrapes once, drops the port's packets both
-ways (iptables), scrapes a few times during the drop, lets the packets through and scrapes until
-``up`` is 1 again. It prints one JSON line: each scrape's seconds and ``up`` during the drop (a
-scrape past Prometheus' 10 s is recorded as no answer), and how long after the packets flowed
-again the figures came back.
+psycopg2 on the same server, as in a deployment), scrapes once, drops the port's packets both ways
+(iptables), scrapes a few times during the drop, lets the packets through and scrapes until ``up``
+is 1 again. It prints one JSON line: each scrape's seconds and ``up`` during the drop (a scrape past
+Prometheus' 10 s is recorded as no answer), and how long after the packets flowed again the figures
+came back.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from benchmarks.netns import drop_port, undrop_port
 from reminder_pipeline.local.servers import EmbeddedPostgres
 from reminder_pipeline.observability import exporter as exp
 from reminder_pipeline.store.engine import dagster_storage_url
+from reminder_pipeline_testkit.netns import drop_port, undrop_port
 from reminder_pipeline_tests.faults.scenario_relay_drop import own_servers
 from reminder_pipeline_tests.observability.helpers import exporter_settings, scrape
 

@@ -1,15 +1,15 @@
 """Packet-drop scenario: a relay holding the relay lock whose lock session is black-holed.
 
-Run in a network namespace of its own (``benchmarks.netns.run_in_own_network``), from the
-repository root: ``python -m reminder_pipeline_tests.faults.scenario_relay_drop``. It starts an
+Run in a network namespace of its own (``reminder_pipeline_testkit.netns.run_in_own_network``), from
+the repository root: ``python -m reminder_pipeline_tests.faults.scenario_relay_drop``. It starts an
 embedded PostgreSQL and an embedded broker, lets a relay publish a dispatch's rows and, once the
 broker acknowledged them and before the relay marks them published, drops the packets of that
 relay's lock session only (its client port, found in ``pg_stat_activity``; iptables, both ways).
-Another dispatcher, started while the lock is held, runs a cycle over the same database. It
-prints one JSON line: how and when the stuck relay ended (the CLI's exit code and one line),
-when the server let go of the lock, what the other cycle's relay did, and whether every row
-marked published has its message on the topic. The server is watched through its Unix socket,
-which the drop does not touch.
+Another dispatcher, started while the lock is held, runs a cycle over the same database. It prints
+one JSON line: how and when the stuck relay ended (the CLI's exit code and one line), when the
+server let go of the lock, what the other cycle's relay did, and whether every row marked published
+has its message on the topic. The server is watched through its Unix socket, which the drop does not
+touch.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from benchmarks.netns import drop_port, undrop_port
 from reminder_pipeline import cycle
 from reminder_pipeline.cli.exits import exit_code, message
 from reminder_pipeline.config import KafkaSettings
@@ -36,6 +35,7 @@ from reminder_pipeline.messaging.kafka import KafkaPublisher, ensure_topic
 from reminder_pipeline.messaging.relay import publish_outbox
 from reminder_pipeline.store import migrate
 from reminder_pipeline.store.engine import make_engine
+from reminder_pipeline_testkit.netns import drop_port, undrop_port
 from reminder_pipeline_tests.faults.test_stuck_relay import in_thread, lock_held
 from reminder_pipeline_tests.support import KafkaReader, bulk_due, outbox_rows, utcnow
 

@@ -1,14 +1,13 @@
 """Packet-drop scenario: a dispatch whose PostgreSQL is black-holed as a batch sends COMMIT.
 
-Run in a network namespace of its own (``benchmarks.netns.run_in_own_network``), from the
-repository root: ``python -m reminder_pipeline_tests.faults.scenario_silent_database``. It starts
-an embedded PostgreSQL, leaves the dispatcher's pool an idle session besides the one it works
-on, drops the port's packets both ways (iptables) when the second batch commits, and prints one
-JSON line: how the cycle ended and when, whether a batch was half moved, when the server had
-ended every session of the dispatcher (the one idle in a transaction by
-``idle_in_transaction_session_timeout``, the idle one by its TCP keepalives), and the statuses
-after the packets flow again and one more cycle ran. The server is watched through its Unix
-socket, which the drop does not touch.
+Run in a network namespace of its own (``reminder_pipeline_testkit.netns.run_in_own_network``), from
+the repository root: ``python -m reminder_pipeline_tests.faults.scenario_silent_database``. It
+starts an embedded PostgreSQL, leaves the dispatcher's pool an idle session besides the one it works
+on, drops the port's packets both ways (iptables) when the second batch commits, and prints one JSON
+line: how the cycle ended and when, whether a batch was half moved, when the server had ended every
+session of the dispatcher (the one idle in a transaction by ``idle_in_transaction_session_timeout``,
+the idle one by its TCP keepalives), and the statuses after the packets flow again and one more
+cycle ran. The server is watched through its Unix socket, which the drop does not touch.
 """
 
 from __future__ import annotations
@@ -20,12 +19,12 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import event
 
-from benchmarks.netns import drop_port, undrop_port
 from reminder_pipeline import cycle
 from reminder_pipeline.local.servers import EmbeddedPostgres
 from reminder_pipeline.store import migrate
 from reminder_pipeline.store.engine import make_engine
 from reminder_pipeline.store.pg_client import SilentDatabase
+from reminder_pipeline_testkit.netns import drop_port, undrop_port
 from reminder_pipeline_tests.faults.scenarios import run_on_own_server
 from reminder_pipeline_tests.support import bulk_due
 

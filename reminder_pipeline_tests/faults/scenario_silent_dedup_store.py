@@ -1,12 +1,12 @@
 """Packet-drop scenario: the consumer's shared de-dup store (PostgreSQL) black-holed mid-use.
 
-Run in a network namespace of its own (``benchmarks.netns.run_in_own_network``), from the
-repository root: ``python -m reminder_pipeline_tests.faults.scenario_silent_dedup_store``. It
-starts an embedded PostgreSQL with the store made as compose makes it, opens the store, drops
-the port's packets both ways (iptables), asks the store what a batch asks, probes it once more
-during the drop, lets the packets through and probes again; prints one JSON line: whether the
-question became an outage (``DedupStoreUnavailable``, which the consumer announces) and after
-how many seconds, what the probe during the drop got, and whether the store answers after.
+Run in a network namespace of its own (``reminder_pipeline_testkit.netns.run_in_own_network``), from
+the repository root: ``python -m reminder_pipeline_tests.faults.scenario_silent_dedup_store``. It
+starts an embedded PostgreSQL with the store made as compose makes it, opens the store, drops the
+port's packets both ways (iptables), asks the store what a batch asks, probes it once more during
+the drop, lets the packets through and probes again; prints one JSON line: whether the question
+became an outage (``DedupStoreUnavailable``, which the consumer announces) and after how many
+seconds, what the probe during the drop got, and whether the store answers after.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import time
 import uuid
 from typing import Any
 
-from benchmarks.consumer import dedup_database
-from benchmarks.netns import drop_port, undrop_port
 from reminder_pipeline.consumer import PostgresDedupStore
 from reminder_pipeline.consumer.dedup import DedupStoreUnavailable
 from reminder_pipeline.local.servers import EmbeddedPostgres
+from reminder_pipeline_testkit.dedup_store import dedup_database
+from reminder_pipeline_testkit.netns import drop_port, undrop_port
 from reminder_pipeline_tests.faults.scenarios import run_on_own_server
 
 

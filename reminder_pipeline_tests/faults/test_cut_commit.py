@@ -1,9 +1,10 @@
-"""A commit whose answer never comes (issue 34, item 5), on the session's real PostgreSQL and broker.
+"""A commit whose answer never comes (issue 34, item 5), on the session's real PostgreSQL and
+broker.
 
-A fault proxy (:mod:`benchmarks.fault_proxy`) between a client and PostgreSQL cuts the connection
-right after the client sent the statement that commits, before its answer reaches it, with the
-server either having it (it commits) or not (it rolls back). The client cannot know which. For
-each of three writes, in both outcomes, nothing is lost and nothing doubles:
+A fault proxy (:mod:`reminder_pipeline_testkit.fault_proxy`) between a client and PostgreSQL cuts
+the connection right after the client sent the statement that commits, before its answer reaches it,
+with the server either having it (it commits) or not (it rolls back). The client cannot know which.
+For each of three writes, in both outcomes, nothing is lost and nothing doubles:
 
 * a dispatch batch's ``COMMIT`` mid-drain: the cycle fails in one line (exit 1 on the command
   line), and the next cycle, through the same engine once the proxy passes again, leaves every
@@ -31,8 +32,6 @@ import sqlalchemy as sa
 from confluent_kafka import Consumer, TopicPartition
 from sqlalchemy.engine import Engine
 
-from benchmarks.consumer import dedup_database
-from benchmarks.fault_proxy import FaultProxy, pg_url_via
 from reminder_pipeline import cycle
 from reminder_pipeline.cli import exits
 from reminder_pipeline.config import KafkaSettings
@@ -43,6 +42,8 @@ from reminder_pipeline.domain.model import CycleCounts
 from reminder_pipeline.messaging.kafka import KafkaPublisher
 from reminder_pipeline.messaging.relay import publish_outbox
 from reminder_pipeline.store.engine import make_engine
+from reminder_pipeline_testkit.dedup_store import dedup_database
+from reminder_pipeline_testkit.fault_proxy import FaultProxy, pg_url_via
 
 from ..chaos.harness import check_invariants, seed_mixed
 from ..consumer.lane import RecordingSink, a_payload, committed, new_lane

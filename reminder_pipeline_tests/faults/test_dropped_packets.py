@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from benchmarks.netns import require_netns, run_in_own_network
 from reminder_pipeline.cli.exits import EXIT_FAILURE
+from reminder_pipeline_testkit.netns import require_netns, run_in_own_network
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 

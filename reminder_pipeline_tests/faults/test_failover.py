@@ -1,14 +1,14 @@
 """A failover that loses commits, end to end (issue 34, item 4), on real servers and the real
 ``dagster-daemon`` running the shipped schedule.
 
-The application's database and Dagster's storage live on an embedded primary with an
-asynchronous streaming replica (:mod:`benchmarks.replica`); every process of the stack (the
+The application's database and Dagster's storage live on an embedded primary with an asynchronous
+streaming replica (:mod:`reminder_pipeline_testkit.replica`); every process of the stack (the
 daemon, its run workers, the exporter, this test's own reads) reaches them through SQLAlchemy's
-multi-host URL (``?host=A:PA&host=B:PB&target_session_attrs=read-write``), as ``DATABASE_URL``
-and Dagster's storage URL. A burst of due reminders, some of cancelled events, falls due on one
-tick; while that tick's run drains it, the primary's WAL stops shipping, the primary commits on
-(rows Sent, their messages published, outbox rows marked) and is SIGKILLed; its address stays
-dead a few seconds, then the replica is promoted. Then:
+multi-host URL (``?host=A:PA&host=B:PB&target_session_attrs=read-write``), as ``DATABASE_URL`` and
+Dagster's storage URL. A burst of due reminders, some of cancelled events, falls due on one tick;
+while that tick's run drains it, the primary's WAL stops shipping, the primary commits on (rows
+Sent, their messages published, outbox rows marked) and is SIGKILLed; its address stays dead a few
+seconds, then the replica is promoted. Then:
 
 * the daemon's next scheduled run succeeds on the new primary; the exporter answered ``up 0``
   while no server was writable and tells the new primary's figures after;
@@ -46,10 +46,6 @@ from dagster import AssetCheckKey, DagsterInstance, DagsterRunStatus, RunsFilter
 from dagster._core.storage.tags import SCHEDULE_NAME_TAG
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks._infra import Servers
-from benchmarks.consumer import dedup_database
-from benchmarks.peak import DISTURB, INSERT_DUE, prepare_dagster, spawn_daemon
-from benchmarks.replica import ReplicaPair
 from reminder_pipeline.consumer import PostgresDedupStore, ReminderConsumer
 from reminder_pipeline.consumer.options import ConsumerOptions
 from reminder_pipeline.defs.assets import DISPATCH_ASSET_KEY
@@ -58,6 +54,11 @@ from reminder_pipeline.local.dagster_processes import dagster_storage_url
 from reminder_pipeline.local.servers import EmbeddedBroker, free_port
 from reminder_pipeline.messaging.kafka import ensure_topic
 from reminder_pipeline.observability import exporter
+from reminder_pipeline_testkit.daemon import prepare_dagster, spawn_daemon
+from reminder_pipeline_testkit.dedup_store import dedup_database
+from reminder_pipeline_testkit.feeder import DISTURB, INSERT_DUE
+from reminder_pipeline_testkit.replica import ReplicaPair
+from reminder_pipeline_testkit.servers import Servers
 
 from ..consumer.lane import RecordingSink
 from ..support import KafkaReader

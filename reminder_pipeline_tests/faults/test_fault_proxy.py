@@ -1,14 +1,14 @@
 """The fault proxy and the packet drop against the real servers (issue 34, item 1).
 
-Each mode of :class:`benchmarks.fault_proxy.FaultProxy` in front of the session's PostgreSQL, as a
-psycopg client sees it: pass answers; latency adds its delay to each direction of a round trip;
-reset breaks a pooled connection and refuses new ones until pass; stuck leaves a query unanswered
-(and new connections unconnected) until the proxy closes, and keeps the server's session of a
-client that gave up until the network returns; a cut COMMIT errors on the client while
-the server commits or rolls back, only on the connections of the application named. In front of
-a Tansu broker: a producer's connections go through the proxy, and a stuck broker fails its
-delivery. And a real packet drop (iptables in a network namespace of the test's own) is noticed
-by a libpq connection with keepalives and ``tcp_user_timeout`` within seconds, not minutes.
+Each mode of :class:`reminder_pipeline_testkit.fault_proxy.FaultProxy` in front of the session's
+PostgreSQL, as a psycopg client sees it: pass answers; latency adds its delay to each direction of a
+round trip; reset breaks a pooled connection and refuses new ones until pass; stuck leaves a query
+unanswered (and new connections unconnected) until the proxy closes, and keeps the server's session
+of a client that gave up until the network returns; a cut COMMIT errors on the client while the
+server commits or rolls back, only on the connections of the application named. In front of a Tansu
+broker: a producer's connections go through the proxy, and a stuck broker fails its delivery. And a
+real packet drop (iptables in a network namespace of the test's own) is noticed by a libpq
+connection with keepalives and ``tcp_user_timeout`` within seconds, not minutes.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ import pytest
 import sqlalchemy as sa
 from confluent_kafka import KafkaError, Producer
 
-from benchmarks.fault_proxy import FaultProxy, start_broker_behind_proxy
-from benchmarks.netns import require_netns, run_in_own_network
+from reminder_pipeline_testkit.fault_proxy import FaultProxy, start_broker_behind_proxy
+from reminder_pipeline_testkit.netns import require_netns, run_in_own_network
 
 from .conftest import psycopg_dsn
 

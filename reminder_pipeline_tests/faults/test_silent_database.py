@@ -23,12 +23,12 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy import event
 
-from benchmarks.fault_proxy import FaultProxy
-from benchmarks.netns import require_netns, run_in_own_network
 from reminder_pipeline import cycle
 from reminder_pipeline.messaging.kafka import KafkaPublisher
 from reminder_pipeline.store.engine import make_engine
 from reminder_pipeline.store.pg_client import SilentDatabase
+from reminder_pipeline_testkit.fault_proxy import FaultProxy
+from reminder_pipeline_testkit.netns import require_netns, run_in_own_network
 from reminder_pipeline_tests.support import bulk_due
 
 pytestmark = pytest.mark.server

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.consumer import dedup_database
-from benchmarks.fault_proxy import FaultProxy, pg_url_via
-from benchmarks.netns import require_netns, run_in_own_network
 from reminder_pipeline.config import KafkaSettings
 from reminder_pipeline.consumer import ConsumerMetrics, PostgresDedupStore, ReminderConsumer
 from reminder_pipeline.consumer import metrics as m
+from reminder_pipeline_testkit.dedup_store import dedup_database
+from reminder_pipeline_testkit.fault_proxy import FaultProxy, pg_url_via
+from reminder_pipeline_testkit.netns import require_netns, run_in_own_network
 from reminder_pipeline_tests.consumer.lane import (
     RecordingSink,
     a_payload,

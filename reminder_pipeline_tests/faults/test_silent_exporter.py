@@ -12,9 +12,9 @@ import time
 import pytest
 import sqlalchemy as sa
 
-from benchmarks.fault_proxy import FaultProxy
 from reminder_pipeline.observability import exporter as exp
 from reminder_pipeline.store.engine import dagster_storage_url
+from reminder_pipeline_testkit.fault_proxy import FaultProxy
 from reminder_pipeline_tests.observability.helpers import (
     captured_json_logs,
     exporter_settings,

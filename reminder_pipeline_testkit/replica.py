@@ -17,9 +17,10 @@ promoted (``pg_promote``). The old primary is never started again (that would be
 :meth:`ReplicaPair.rejoin` puts a fresh replica of the new primary in its place (the same port,
 so the URL stays valid for a second failover).
 
-The pair also answers what ``benchmarks._soak_stack.Stack`` asks of its server (``port``,
-``start``, ``stop``, ``url``, ``pid``), acting on whichever server is the primary now.
-Used by ``reminder_pipeline_tests/faults/test_failover.py`` and the soak's failover fault.
+The pair also answers what the soak's stack (``benchmarks._soak_stack.Stack``) asks of its
+server (``port``, ``start``, ``stop``, ``url``, ``pid``), acting on whichever server is the
+primary now. Used by ``reminder_pipeline_tests/faults/test_failover.py`` and the soak's failover
+fault.
 """
 
 from __future__ import annotations
@@ -282,9 +283,8 @@ class ReplicaPair:
         with psycopg.connect(self._direct(self.replica), autocommit=True) as conn:
             row = conn.execute("SELECT pg_promote(true, %s)", (int(timeout),)).fetchone()
             if not row or not row[0]:
-                raise ServiceError(
-                    f"the replica on port {self.replica.port} was not promoted within {timeout:.0f} s"
-                )
+                port, within = self.replica.port, f"{timeout:.0f} s"
+                raise ServiceError(f"the replica on port {port} was not promoted within {within}")
         self.primary, self.replica = self.replica, None
         self._stopped_at = None
         return time.monotonic() - started

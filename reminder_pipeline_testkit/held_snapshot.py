@@ -5,13 +5,14 @@ open its ``backend_xmin`` holds back the database's xmin horizon: no row version
 dead since it began can be removed or marked dead.
 
 Used by ``benchmarks.shared_db`` (stack B's snapshot, held for the whole run) and by the soak's
-``long_snapshot`` fault (``_soak_stack``).
+``long_snapshot`` fault (``benchmarks._soak_stack``); ``faults/test_held_snapshot.py`` checks it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
+from typing import Any
 
 import psycopg
 
@@ -51,7 +52,7 @@ class HeldSnapshot:
             autocommit=True,  # the BEGIN below is sent as written: the issue's two statements
             application_name=self.application_name,
             options="-c statement_timeout=0 -c idle_in_transaction_session_timeout=0",
-            **pg_client.client_params(),
+            **_bounds(),
         )
         self.pid = self.conn.info.backend_pid
         self.conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
@@ -60,12 +61,12 @@ class HeldSnapshot:
         self.taken_at = time.time()
         return self.rows_seen
 
-    def state(self, dsn: str | None = None) -> dict | None:
+    def state(self, dsn: str | None = None) -> dict[str, Any] | None:
         """From another session: how many transactions old the held xmin is, how many seconds
         the transaction has been open, its state; None when the holder's session is gone."""
         if self.pid is None:
             return None
-        with psycopg.connect(dsn or self.dsn, autocommit=True, **pg_client.client_params()) as conn:
+        with psycopg.connect(dsn or self.dsn, autocommit=True, **_bounds()) as conn:
             row = conn.execute(HOLDER, (self.pid,)).fetchone()
         if row is None:
             return None
@@ -90,3 +91,8 @@ class HeldSnapshot:
             with contextlib.suppress(psycopg.Error):
                 conn.close()
         return alive
+
+
+def _bounds() -> dict[str, Any]:
+    """The client-side bounds every connection here has, as psycopg's keyword arguments."""
+    return dict(pg_client.client_params())
