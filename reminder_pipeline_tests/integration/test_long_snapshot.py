@@ -16,7 +16,6 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import psycopg
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, make_url
@@ -24,6 +23,7 @@ from sqlalchemy.engine import Connection, Engine, make_url
 from reminder_pipeline import cycle
 from reminder_pipeline.cycle.scan import FULL_SWEEP_SECONDS, scan_start
 from reminder_pipeline.store import outbox_repository, repository
+from reminder_pipeline_testkit.held_snapshot import HeldSnapshot
 
 from ..support import POISON_KIND, bulk_due, make_due_event, reminders
 
@@ -34,11 +34,12 @@ DUE_INDEX = "ix_event_reminders_status_due_at"
 def held_snapshot(database_url: str) -> Iterator[None]:
     """A session holding a REPEATABLE READ snapshot that has read the reminders (a report)."""
     dsn = make_url(database_url).set(drivername="postgresql").render_as_string(hide_password=False)
-    with psycopg.connect(dsn) as conn:
-        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-        conn.execute("SELECT count(*) FROM event_reminders").fetchone()
+    held = HeldSnapshot(dsn)
+    held.take()
+    try:
         yield
-        conn.rollback()
+    finally:
+        held.release()
 
 
 def entries_read(conn: Connection) -> int:
