@@ -22,7 +22,7 @@ from sqlalchemy.engine import make_url
 
 from reminder_pipeline.config import Settings
 from reminder_pipeline.domain import contract
-from reminder_pipeline.observability import exporter, health
+from reminder_pipeline.observability import health, metric_names
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
@@ -525,7 +525,7 @@ def test_the_dashboard_has_the_background_jobs_row_and_its_panels():
 
 
 def test_the_dashboard_and_rules_query_only_metrics_the_exporter_serves():
-    served = set(exporter.DISPATCH_METRIC_NAMES) | set(exporter.HEARTBEAT_METRIC_NAMES)
+    served = set(metric_names.DISPATCH_METRIC_NAMES) | set(metric_names.HEARTBEAT_METRIC_NAMES)
     text = DASHBOARD.read_text() + RULES.read_text()
     used = {
         re.sub(r"_(bucket|sum|count)$", "", m)
