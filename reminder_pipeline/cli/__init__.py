@@ -19,7 +19,7 @@ from .consume import consume
 from .context import DEFAULT_PROGRESS_SECONDS, honour_stop_signals
 from .db import db
 from .demo import demo
-from .dispatch import dispatch, relay
+from .dispatch import dispatch, relay_command
 from .dlq import dlq
 from .exits import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, run
 from .forecast import forecast_command
@@ -102,7 +102,18 @@ def cli(ctx: click.Context, log_level: str | None, verbose: bool, progress_secon
     ctx.obj = {"progress_seconds": progress_seconds, "log_level": chosen}
 
 
-for _command in (dispatch, relay, poison, outbox_group, db, services, consume, metrics, demo, up):
+for _command in (
+    dispatch,
+    relay_command,
+    poison,
+    outbox_group,
+    db,
+    services,
+    consume,
+    metrics,
+    demo,
+    up,
+):
     cli.add_command(_command)
 for _command in (dlq, forecast_command):
     cli.add_command(_command)

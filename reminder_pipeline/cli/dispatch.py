@@ -124,10 +124,10 @@ def dispatch(
     return relay_exit(report.relay.failed, report.relay.left)
 
 
-@click.command()
+@click.command("relay")
 @budget_option(help="Stop publishing after this many seconds, 1..600.")
 @json_option
-def relay(budget_seconds: float, as_json: bool) -> int:
+def relay_command(budget_seconds: float, as_json: bool) -> int:
     """Publish unpublished outbox rows now. Exit 3 when some of those unpublished when it
     started are still unpublished at its end (a failed delivery, the budget spent, or the relay
     lock held past the budget by a relay that did not publish them)."""

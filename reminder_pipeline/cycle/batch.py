@@ -69,7 +69,7 @@ def lock_candidates(
     another run's (``reserved_by``: the run that reserved them), locked FOR UPDATE SKIP LOCKED and
     read once, oldest first; ``skipped_locked`` the candidates still Pending that another
     transaction holds, ``gone`` those no longer Pending or due."""
-    rows = repository.lock_candidates(conn, ids, as_of, reserved_by)
+    rows = repository.select_candidates_for_update_skip_locked(conn, ids, as_of, reserved_by)
     taken = {r.reminder_id for r in rows}
     held = repository.count_still_pending(conn, [i for i in ids if i not in taken])
     return Selection(as_of, len(ids), rows, held, gone=len(ids) - len(rows) - held)

@@ -176,7 +176,7 @@ def first_pending_from(
     return None if row is None else ScanPosition(row.due_at, row.reminder_id)
 
 
-def lock_candidates(
+def select_candidates_for_update_skip_locked(
     conn: Connection, ids: Sequence[str], as_of: datetime, reserved_by: str | None = None
 ) -> list[DueReminder]:
     """Lock and read the given candidates that are still Pending, due and not another run's,
