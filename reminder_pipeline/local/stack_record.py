@@ -61,6 +61,19 @@ class Identity:
         return cls(pid, int(fields[19]), args)
 
     @classmethod
+    def of_started(cls, pid: int, timeout: float = 5.0) -> Identity | None:
+        """:meth:`of` a process just started, once its exec has finished: the parent of a
+        ``Popen`` may go on before the child's new command line is in /proc (the kernel closes
+        the exec-closed pipe ``Popen`` waits on first), and an identity recorded then, with no
+        command line, could never be acted on. Polls /proc for up to ``timeout`` seconds."""
+        identity = cls.of(pid)
+        deadline = time.monotonic() + timeout
+        while identity is not None and not identity.cmdline and time.monotonic() < deadline:
+            time.sleep(0.005)
+            identity = cls.of(pid)
+        return identity
+
+    @classmethod
     def _of_psutil(cls, pid: int) -> Identity | None:  # pragma: no cover - not Linux
         import psutil
 
@@ -149,7 +162,7 @@ class StackRecord:
         """Record ``pid`` as ``name`` (written atomically: a reader never sees half a file)."""
         if name not in NAMES:
             raise ValueError(f"up records no process named {name!r}")
-        identity = Identity.of(pid)
+        identity = Identity.of_started(pid)
         entries = self.entries()
         if identity is None:  # gone already: nothing to record, nothing to stop later
             entries.pop(name, None)

@@ -142,7 +142,7 @@ def stranger() -> Iterator[subprocess.Popen[bytes]]:
 
 
 def _as_recorded(pid: int) -> dict[str, object]:
-    identity = Identity.of(pid)
+    identity = Identity.of_started(pid)
     assert identity is not None
     return identity.as_entry()
 
@@ -251,3 +251,22 @@ def test_a_malformed_record_is_reported_in_one_line_set_aside_and_the_commands_g
         if command[0] == "up":
             assert "already in use" in error_lines(result)[0]
     assert stranger.poll() is None
+
+
+def test_a_process_recorded_right_after_its_start_is_recorded_with_its_command_line(tmp_path):
+    """``up`` records each Dagster process as soon as ``Popen`` returns, which can be before the
+    child's exec has set its command line in /proc (seen under load: an entry recorded with none,
+    which ``services stop`` then ignores). Each of twenty starts is recorded whole."""
+    record = StackRecord(tmp_path / "home")
+    procs = []
+    try:
+        for _ in range(20):
+            proc = subprocess.Popen(["sleep", "600"], start_new_session=True)
+            procs.append(proc)
+            record.add("daemon", proc.pid)
+            assert json.loads(record.path.read_text())["daemon"]["cmdline"] == ["sleep", "600"]
+            assert record.running() == {"daemon": proc.pid}
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
