@@ -108,6 +108,19 @@ DEAD_AND_SIZES = text(
     """
 )
 
+#: Every index of the two queue tables with its size (issue 41's "the due index and the outbox
+#: indexes stay bounded": reported at the start and the end of a run).
+INDEX_SIZES = text(
+    """
+    SELECT c.relname, i.relname, pg_relation_size(i.oid)
+      FROM pg_index x
+      JOIN pg_class i ON i.oid = x.indexrelid
+      JOIN pg_class c ON c.oid = x.indrelid
+     WHERE c.relname IN ('event_reminders', 'outbox')
+     ORDER BY c.relname, i.relname
+    """
+)
+
 
 @dataclass
 class Counters:
@@ -184,6 +197,12 @@ class Stack:
     @property
     def dispatcher_role(self) -> str:
         return str(make_url(self.srv.admin_url).username)
+
+    def index_sizes(self) -> dict[str, int]:
+        """Each index of ``event_reminders`` and ``outbox``, ``table.index`` -> bytes."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(INDEX_SIZES).all()
+        return {f"{r[0]}.{r[1]}": int(r[2]) for r in rows}
 
     # --- the feeder ---------------------------------------------------------------------------
 

@@ -125,6 +125,7 @@ def run(args: argparse.Namespace) -> dict:
             stacks.append(stack)
             if args.keep_workdir:
                 progress(f"shared_db: stack {name} keeps {srv.workdir}")
+        sizes_at_start = {s.name: s.index_sizes() for s in stacks}
         b = stacks[-1]
         b.snapshot = HeldSnapshot(b.harness_dsn)
         b.snapshot.take()
@@ -158,6 +159,7 @@ def run(args: argparse.Namespace) -> dict:
             for thread in feeders:
                 thread.join(60)
         snapshot_end = b.snapshot.state(b.harness_dsn)
+        sizes_at_end = {s.name: s.index_sizes() for s in stacks}
     return {
         "started_utc": datetime.fromtimestamp(started, UTC).strftime("%Y-%m-%d %H:%M"),
         "wall_s": round(time.time() - started),
@@ -175,6 +177,9 @@ def run(args: argparse.Namespace) -> dict:
         "due_statement_found": {s.name: s.due_queryid is not None for s in stacks},
         "feed_notes": {s.name: s.feed_lines for s in stacks},
         "stacks": {s.name: [x.as_dict() for x in s.samples] for s in stacks},
+        "index_sizes": {
+            s.name: {"start": sizes_at_start[s.name], "end": sizes_at_end[s.name]} for s in stacks
+        },
     }
 
 
@@ -346,10 +351,34 @@ def tables(report: dict) -> str:
             f"{_pair(y.get('outbox_index_mb'), x['outbox_index_mb'], 2):>20}  "
             f"{_holder(y) if y else '-':>16}  {_holder(x):>40}"
         )
+    lines += index_size_lines(report)
     lines += ["", *verdict_lines(report)]
     for name, notes in report["feed_notes"].items():
         lines += [f"  feed {name}: {note}" for note in notes]
     return "\n".join(lines)
+
+
+def index_size_lines(report: dict) -> list[str]:
+    """Every index of the queue tables at the run's start and end, MB, per stack (a report
+    written before the sizes were recorded has none: no lines)."""
+    sizes = report.get("index_sizes")
+    if not sizes:
+        return []
+    names = sorted({n for stack in sizes.values() for n in stack["end"]})
+    order = [n for n in ("A", "B") if n in sizes]
+    lines = [
+        "",
+        "every index of the queue tables at the start and the end of the run, MB "
+        "(pg_relation_size; A: no snapshot held, B: beside it)",
+        f"{'index':<50}" + "".join(f"{f'{n} start -> end':>20}" for n in order),
+    ]
+    for name in names:
+        cells = [
+            f"{sizes[n]['start'].get(name, 0) / 2**20:.2f} -> {sizes[n]['end'].get(name, 0) / 2**20:.2f}"
+            for n in order
+        ]
+        lines.append(f"{name:<50}" + "".join(f"{c:>20}" for c in cells))
+    return lines
 
 
 def verdict_lines(report: dict) -> list[str]:

@@ -109,6 +109,7 @@ def test_two_stacks_side_by_side_with_the_snapshot_on_b_only(tmp_path: Path) -> 
         "due index MB",
         "outbox index MB",
         "xmin holder B",
+        "every index of the queue tables at the start and the end of the run",
         "B leaves no due row behind after any dispatch",
         "B's median dispatch at 20/s",
     ):
@@ -128,3 +129,14 @@ def test_two_stacks_side_by_side_with_the_snapshot_on_b_only(tmp_path: Path) -> 
     assert holder and all(s["holder"] == holder for s in b)
     assert not any(s["holder"] == holder for s in a)
     assert report["snapshot"]["at_end"]["state"] == "idle in transaction"
+    # Every index of both queue tables, measured at the start and the end on each stack.
+    for name in ("A", "B"):
+        start, end = report["index_sizes"][name]["start"], report["index_sizes"][name]["end"]
+        assert set(start) == set(end)
+        assert {
+            "event_reminders.ix_event_reminders_status_due_at",
+            "outbox.ix_outbox_unpublished",
+            "outbox.pk_outbox",
+        } <= set(end)
+        assert end["outbox.pk_outbox"] > start["outbox.pk_outbox"]  # rows were sent
+        assert f"{'outbox.pk_outbox':<50}" in proc.stdout
