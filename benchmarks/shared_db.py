@@ -15,7 +15,9 @@ Per minute and stack it prints the due statement's mean server time, buffers and
 entries per execution, the cycle's duration and its statements' server time, the rows still due
 at the cycle's AsOf right after it, the cycle's max lateness, the dead tuples of
 ``event_reminders`` and ``outbox``, the sizes of the due index and of ``ix_outbox_unpublished``,
-who holds back the xmin horizon, and B/A of each; then the verdicts of issue 41's done-when
+who holds back the xmin horizon, and B/A of each; every index of the two tables at the run's start
+and end on each stack (the due index and the outbox's stay bounded without a snapshot); then the
+verdicts of issue 41's done-when
 (PASS / MISS / INFO) with the date and the load average. Progress lines on stderr, the tables on
 stdout; the exit code is non-zero only when a figure could not be measured.
 
