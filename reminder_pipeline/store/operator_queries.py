@@ -107,9 +107,10 @@ SKIP_POISON_BY_FILTER = text(
     """
 )
 
-#: The trace of one reminder, or of every reminder of an event (:id is either): the row and who
-#: moved it, its event's kind, status and people, its outbox row and where it landed, the run that
-#: wrote it, the database's clock. Ids, times, statuses and counts only.
+#: The trace of these reminders (:ids) and of every reminder of the event :event_id (NULL: none):
+#: the row and who moved it, its event's kind, status and people, its outbox row and where it
+#: landed, the run that wrote it, the database's clock; due order. Ids, times, statuses and counts
+#: only.
 TRACE_REMINDERS = text(
     """
     SELECT r.id AS reminder_id, r.calendar_event_id AS event_id, e.kind, e.owner_user_id,
@@ -125,28 +126,8 @@ TRACE_REMINDERS = text(
       FROM event_reminders r
       JOIN calendar_events e ON e.id = r.calendar_event_id
       LEFT JOIN outbox o ON o.reminder_id = r.id
-     WHERE r.id = CAST(:id AS uuid) OR r.calendar_event_id = CAST(:id AS uuid)
+     WHERE r.id = ANY(CAST(:ids AS uuid[])) OR r.calendar_event_id = CAST(:event_id AS uuid)
      ORDER BY r.due_at, r.id
-    """
-)
-
-#: The trace of these reminders, by primary key (the caller orders them).
-TRACE_REMINDERS_BY_IDS = text(
-    """
-    SELECT r.id AS reminder_id, r.calendar_event_id AS event_id, e.kind, e.owner_user_id,
-           e.client_user_id, e.tenant_id, r.status, r.due_at,
-           r.sent_at, r.created_at, r.updated_at, r.attempts, r.last_error, r.last_failed_at,
-           r.next_attempt_at, r.reserved_by, r.reserved_until, r.moved_by, r.moved_in_run,
-           e.status AS event_status,
-           o.id AS outbox_id, o.created_at AS outbox_created_at, o.published_at,
-           o.publish_attempts AS failed_publish_attempts, o.kafka_partition AS partition,
-           o.kafka_offset AS offset, o.topic,
-           COALESCE(o.headers ->> 'correlation-id', r.moved_in_run) AS run_id,
-           clock_timestamp() AS checked_at
-      FROM event_reminders r
-      JOIN calendar_events e ON e.id = r.calendar_event_id
-      LEFT JOIN outbox o ON o.reminder_id = r.id
-     WHERE r.id = ANY(CAST(:ids AS uuid[]))
     """
 )
 

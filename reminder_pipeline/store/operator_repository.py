@@ -103,15 +103,17 @@ def change_poison_by_filter(
 def trace_rows(conn: Connection, reminder_or_event_id: uuid.UUID) -> list[dict[str, Any]]:
     """The reminder with this id, or every reminder of the event with this id, with its event's
     status, its outbox row, where that landed and the run that wrote it; due order."""
-    rows = conn.execute(queries.TRACE_REMINDERS, {"id": reminder_or_event_id})
+    rows = conn.execute(
+        queries.TRACE_REMINDERS, {"ids": [reminder_or_event_id], "event_id": reminder_or_event_id}
+    )
     return [dict(r._mapping) for r in rows]
 
 
 def trace_rows_of(conn: Connection, reminder_ids: Sequence[uuid.UUID]) -> list[dict[str, Any]]:
-    """The trace rows of these reminders (as :func:`trace_rows`), in no particular order."""
+    """The trace rows of these reminders (as :func:`trace_rows`)."""
     if not reminder_ids:
         return []
-    rows = conn.execute(queries.TRACE_REMINDERS_BY_IDS, {"ids": list(reminder_ids)})
+    rows = conn.execute(queries.TRACE_REMINDERS, {"ids": list(reminder_ids), "event_id": None})
     return [dict(r._mapping) for r in rows]
 
 
