@@ -25,7 +25,7 @@ from ..config import (
     Settings,
 )
 from .dedup import DedupStoreError, PostgresDedupStore, SqliteDedupStore
-from .main import default_dedup_path
+from .main import sqlite_store_path
 from .options import DEFAULT_GROUP_ID
 
 
@@ -34,13 +34,12 @@ def consumers_file(settings: Settings) -> Path | None:
     else its group's file under ``REMINDER_PIPELINE_HOME``), whether or not it is there yet;
     None when ``consume`` keeps a shared store instead (``REMINDER_CONSUMER_DEDUP_URL``)."""
     env = settings.env
-    if (env.get(CONSUMER_DEDUP_URL_ENV) or "").strip():
-        return None
     given = (env.get(CONSUMER_DEDUP_PATH_ENV) or "").strip()
-    if given:
-        return Path(given).expanduser().resolve()
-    return default_dedup_path(
-        settings, (env.get(CONSUMER_GROUP_ID_ENV) or "").strip() or DEFAULT_GROUP_ID
+    return sqlite_store_path(
+        settings,
+        (env.get(CONSUMER_GROUP_ID_ENV) or "").strip() or DEFAULT_GROUP_ID,
+        Path(given).expanduser().resolve() if given else None,
+        (env.get(CONSUMER_DEDUP_URL_ENV) or "").strip() or None,
     )
 
 

@@ -61,6 +61,17 @@ def default_dedup_path(settings: Settings, group_id: str) -> Path:
     return settings.home / "notifications" / f"{safe}.dedup.sqlite3"
 
 
+def sqlite_store_path(
+    settings: Settings, group_id: str, dedup_path: Path | None, dedup_url: str | None
+) -> Path | None:
+    """The SQLite store ``consume`` keeps with these options (``dedup_path``, else its group's
+    file under the home), or None when it keeps a shared PostgreSQL store (``dedup_url``): the
+    one rule, for the consumer and for a trace that looks for its store."""
+    if dedup_url is not None:
+        return None
+    return dedup_path or default_dedup_path(settings, group_id)
+
+
 def run_consumer(
     settings: Settings,
     *,
@@ -111,10 +122,11 @@ def run_consumer(
         # DESCRIBE is enough.
         ensure_topic(kafka, topic=options.topic)
         ensure_topic(kafka, topic=options.dlq_topic)
+        sqlite_path = sqlite_store_path(settings, group_id, dedup_path, dedup_url)
         store: PostgresDedupStore | SqliteDedupStore = (
-            PostgresDedupStore(dedup_url)
-            if dedup_url is not None
-            else SqliteDedupStore(dedup_path or default_dedup_path(settings, group_id))
+            SqliteDedupStore(sqlite_path)
+            if sqlite_path is not None
+            else PostgresDedupStore(str(dedup_url))
         )
         with store as dedup, stop_on_signals(stop):
             consumer = ReminderConsumer(kafka, sink or StdoutSink(), dedup, options, metrics)
