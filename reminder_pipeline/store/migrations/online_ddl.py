@@ -200,9 +200,24 @@ def storage_parameters(parameters: dict[str, float | int]) -> str:
 @contextlib.contextmanager
 def _autocommit() -> Iterator[Connection]:
     """The migration's connection outside its transaction (committed first): each statement is
-    a transaction of its own, so its locks go as soon as it is done."""
-    with op.get_context().autocommit_block():
-        yield op.get_bind()
+    a transaction of its own, so its locks go as soon as it is done.
+
+    A stop signal (``KeyboardInterrupt``, ``SystemExit``) in a statement leaves the connection
+    invalid, and the block's exit then fails to restore its transaction: the stop, not that
+    failure, is what propagates (``up`` stopped mid-migration exits 130; the migration re-runs)."""
+    interrupted: BaseException | None = None
+    try:
+        with op.get_context().autocommit_block():
+            try:
+                yield op.get_bind()
+            except BaseException as error:
+                if not isinstance(error, Exception):
+                    interrupted = error
+                raise
+    except Exception:
+        if interrupted is not None:
+            raise interrupted from None
+        raise
 
 
 @contextlib.contextmanager
